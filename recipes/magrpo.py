@@ -1,0 +1,27 @@
+"""Train a team with MAGRPO from a YAML recipe.
+
+    accelerate launch recipes/magrpo.py --config recipes/configs/matrix_game.yaml [--field value ...]
+
+Any field of the recipe (trainer config or recipe arguments) can be overridden on the command line.
+"""
+
+import logging
+import sys
+
+from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        recipe, config = load_recipe(argv)
+        trainer = build_trainer(recipe, config)
+    except RecipeError as exc:
+        logging.getLogger("recipe").error("%s", exc)
+        return 2
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `rewards/` and `tests/tiny.py` import from the repo root
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from tests.tiny import save_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_ab_model(tmp_path_factory) -> str:
+    """A tiny random model whose vocabulary is <pad>, <eos>, <unk>, A, B."""
+    return save_tiny(tmp_path_factory.mktemp("tiny_ab"))
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model(tmp_path_factory) -> str:
+    """A tiny random model over lowercase letters, digits and a little punctuation."""
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")
+    return save_tiny(tmp_path_factory.mktemp("tiny_text"), chars=chars)

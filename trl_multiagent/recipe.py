@@ -1,0 +1,374 @@
+"""YAML recipes: one file of data -> trainer config, team, environment and dataset.
+
+A recipe is a flat YAML mapping. Its keys are the fields of the trainer's config (every ``GRPOConfig`` field and the
+multi-agent ones) and of :class:`RecipeArguments` (what to train on and with whom). The command line follows TRL's
+conventions: ``--config recipe.yaml`` loads the file and ``--field value`` overrides any field
+(``--learning_rate 1e-5``, ``--bf16`` for a true flag, ``--agents '[{"name": "a"}, ...]'`` as JSON for the
+structured fields).
+
+Every key and value is checked before any model loads: an unknown key, a value of the wrong type, agents that do
+not match the environment's roles, or a dataset without the columns the environment needs each raise one
+:class:`RecipeError` that names the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import importlib
+import json
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .agents import AgentSpec, check_team
+
+
+class RecipeError(ValueError):
+    """A recipe (YAML file or command line) that cannot be run as written."""
+
+
+@dataclass
+class RecipeArguments:
+    """What to train: the environment, the team and the data.
+
+    Attributes:
+        trainer: which trainer runs the recipe (``"magrpo"``).
+        environment: a registered environment name (see ``trl_multiagent.environments.ENVIRONMENTS``) or an import
+            path ``"package.module:ClassName"``.
+        env_kwargs: keyword arguments of the environment's constructor.
+        agents: the team, one mapping of :class:`AgentSpec` fields per agent. Empty: one agent per role of the
+            environment, each with its own policy.
+        model: model of every agent that names none (hub id, local path or embedded short name; empty = the
+            embedded default).
+        quantization: quantization of every agent that names none (``"4bit"`` for QLoRA).
+        lora_r, lora_alpha: LoRA rank and alpha of every agent that names none.
+        dataset: ``"generated"`` (the environment generates ``num_tasks`` tasks), a local ``.json``/``.jsonl``/
+            ``.csv``/``.parquet`` file, or a hub dataset id (needs a reachable hub).
+        dataset_split: split of a hub dataset.
+        num_tasks: number of generated tasks.
+    """
+
+    trainer: str = "magrpo"
+    environment: str = "matrix_game"
+    env_kwargs: dict = field(default_factory=dict)
+    agents: list = field(default_factory=list)
+    model: str | None = None
+    quantization: str | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    dataset: str = "generated"
+    dataset_split: str = "train"
+    num_tasks: int = 256
+
+
+_STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs", "chat_template_kwargs"}
+
+
+def _trainer_registry() -> dict[str, tuple[type, type]]:
+    from .trainers.magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    return {"magrpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer)}
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
+def _hints(cls) -> dict[str, Any]:
+    hints: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            try:
+                hints.update(typing.get_type_hints(klass))
+            except Exception:  # noqa: BLE001 - some upstream annotations do not resolve; fall back to raw ones
+                hints.update({f.name: f.type for f in dataclasses.fields(klass)})
+    return hints
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check ``value`` against the type ``hint`` of field ``key``; convert strings where the type says so."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args and str not in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(key, value, arg, source)
+            except RecipeError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else RecipeError(
+            f"{source}: '{key}' expects one of {[getattr(a, '__name__', str(a)) for a in args]}, got {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise RecipeError(f"{source}: '{key}' must be one of {list(args)}, got {value!r}")
+        return value
+    if hint is typing.Any or isinstance(hint, str):
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise RecipeError(f"{source}: '{key}' expects true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise RecipeError(f"{source}: '{key}' expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise RecipeError(f"{source}: '{key}' expects an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-5 (no dot) as a string
+            except ValueError:
+                pass
+        raise RecipeError(f"{source}: '{key}' expects a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise RecipeError(f"{source}: '{key}' expects a string, got {type(value).__name__} {value!r}")
+        return str(value)
+    if origin in (list, Sequence) or hint is list:
+        if isinstance(value, str):
+            value = _parse_json(key, value, source) if value.strip().startswith("[") else [value]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        inner = args[0] if args else typing.Any
+        return [_coerce(key, v, inner, source) for v in value]
+    if origin is dict or hint is dict:
+        if isinstance(value, str):
+            value = _parse_json(key, value, source)
+        if not isinstance(value, dict):
+            raise RecipeError(f"{source}: '{key}' expects a mapping, got {value!r}")
+        return value
+    if isinstance(hint, type) and issubclass(hint, str) and isinstance(value, str):  # str enums
+        return hint(value)
+    if isinstance(hint, type) and isinstance(value, hint):
+        return value
+    if isinstance(hint, type) and isinstance(value, str):
+        try:
+            return hint(value)
+        except Exception as exc:  # noqa: BLE001
+            raise RecipeError(f"{source}: '{key}' got {value!r}: {exc}") from exc
+    return value
+
+
+def _parse_json(key: str, text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecipeError(f"{source}: '{key}' expects JSON, got {text!r} ({exc.msg})") from exc
+
+
+def _cli_to_mapping(argv: Sequence[str], known: set[str], bool_keys: set[str]) -> tuple[str | None, dict[str, Any]]:
+    """``--config path --key value --flag --key=value ...`` -> (config path, {key: raw value})."""
+    argv, config_path, values, i = list(argv), None, {}, 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            raise RecipeError(f"command line: unexpected argument {token!r} (options look like --key value)")
+        key, _, inline = token[2:].partition("=")
+        key = key.replace("-", "_")
+        if key == "config":
+            config_path = inline or (argv[i + 1] if i + 1 < len(argv) else None)
+            if config_path is None:
+                raise RecipeError("command line: --config needs a path")
+            i += 1 if inline else 2
+            continue
+        if key not in known:
+            raise RecipeError(_unknown_message(key, known, "command line"))
+        if inline:
+            values[key], i = inline, i + 1
+            continue
+        following = []
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            following.append(argv[j])
+            j += 1
+        if not following:
+            if key not in bool_keys:
+                raise RecipeError(f"command line: --{key} needs a value")
+            values[key] = True
+        else:
+            values[key] = following[0] if len(following) == 1 else following
+        i = j
+    return config_path, values
+
+
+def _unknown_message(key: str, known: set[str], source: str) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=3)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"{source}: unknown key '{key}'{hint}"
+
+
+def load_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None):
+    """Parse a recipe into ``(RecipeArguments, trainer config)``; nothing is loaded.
+
+    Args:
+        argv: command-line arguments (``--config file.yaml --key value ...``); ``None`` reads ``sys.argv``.
+        yaml_text: recipe given as a YAML string instead of ``--config``.
+    """
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    registry = _trainer_registry()
+    recipe_fields = _fields(RecipeArguments)
+    # The trainer decides the config class; read it from the command line or the file first.
+    config_path, cli = _cli_to_mapping(argv, known=_all_known_keys(registry), bool_keys=_bool_keys(registry))
+    file_values: dict[str, Any] = {}
+    source = "recipe"
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise RecipeError(f"Recipe file {config_path} does not exist")
+        yaml_text, source = path.read_text(), str(path)
+    if yaml_text is not None:
+        try:
+            loaded = yaml.safe_load(yaml_text)
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise RecipeError(f"{source}: a recipe is a YAML mapping of keys to values")
+        file_values = loaded
+    trainer_name = cli.get("trainer", file_values.get("trainer", "magrpo"))
+    if trainer_name not in registry:
+        raise RecipeError(f"{source}: unknown trainer {trainer_name!r}; choose from {sorted(registry)}")
+    config_cls, _ = registry[trainer_name]
+    config_fields = _fields(config_cls)
+    known = set(config_fields) | set(recipe_fields)
+    hints = {**_hints(config_cls), **_hints(RecipeArguments)}
+
+    merged: dict[str, Any] = {}
+    for origin, values in ((source, file_values), ("command line", cli)):
+        for key, value in values.items():
+            if key not in known:
+                raise RecipeError(_unknown_message(key, known, origin))
+            merged[key] = _coerce(key, value, hints.get(key, typing.Any), origin)
+
+    recipe = RecipeArguments(**{k: v for k, v in merged.items() if k in recipe_fields})
+    config_kwargs = {k: v for k, v in merged.items() if k in config_fields and k not in recipe_fields}
+    config_kwargs.setdefault("output_dir", f"outputs/{recipe.environment}")
+    try:
+        config = config_cls(**config_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{source}: {exc}") from exc
+    return recipe, config
+
+
+def _all_known_keys(registry) -> set[str]:
+    keys = set(_fields(RecipeArguments))
+    for config_cls, _ in registry.values():
+        keys |= set(_fields(config_cls))
+    return keys
+
+
+def _bool_keys(registry) -> set[str]:
+    keys = set()
+    for config_cls, _ in registry.values():
+        keys |= {k for k, h in _hints(config_cls).items() if h is bool or h == (bool | None)}
+    return keys
+
+
+def resolve_environment(name: str):
+    """A registered environment name or ``"module:Class"`` -> the environment class."""
+    from .environments import ENVIRONMENTS
+
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise RecipeError(f"Cannot import environment {name!r}: {exc}") from exc
+    raise RecipeError(f"Unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class'")
+
+
+def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]:
+    """AgentSpecs from the recipe (defaults: one agent per role), checked against the environment's roles."""
+    entries = recipe.agents or [{"name": r} for r in roles]
+    spec_fields = {f.name for f in dataclasses.fields(AgentSpec)}
+    specs = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RecipeError(f"agents[{i}] must be a mapping of AgentSpec fields, got {entry!r}")
+        unknown = set(entry) - spec_fields
+        if unknown:
+            key = sorted(unknown)[0]
+            raise RecipeError(_unknown_message(key, spec_fields, f"agents[{i}]"))
+        values = {"model": recipe.model, "quantization": recipe.quantization, "lora_r": recipe.lora_r,
+                  "lora_alpha": recipe.lora_alpha, **entry}
+        try:
+            specs.append(AgentSpec(**values))
+        except (TypeError, ValueError) as exc:
+            raise RecipeError(f"agents[{i}]: {exc}") from exc
+    names = [s.name for s in specs]
+    if sorted(names) != sorted(roles):
+        raise RecipeError(f"The recipe's agents {names} do not match the environment's roles {list(roles)}")
+    try:
+        check_team(specs)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from exc
+    return specs
+
+
+def build_dataset(recipe: RecipeArguments, env_cls, config):
+    from datasets import Dataset, load_dataset
+
+    if recipe.dataset == "generated":
+        make = getattr(env_cls, "make_dataset", None)
+        if make is not None:
+            return make(num_tasks=recipe.num_tasks, seed=config.seed)
+        return Dataset.from_dict({"task_id": list(range(recipe.num_tasks))})
+    path = Path(recipe.dataset)
+    if path.suffix in (".json", ".jsonl", ".csv", ".parquet"):
+        if not path.is_file():
+            raise RecipeError(f"Dataset file {path} does not exist")
+        kind = {"jsonl": "json"}.get(path.suffix[1:], path.suffix[1:])
+        return load_dataset(kind, data_files=str(path), split="train")
+    try:
+        return load_dataset(recipe.dataset, split=recipe.dataset_split)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "not available here"
+        raise RecipeError(
+            f"Could not load the dataset {recipe.dataset!r} ({type(exc).__name__}: {exc}). Hub datasets need a "
+            "reachable Hugging Face Hub; offline, use dataset: generated or a local .jsonl/.csv/.parquet file."
+        ) from exc
+
+
+def build_trainer(recipe: RecipeArguments, config, callbacks=None):
+    """Check everything that can be checked, then load the team and return the trainer."""
+    env_cls = resolve_environment(recipe.environment)
+    try:
+        env_factory = functools.partial(env_cls, **recipe.env_kwargs)
+        probe = env_factory()
+    except TypeError as exc:
+        raise RecipeError(f"env_kwargs do not fit {env_cls.__name__}: {exc}") from exc
+    specs = build_team(recipe, probe.agents)
+    dataset = build_dataset(recipe, env_cls, config)
+    try:
+        probe.validate_dataset_columns(list(dataset.column_names), name=f"dataset {recipe.dataset!r}")
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from exc
+    _, trainer_cls = _trainer_registry()[recipe.trainer]
+    return trainer_cls(specs, env_factory, args=config, train_dataset=dataset, callbacks=callbacks)

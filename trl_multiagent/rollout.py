@@ -1,0 +1,206 @@
+"""Rollout engines ("samplers"): how a team explores an environment and what experience it keeps.
+
+A sampler turns a batch of tasks into :class:`Experience`: one :class:`Sample` per (agent, turn, sampled response)
+with its token ids, the group it is compared within, and its reward, return and advantage. The advantages come from
+the pure functions of :mod:`trl_multiagent.credit`.
+
+:class:`JointTreeSampler` is MAGRPO's rollout (Algorithm 1): at every node of the tree each agent samples K
+responses, which form joint actions (``aligned`` or ``cross``); each joint action gets the joint reward and, unless
+the episode ends, becomes a child node. Generation is batched: at each turn, every agent answers all branch points
+of all episodes in one ``generate`` call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import GenerationConfig
+
+from .agents import AgentPool, Generation
+from .credit import grouped_advantages, joint_action_indices, tree_returns
+from .environments.base import Environment, Prompt
+
+
+@dataclass
+class Sample:
+    """One agent's sampled response at one node: a training row for that agent's policy."""
+
+    agent: str
+    policy: str
+    episode: int
+    turn: int
+    node: int
+    generation: Generation
+    joint_ids: list[int]
+    group: tuple = ()
+    reward: float = 0.0
+    ret: float = 0.0
+    advantage: float = 0.0
+    old_logps: list[float] | None = None
+    ref_logps: list[float] | None = None
+
+
+@dataclass
+class JointAction:
+    """One joint action of the tree: which sample of each agent, its joint reward, and its continuations."""
+
+    id: int
+    node: int
+    episode: int
+    turn: int
+    sample_index: tuple[int, ...]
+    reward: float
+    done: bool
+    info: dict[str, float] = field(default_factory=dict)
+    local_rewards: dict[str, float] | None = None
+    children: list[int] = field(default_factory=list)
+    ret: float = 0.0
+    advantage: float = 0.0
+
+
+@dataclass
+class Experience:
+    """The result of one rollout: training samples, the joint actions behind them, and summary statistics."""
+
+    samples: list[Sample]
+    joint_actions: list[JointAction]
+    stats: dict[str, float]
+
+    def samples_of(self, policy: str) -> list[Sample]:
+        return [s for s in self.samples if s.policy == policy]
+
+
+@dataclass
+class _Node:
+    id: int
+    episode: int
+    turn: int
+    env: Environment
+    prompts: Mapping[str, Prompt]
+    parent_joint: int | None
+
+
+class JointTreeSampler:
+    """MAGRPO's tree rollout with joint groups (MAGRPO Algorithm 1; tree returns and Eq. 1 advantages).
+
+    Args:
+        num_samples: K, the responses each agent samples at every node.
+        num_turns: H, the horizon; the tree stops earlier where the environment says ``done``.
+        joint_mode: ``"aligned"`` (K joint actions per node) or ``"cross"`` (K**n).
+        gamma: discount of later turns' rewards.
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (as ``GRPOConfig.scale_rewards``).
+    """
+
+    def __init__(self, num_samples: int, num_turns: int, joint_mode: str = "aligned", gamma: float = 1.0,
+                 scale_rewards: str = "group"):
+        if num_samples < 1 or num_turns < 1:
+            raise ValueError("num_samples and num_turns must be at least 1")
+        joint_action_indices(1, 1, joint_mode)  # validates the mode
+        self.num_samples, self.num_turns, self.joint_mode = num_samples, num_turns, joint_mode
+        self.gamma, self.scale_rewards = gamma, scale_rewards
+
+    def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
+                generation_config: GenerationConfig) -> Experience:
+        agents = list(pool.agent_names)
+        frontier: list[_Node] = []
+        for e, task in enumerate(tasks):
+            env = env_factory()
+            frontier.append(_Node(len(frontier), e, 0, env, env.reset(task), None))
+        node_count = len(frontier)
+        joints: list[JointAction] = []
+        samples: list[Sample] = []
+        num_generations = 0
+
+        for turn in range(self.num_turns):
+            if not frontier:
+                break
+            # One batched generate call per agent covers every branch point of this turn.
+            gens: dict[str, list[list[Generation]]] = {}
+            for agent in agents:
+                gens[agent] = pool.generate(agent, [n.prompts[agent] for n in frontier], self.num_samples,
+                                            generation_config)
+                num_generations += len(frontier) * self.num_samples
+            next_frontier: list[_Node] = []
+            index_sets = joint_action_indices(len(agents), self.num_samples, self.joint_mode)
+            for pos, node in enumerate(frontier):
+                node_samples = {
+                    (a, k): Sample(agent=a, policy=pool.policy_of(a), episode=node.episode, turn=turn, node=node.id,
+                                   generation=gens[a][pos][k], joint_ids=[], group=(node.episode, node.id))
+                    for a in agents for k in range(self.num_samples)
+                }
+                for idx in index_sets:
+                    action = {a: gens[a][pos][k].text for a, k in zip(agents, idx)}
+                    child_env = node.env.clone()
+                    result = child_env.step(action)
+                    ja = JointAction(id=len(joints), node=node.id, episode=node.episode, turn=turn,
+                                     sample_index=tuple(idx), reward=float(result.team_reward), done=result.done,
+                                     info=dict(result.info), local_rewards=result.local_rewards)
+                    joints.append(ja)
+                    if node.parent_joint is not None:
+                        joints[node.parent_joint].children.append(ja.id)
+                    for a, k in zip(agents, idx):
+                        node_samples[(a, k)].joint_ids.append(ja.id)
+                    if not result.done and turn + 1 < self.num_turns:
+                        if result.next_prompts is None or set(result.next_prompts) != set(agents):
+                            raise ValueError(
+                                f"{type(child_env).__name__}.step returned next prompts for "
+                                f"{sorted(result.next_prompts or {})}, expected one per agent {sorted(agents)}"
+                            )
+                        next_frontier.append(_Node(node_count, node.episode, turn + 1, child_env,
+                                                   result.next_prompts, ja.id))
+                        node_count += 1
+                samples.extend(node_samples.values())
+            frontier = next_frontier
+
+        returns = tree_returns([j.reward for j in joints], [j.children for j in joints], self.gamma)
+        advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=self.scale_rewards)
+        for j, r, a in zip(joints, returns, advantages):
+            j.ret, j.advantage = r, a
+        for s in samples:  # aligned: one joint action per sample; cross: the mean over those it appears in
+            members = [joints[i] for i in s.joint_ids]
+            s.reward = sum(j.reward for j in members) / len(members)
+            s.ret = sum(j.ret for j in members) / len(members)
+            s.advantage = sum(j.advantage for j in members) / len(members)
+        stats = self._stats(agents, samples, joints, group_stats, num_generations, len(tasks))
+        return Experience(samples, joints, stats)
+
+    @staticmethod
+    def _stats(agents, samples, joints, group_stats, num_generations, num_episodes) -> dict[str, float]:
+        def mean(xs):
+            xs = list(xs)
+            return sum(xs) / len(xs) if xs else math.nan
+
+        rewards = [j.reward for j in joints]
+        roots = [j for j in joints if j.turn == 0]
+        stats = {
+            "reward": mean(rewards),
+            "reward_std": (mean([(r - mean(rewards)) ** 2 for r in rewards]) ** 0.5) if rewards else math.nan,
+            "return": mean(j.ret for j in roots),
+            "frac_reward_zero_std": group_stats["frac_zero_std_groups"],
+            "num_groups": group_stats["num_groups"],
+            "num_generations": float(num_generations),
+            "num_joint_actions": float(len(joints)),
+            "episodes": float(num_episodes),
+            "turns": mean(1 + max((j.turn for j in joints if j.episode == e), default=0) for e in range(num_episodes)),
+        }
+        by_turn: dict[int, list[float]] = defaultdict(list)
+        infos: dict[str, list[float]] = defaultdict(list)
+        for j in joints:
+            by_turn[j.turn].append(j.reward)
+            for k, v in j.info.items():
+                infos[k].append(float(v))
+        for t, rs in by_turn.items():
+            stats[f"turn/{t}/reward"] = mean(rs)
+        for k, vs in infos.items():
+            stats[f"env/{k}"] = mean(vs)
+        for a in agents:
+            mine = [s for s in samples if s.agent == a]
+            stats[f"agent/{a}/reward"] = mean(s.reward for s in mine)
+            stats[f"agent/{a}/return"] = mean(s.ret for s in mine)
+            stats[f"agent/{a}/completion_length"] = mean(len(s.generation.completion_ids) for s in mine)
+            stats[f"agent/{a}/clipped_ratio"] = mean(float(s.generation.truncated) for s in mine)
+        return stats

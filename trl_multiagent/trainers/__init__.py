@@ -1,0 +1,3 @@
+from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+__all__ = ["MultiAgentGRPOConfig", "MultiAgentGRPOTrainer"]

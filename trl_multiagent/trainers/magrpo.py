@@ -1,0 +1,509 @@
+"""MultiAgentGRPOTrainer: MAGRPO, and the shared base of every trainer in trl-multiagent.
+
+Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (MAGRPO), Algorithm 1, Eq. 1-2.
+
+One training step, top to bottom (``training_step``):
+
+1. rollout: the sampler (:class:`~trl_multiagent.rollout.JointTreeSampler`) expands a tree per task: at every node
+   each agent samples K responses, the joint actions get the joint reward from the environment, and the returns and
+   group-relative advantages (Eq. 1) come from :mod:`trl_multiagent.credit`;
+2. update: for every policy, with its adapter active, TRL's own clipped-ratio loss (Eq. 2, ``GRPOTrainer._compute_loss``)
+   on that policy's samples, plus ``beta`` * KL to the reference = the same base with the adapter disabled;
+3. one optimizer step: one optimizer, one param group per policy, each with its own learning rate.
+
+Later trainers subclass this class and replace the sampler (``build_sampler``) or the credit assignment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from transformers import GenerationConfig, ProgressCallback, Trainer
+from transformers.trainer_utils import TrainOutput
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler, identity
+
+from ..agents import AgentPool, AgentSpec, check_team
+from ..environments.base import Environment
+from ..rollout import Experience, JointTreeSampler, Sample
+from .callbacks import MetricsFileCallback
+
+logger = logging.getLogger(__name__)
+
+#: Loss types whose per-policy loss is a mean over sequences / over tokens / a sum over a global token count.
+_ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
+_TOKEN_MEAN_LOSSES = {"bnpo"}
+_TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
+
+
+@dataclass
+class MultiAgentGRPOConfig(GRPOConfig):
+    r"""Configuration of [`MultiAgentGRPOTrainer`] (MAGRPO). Every [`~trl.GRPOConfig`] field keeps its meaning;
+    the fields below are added or re-read for a team.
+
+    Paper quantities -> fields: K (samples per agent per node) = `num_generations`; H (turns) = `num_turns`;
+    gamma = `gamma`; epsilon (clip) = `epsilon` / `epsilon_high`; beta (KL) = `beta`; sampling temperature and top-p
+    = `temperature` / `top_p`; learning rate alpha = `learning_rate` (or the agent's own `AgentSpec.learning_rate`).
+
+    Parameters:
+        num_turns (`int`, defaults to `1`):
+            Horizon H: the number of turns the rollout tree is expanded to (fewer where the environment ends the
+            episode early).
+        joint_mode (`str`, defaults to `"aligned"`):
+            How the agents' K samples at a node form joint actions: `"aligned"` (the k-th samples together, K joint
+            actions) or `"cross"` (the Cartesian product, K**n joint actions; each sample is credited with the mean
+            advantage of the joint actions it is part of).
+        gamma (`float`, defaults to `1.0`):
+            Discount of later turns' rewards in the returns (the MAGRPO paper uses 1.0).
+        episodes_per_step (`int`, defaults to `1`):
+            Tasks (dataset rows) each process rolls out per optimizer step. Every sample of those episodes goes into
+            that one optimizer step.
+        model_dtype (`str`, defaults to `"auto"`):
+            Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
+            `"bfloat16"` or `"float16"`.
+
+    Notes:
+        `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
+        `gradient_accumulation_steps` and `steps_per_generation` must stay 1 (use `episodes_per_step`).
+        `num_iterations` (mu) reuses one rollout for that many optimizer steps, as in TRL.
+    """
+
+    num_turns: int = field(default=1, metadata={"help": "Horizon H: turns of the rollout tree."})
+    joint_mode: str = field(default="aligned", metadata={"help": "'aligned' (K joint actions) or 'cross' (K**n)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards."})
+    episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
+    model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
+    num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent at every node."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+
+    def __post_init__(self):
+        cuda = torch.cuda.is_available()
+        if self.bf16 is None:
+            self.bf16 = cuda
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if self.joint_mode not in ("aligned", "cross"):
+            raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.episodes_per_step < 1:
+            raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
+        if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "gradient_accumulation_steps must be 1 for multi-agent trainers: every sample of a rollout goes into "
+                "one optimizer step. Raise episodes_per_step for a larger batch."
+            )
+        if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
+            raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
+        # GRPOConfig requires generation_batch_size % num_generations == 0, a constraint on single-agent prompt
+        # groups that does not apply to a tree rollout; satisfy it, then set the values this trainer uses.
+        self.steps_per_generation = self.num_generations
+        self.remove_unused_columns = False
+        if self.ddp_broadcast_buffers is None:
+            self.ddp_broadcast_buffers = False
+        super().__post_init__()
+        self.steps_per_generation = 1
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size
+        if self.use_vllm:
+            raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in transformers.")
+        if self.log_completions:
+            raise ValueError("log_completions is not supported by the multi-agent trainers; see metrics.jsonl.")
+
+
+class MultiAgentGRPOTrainer(GRPOTrainer):
+    """Trainer for MAGRPO (Multi-Agent Group Relative Policy Optimization) and the base of the other trainers.
+
+    Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning", Liu et al. (MAGRPO), Algorithm 1, Eq. 1-2.
+
+    Args:
+        agents: the team, as a list of [`AgentSpec`] (loaded here) or an already built [`AgentPool`].
+        environment: a zero-argument factory returning a fresh [`Environment`] (a class works), called once per task.
+        args: a [`MultiAgentGRPOConfig`].
+        train_dataset: one row per task, passed to `Environment.reset`.
+        callbacks: extra `transformers.TrainerCallback` objects.
+
+    Every run writes `<output_dir>/metrics.jsonl`, `<output_dir>/summary.json` and the final adapters under
+    `<output_dir>/adapters/<policy>/`. Checkpoints (`save_steps`) hold every adapter, the optimizer (one param group
+    per policy), the scheduler, RNG states and counters; `resume_from_checkpoint` restores them.
+    """
+
+    _tag_names = ["trl", "trl-multiagent", "magrpo"]
+    _name = "MAGRPO"
+    _paper = {
+        "title": "LLM Collaboration With Multi-Agent Reinforcement Learning",
+        "id": "2508.04652",
+        # docstyle-ignore
+        "citation": "@article{liu2025llmcollaboration, title={{LLM Collaboration With Multi-Agent Reinforcement "
+        "Learning}}, author={Shuo Liu and Zeyu Liang and Xueguang Lyu and Christopher Amato}, year=2025, "
+        "journal={arXiv preprint arXiv:2508.04652}}",
+    }
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec] | AgentPool,
+        environment: Callable[[], Environment],
+        args: MultiAgentGRPOConfig,
+        train_dataset: Dataset,
+        callbacks: list | None = None,
+    ):
+        if not isinstance(args, MultiAgentGRPOConfig):
+            raise TypeError(f"args must be a MultiAgentGRPOConfig, got {type(args).__name__}")
+        # ---- validation before any model loads
+        specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
+        check_team(specs)
+        probe = environment()
+        if not isinstance(probe, Environment):
+            raise TypeError(f"environment() must return an Environment, got {type(probe).__name__}")
+        validate_team_against_environment([s.name for s in specs], probe)
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: it needs one row per task")
+        probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+        if args.num_turns > probe.max_turns:
+            logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
+                           "budget.", args.num_turns, probe.max_turns)
+
+        self.pool = agents if isinstance(agents, AgentPool) else AgentPool(specs, dtype=args.model_dtype)
+        self.pool.prepare_for_training(args.temperature)
+        self.environment_factory = environment
+        self.agent_order = list(probe.agents)
+        self.sampler = self.build_sampler(args)
+        first_tokenizer = next(iter(self.pool.tokenizers.values()))
+
+        Trainer.__init__(
+            self,
+            model=self.pool,
+            args=args,
+            data_collator=identity,
+            train_dataset=train_dataset,
+            processing_class=first_tokenizer,
+            callbacks=callbacks,
+        )
+        self._init_grpo_state(args)
+        if not args.disable_tqdm:
+            from trl.trainer.callbacks import RichProgressCallback
+
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RichProgressCallback())
+        self.add_callback(MetricsFileCallback(args.output_dir))
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler:
+        """The rollout topology. MAGRPO: a joint tree with K samples per agent per node."""
+        return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns,
+                                joint_mode=args.joint_mode, gamma=args.gamma, scale_rewards=args.scale_rewards)
+
+    def _init_grpo_state(self, args: MultiAgentGRPOConfig) -> None:
+        """The attributes that GRPOTrainer's loss and logging (reused as they are) read."""
+        from collections import defaultdict, deque
+
+        self.loss_type = args.loss_type
+        self.beta = args.beta
+        self.ref_model = None  # the reference is the base with the adapter disabled
+        self.num_iterations = args.num_iterations
+        self.epsilon_low = args.epsilon
+        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.importance_sampling_level = args.importance_sampling_level
+        self.top_entropy_quantile = args.top_entropy_quantile
+        self.off_policy_mask_threshold = args.off_policy_mask_threshold
+        self.aux_loss_enabled = False
+        self.use_vllm = False
+        self.vllm_importance_sampling_correction = False
+        self.entropy_coef = args.entropy_coef
+        self.use_adaptive_entropy = args.use_adaptive_entropy
+        self._entropy_bonus_enabled = self.entropy_coef != 0.0 or self.use_adaptive_entropy
+        self._last_world_entropy = math.inf
+        self._entropy_window_stats = None
+        self.max_completion_length = args.max_completion_length
+        self.num_generations = args.num_generations
+        self.temperature = args.temperature
+        self.shuffle_dataset = args.shuffle_dataset
+        self.log_completions = False
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._logs = {"prompt": deque(), "completion": deque(), "rewards": defaultdict(deque), "advantages": deque(),
+                      "extra": defaultdict(deque), "images": deque()}
+        self._step = 0
+        self._buffered_inputs: Experience | None = None
+        self._current_train_step_time = 0.0
+        self.generation_config = GenerationConfig(
+            max_new_tokens=args.max_completion_length,
+            do_sample=True,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            **(args.generation_kwargs or {}),
+        )
+
+    def _remove_unused_columns(self, dataset, description=None):
+        return dataset  # environments read arbitrary task columns
+
+    def _set_signature_columns_if_needed(self):
+        self._signature_columns = []
+
+    def get_train_dataloader(self):
+        return self._get_dataloader(dataset=self.train_dataset, description="Training",
+                                    batch_size=self.args.episodes_per_step, sampler_fn=self._get_train_sampler,
+                                    is_training=True)
+
+    def _get_train_sampler(self, dataset=None):
+        # Each chunk of (episodes_per_step x processes) tasks is repeated num_iterations times, so that every process
+        # sees its own tasks for as many steps as the rollout is reused (as TRL's GRPOTrainer does).
+        dataset = self.train_dataset if dataset is None else dataset
+        return RepeatSampler(data_source=dataset, mini_repeat_count=1,
+                             batch_size=self.args.episodes_per_step * self.accelerator.num_processes,
+                             repeat_count=self.num_iterations, shuffle=self.shuffle_dataset, seed=self.args.seed)
+
+    def create_optimizer(self, model=None):
+        """One optimizer, one param group per policy (its adapter's parameters, its own learning rate)."""
+        if self.optimizer is None:
+            groups = []
+            for policy, info in self.pool.policies.items():
+                lr = info.learning_rate if info.learning_rate is not None else self.args.learning_rate
+                groups.append({"params": self.pool.policy_parameters(policy), "lr": lr,
+                               "weight_decay": self.args.weight_decay, "policy": policy})
+            optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.pool)
+            optimizer_kwargs.pop("lr", None)
+            self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+        return self.optimizer
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        model.train()
+        if self._step % self.num_iterations == 0 or self._buffered_inputs is None:
+            self._buffered_inputs = self.rollout(inputs)
+        loss = self.update(model, self._buffered_inputs)
+        self._step += 1
+        self._metrics["train"]["step_time"].append(time.perf_counter() - start)
+        return loss
+
+    @torch.no_grad()
+    def rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
+        """Roll the team out on ``tasks`` and compute advantages; attach behaviour/reference log-probs if needed."""
+        start = time.perf_counter()
+        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        self._metrics["train"]["rollout_time"].append(time.perf_counter() - start)
+        need_old = self.num_iterations > 1
+        if need_old or self.beta != 0.0:
+            for policy in self.pool.policies:
+                rows = experience.samples_of(policy)
+                for chunk in _chunks(rows, self.args.per_device_train_batch_size):
+                    batch = self._collate(policy, chunk)
+                    if need_old:
+                        logps = self._logps(functools.partial(self.pool, policy), batch)
+                        for s, row, m in zip(chunk, logps, batch["completion_mask"]):
+                            s.old_logps = row[m.bool()].tolist()
+                    if self.beta != 0.0:
+                        with self.pool.reference(policy) as ref_model:
+                            logps = self._logps(ref_model, batch)
+                        for s, row, m in zip(chunk, logps, batch["completion_mask"]):
+                            s.ref_logps = row[m.bool()].tolist()
+        for key, value in experience.stats.items():
+            self._metrics["train"][key].append(value)
+        return experience
+
+    def _logps(self, model, batch) -> torch.Tensor:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                              batch["completion_ids"].size(1))
+        return logps
+
+    def update(self, model, experience: Experience) -> torch.Tensor:
+        """Eq. 2 for every policy: TRL's clipped-ratio loss on that policy's samples, its adapter active.
+
+        Gradients of a micro-batch are weighted so that each policy's loss is the mean over ALL its samples of the
+        step; policies' parameters are disjoint, so their losses are simply summed. Across processes, gradients are
+        averaged once at the end (every process runs the same number of loss calls, so TRL's metric collectives
+        stay aligned).
+        """
+        world = self.accelerator.num_processes
+        micro = self.args.per_device_train_batch_size
+        plan = {p: experience.samples_of(p) for p in self.pool.policies}
+        chunk_counts = {p: math.ceil(len(rows) / micro) for p, rows in plan.items()}
+        totals = {p: (len(rows), sum(len(s.generation.completion_ids) for s in rows)) for p, rows in plan.items()}
+        if world > 1:
+            counts = torch.tensor([[chunk_counts[p], *totals[p]] for p in plan], dtype=torch.float64)
+            local_tokens = counts[:, 2].clone()
+            counts[:, 2] = 0
+            maxed = counts.clone()
+            dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+            global_tokens = local_tokens.clone()
+            dist.all_reduce(global_tokens, op=dist.ReduceOp.SUM)
+            for i, p in enumerate(plan):
+                chunk_counts[p] = int(maxed[i, 0])
+                totals[p] = (totals[p][0], totals[p][1], float(global_tokens[i]))
+        total_loss = torch.zeros((), device=self.accelerator.device)
+        sync_ctx = self.accelerator.no_sync(model) if world > 1 else contextlib.nullcontext()
+        with sync_ctx:
+            for policy, rows in plan.items():
+                n_rows, n_tokens = totals[policy][0], totals[policy][1]
+                global_tokens = totals[policy][2] if world > 1 else n_tokens
+                chunks = list(_chunks(rows, micro))
+                for c in range(chunk_counts[policy]):
+                    chunk = chunks[c] if c < len(chunks) else None
+                    batch = self._collate(policy, chunk) if chunk else self._dummy_batch(policy)
+                    if chunk is None:
+                        weight = 0.0
+                    elif self.loss_type in _ROW_MEAN_LOSSES:
+                        weight = len(chunk) / n_rows
+                    elif self.loss_type in _TOKEN_MEAN_LOSSES:
+                        weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
+                    elif self.loss_type in _TOKEN_SUM_LOSSES:
+                        weight = 1.0
+                        batch["num_items_in_batch"] = torch.tensor(float(global_tokens))
+                    else:
+                        raise ValueError(f"loss_type {self.loss_type!r} is not supported by {type(self).__name__}")
+                    loss = self._compute_loss(functools.partial(model, policy), batch) * weight
+                    self.accelerator.backward(loss)
+                    total_loss = total_loss + loss.detach()
+        if world > 1:
+            self._average_gradients_across_processes()
+        return total_loss
+
+    def _average_gradients_across_processes(self) -> None:
+        policies = list(self.pool.policies)
+        used = torch.tensor([float(any(p.grad is not None for p in self.pool.policy_parameters(pol)))
+                             for pol in policies])
+        dist.all_reduce(used, op=dist.ReduceOp.MAX)
+        params = [p for pol in policies for p in self.pool.policy_parameters(pol)]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= self.accelerator.num_processes
+        offset = 0
+        for pol, was_used in zip(policies, used.tolist()):
+            for p in self.pool.policy_parameters(pol):
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone() if was_used else None
+                offset += n
+
+    def _collate(self, policy: str, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+        """Pad one policy's samples into TRL's loss inputs (prompts left-padded, completions right-padded)."""
+        tok = self.pool.tokenizer_of(policy)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        device = self.accelerator.device
+        p_len = max(len(s.generation.prompt_ids) for s in samples)
+        c_len = max(max(len(s.generation.completion_ids) for s in samples), 1)
+        prompt_ids = torch.full((len(samples), p_len), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(samples), p_len), dtype=torch.long)
+        completion_ids = torch.full((len(samples), c_len), pad, dtype=torch.long)
+        completion_mask = torch.zeros((len(samples), c_len), dtype=torch.long)
+        for i, s in enumerate(samples):
+            p, c = s.generation.prompt_ids, s.generation.completion_ids
+            prompt_ids[i, p_len - len(p):] = torch.tensor(p)
+            prompt_mask[i, p_len - len(p):] = 1
+            if c:
+                completion_ids[i, :len(c)] = torch.tensor(c)
+                completion_mask[i, :len(c)] = 1
+        batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                 "completion_mask": completion_mask,
+                 "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+        for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
+            if all(getattr(s, attr) is not None for s in samples):
+                values = torch.zeros((len(samples), c_len), dtype=torch.float32)
+                for i, s in enumerate(samples):
+                    row = getattr(s, attr)
+                    values[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+                batch[key] = values
+        return {k: v.to(device) for k, v in batch.items()}
+
+    def _dummy_batch(self, policy: str) -> dict[str, torch.Tensor]:
+        """A one-token batch with zero weight, run only to keep collectives aligned across processes."""
+        tok = self.pool.tokenizer_of(policy)
+        eos = tok.eos_token_id if tok.eos_token_id is not None else 0
+        one = torch.tensor([[eos]], device=self.accelerator.device)
+        batch = {"prompt_ids": one, "prompt_mask": torch.ones_like(one), "completion_ids": one.clone(),
+                 "completion_mask": torch.ones_like(one), "advantages": torch.zeros(1, device=one.device)}
+        if self.beta != 0.0:
+            batch["ref_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+        if self.num_iterations > 1:
+            batch["old_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+        return batch
+
+    # ------------------------------------------------------------------------------------------------ saving
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Save every policy's adapter under ``<output_dir>/adapters/<policy>/`` (not the frozen bases)."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save:
+            self.pool.save_adapters(output_dir)
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model, trial):
+        Trainer._save_checkpoint(self, model, trial)  # no model card: the team is not one hub model
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        logger.info("Loading adapters from %s", resume_from_checkpoint)
+        self.pool.load_adapters(resume_from_checkpoint)
+
+    def train(self, *args, **kwargs) -> TrainOutput:
+        """Train, then write the final adapters and ``<output_dir>/summary.json``."""
+        output = super().train(*args, **kwargs)
+        self.save_model(self.args.output_dir)
+        if self.args.should_save:
+            write_summary(self, output)
+        return output
+
+
+def validate_team_against_environment(agent_names: Sequence[str], env: Environment) -> None:
+    """The team's agent names must be exactly the environment's roles."""
+    roles = list(env.agents)
+    if sorted(agent_names) != sorted(roles):
+        raise ValueError(
+            f"The agents {list(agent_names)} do not match the roles of {type(env).__name__}: {roles}. "
+            "Give one AgentSpec per role, named after it."
+        )
+
+
+def write_summary(trainer: MultiAgentGRPOTrainer, output: TrainOutput) -> Path:
+    """``summary.json``: algorithm, team, run length, final and best logged values of the main metrics."""
+    history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
+    last = history[-1] if history else {}
+    rewards = [h["reward"] for h in history if isinstance(h.get("reward"), (int, float))]
+    summary = {
+        "algorithm": trainer._name,
+        "trainer": type(trainer).__name__,
+        "global_step": trainer.state.global_step,
+        "train_runtime_s": output.metrics.get("train_runtime"),
+        "train_loss": output.metrics.get("train_loss"),
+        "first_reward": rewards[0] if rewards else None,
+        "last_reward": rewards[-1] if rewards else None,
+        "mean_reward_first_quarter": _mean(rewards[: max(1, len(rewards) // 4)]) if rewards else None,
+        "mean_reward_last_quarter": _mean(rewards[-max(1, len(rewards) // 4):]) if rewards else None,
+        "final_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+        "agents": {name: {"policy": s.policy, "model": s.model_name, "quantization": s.quantization}
+                   for name, s in trainer.pool.specs.items()},
+        "adapters": {p: str(Path(trainer.args.output_dir) / "adapters" / p) for p in trainer.pool.policies},
+        "config": {k: getattr(trainer.args, k) for k in ("num_generations", "num_turns", "joint_mode", "gamma",
+                                                         "episodes_per_step", "learning_rate", "beta", "epsilon",
+                                                         "temperature", "max_completion_length", "seed")},
+    }
+    path = Path(trainer.args.output_dir) / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, default=str))
+    return path
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _chunks(rows, size):
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
