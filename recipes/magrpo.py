@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     except RecipeError as exc:
         logging.getLogger("recipe").error("%s", exc)
         return 2
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     return 0
 
 

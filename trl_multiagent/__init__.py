@@ -1,3 +1,20 @@
 """trl-multiagent: multi-agent reinforcement learning for cooperating LLM agents on top of TRL."""
 
+from .agents import AgentPool, AgentSpec
+from .environments import Environment, FunctionEnvironment, StepResult
+from .models import DEFAULT_MODEL, ModelNotFoundError
+from .trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "AgentPool",
+    "AgentSpec",
+    "Environment",
+    "FunctionEnvironment",
+    "ModelNotFoundError",
+    "MultiAgentGRPOConfig",
+    "MultiAgentGRPOTrainer",
+    "StepResult",
+]

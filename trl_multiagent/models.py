@@ -119,6 +119,7 @@ CHATML_TEMPLATE = (
 _CHATML_EOS = "<|im_end|>"
 _CHATML_PAD = "<|endoftext|>"
 _SOURCE_MARKER = "trl_multiagent_source.json"
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json")
 _OFFLINE_HINT = (
     f"To work offline, pass a local checkpoint directory or the embedded short name {DEFAULT_MODEL!r} "
     f"(prepare it with `python -m trl_multiagent.models prepare`)."
@@ -234,6 +235,8 @@ def _is_complete(target: Path, expected: dict[str, object]) -> bool:
         recorded = json.loads((target / _SOURCE_MARKER).read_text())
     except (OSError, ValueError):
         return False
+    if not all((target / f).is_file() for f in _REQUIRED_FILES):  # e.g. weights deleted by hand
+        return False
     return all(recorded.get(k) == v for k, v in expected.items())
 
 
@@ -288,13 +291,11 @@ def _ensure_embedded_checkpoint(key: str) -> Path:
 
 
 def _make_readable(directory: Path) -> None:
-    """Give ``directory`` (created 0700 by ``mkdtemp``) and its files the usual umask-based permissions."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
+    """Give ``directory`` (created 0700 by ``mkdtemp``) and its files the usual 0755 / 0644 permissions."""
+    directory.chmod(0o755)
     for child in directory.iterdir():
         if child.is_file():
-            child.chmod(0o666 & ~umask)
+            child.chmod(0o644)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=fname)
     _fix_chat_tokens(tokenizer)
 
-    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=fname, dtype=torch.float32)
+    gguf_model = _load_gguf_model(gguf_path)
     config = copy.deepcopy(gguf_model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -361,6 +362,13 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - start)
 
 
+def _load_gguf_model(gguf_path: Path) -> PreTrainedModel:
+    """Load a GGUF file with transformers, de-quantized to float32 (the slow part of the conversion)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+
+
 def _fix_chat_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
     """Make a GGUF tokenizer fit for ChatML chat generation: template, eos ``<|im_end|>``, a pad token."""
     vocab = tokenizer.get_vocab()
@@ -392,11 +400,36 @@ def _load_error(name: str, resolved: str, exc: BaseException) -> ModelNotFoundEr
         return ModelNotFoundError(
             f"The local directory {resolved!r} is not a loadable Hugging Face checkpoint ({cause}). {_OFFLINE_HINT}"
         )
-    return ModelNotFoundError(
+    message = (
         f"Could not load model {name!r}: the Hugging Face model hub is unreachable (offline) or has no model "
-        f"with this id ({cause}). {_OFFLINE_HINT} On a machine without internet, set HF_HUB_OFFLINE=1 to fail "
-        f"fast instead of retrying the hub."
+        f"with this id ({cause}). {_OFFLINE_HINT}"
     )
+    if not _hub_offline():
+        message += " On a machine without internet, set HF_HUB_OFFLINE=1 to fail fast instead of retrying the hub."
+    return ModelNotFoundError(message)
+
+
+def _hub_offline() -> bool:
+    with contextlib.suppress(ImportError, AttributeError):
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            return True
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+@contextlib.contextmanager
+def _wrap_load_errors(name: str, resolved: str) -> Iterator[None]:
+    """Turn "model not found / not reachable / not a checkpoint" failures of ``from_pretrained`` into
+    :class:`ModelNotFoundError`; anything else propagates unchanged."""
+    try:
+        yield
+    except _hub_errors() as exc:
+        raise _load_error(name, resolved, exc) from exc
+    except ValueError as exc:  # e.g. "Unrecognized model in <dir>": a directory that is not a checkpoint
+        if os.path.isdir(resolved):
+            raise _load_error(name, resolved, exc) from exc
+        raise
 
 
 def _hub_errors() -> tuple[type[BaseException], ...]:
@@ -434,10 +467,8 @@ def load_tokenizer(path_or_name: str | None = None) -> PreTrainedTokenizerBase:
 
     name = DEFAULT_MODEL if path_or_name is None else str(path_or_name)
     resolved = resolve_model(name)
-    try:
+    with _wrap_load_errors(name, resolved):
         tokenizer = AutoTokenizer.from_pretrained(resolved)
-    except _hub_errors() as exc:
-        raise _load_error(name, resolved, exc) from exc
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -547,10 +578,8 @@ def load_base_model(
     if quant_config is not None:
         kwargs["quantization_config"] = quant_config
         kwargs["device_map"] = _quantized_device_map()
-    try:
+    with _wrap_load_errors(name, resolved):
         model = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
-    except _hub_errors() as exc:
-        raise _load_error(name, resolved, exc) from exc
     if quantization == "4bit":
         _keep_4bit_trainable_on_cpu(model)
     elif quantization == "8bit":
@@ -562,6 +591,14 @@ def load_base_model(
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def _check_config_loads(name: str, resolved: str) -> None:
+    """Raise :class:`ModelNotFoundError` if the config of ``resolved`` cannot be loaded (fetching it if needed)."""
+    from transformers import AutoConfig
+
+    with _wrap_load_errors(name, resolved):
+        AutoConfig.from_pretrained(resolved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -581,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         path = resolve_model(args.name)
+        if args.name.strip().lower() not in EMBEDDED_MODELS:
+            _check_config_loads(args.name, path)  # a hub id or directory: fail now, not at training time
     except ModelNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -589,4 +628,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the package's copy of this module (``trl_multiagent/__init__`` imports it), so that the classes and the
+    # logger are the same objects everywhere instead of duplicates living in ``__main__``.
+    from trl_multiagent.models import main as _package_main
+
+    sys.exit(_package_main())

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import set_seed
 from datasets import Dataset
-from transformers import GenerationConfig, ProgressCallback, Trainer
+from transformers import GenerationConfig, ProgressCallback, Trainer, enable_full_determinism
 from transformers.trainer_utils import TrainOutput
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler, identity
@@ -118,6 +119,10 @@ class MultiAgentGRPOConfig(GRPOConfig):
         self.remove_unused_columns = False
         if self.ddp_broadcast_buffers is None:
             self.ddp_broadcast_buffers = False
+        if not self.use_cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and not torch.accelerator.is_available():
+            # Launched by torchrun on a machine without an accelerator: accelerate recognises a multi-CPU (gloo) run
+            # only with cpu=True; without it every process would silently train alone with num_processes == 1.
+            self.use_cpu = True
         super().__post_init__()
         self.steps_per_generation = 1
         self.generation_batch_size = self.per_device_train_batch_size * self.world_size
@@ -179,6 +184,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
                            "budget.", args.num_turns, probe.max_turns)
 
+        if not isinstance(agents, AgentPool):
+            # The new LoRA adapters are initialised at random (lora_A); seed first so that two runs with the same
+            # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
+            enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self.pool = agents if isinstance(agents, AgentPool) else AgentPool(specs, dtype=args.model_dtype)
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
@@ -196,6 +205,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             callbacks=callbacks,
         )
         self._init_grpo_state(args)
+        # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
+        # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
+        set_seed(args.seed, device_specific=True)
         if not args.disable_tqdm:
             from trl.trainer.callbacks import RichProgressCallback
 
@@ -288,7 +300,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
         model.train()
-        if self._step % self.num_iterations == 0 or self._buffered_inputs is None:
+        # The phase of the num_iterations cycle comes from global_step (restored on resume), not from a counter of
+        # this run's calls: a run resumed mid-cycle re-rolls (the buffer is not checkpointed) and stays in phase
+        # with the RepeatSampler, which hands out each chunk of tasks num_iterations times.
+        if self.state.global_step % self.num_iterations == 0 or self._buffered_inputs is None:
             self._buffered_inputs = self.rollout(inputs)
         loss = self.update(model, self._buffered_inputs)
         self._step += 1
@@ -316,9 +331,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                             logps = self._logps(ref_model, batch)
                         for s, row, m in zip(chunk, logps, batch["completion_mask"]):
                             s.ref_logps = row[m.bool()].tolist()
-        for key, value in experience.stats.items():
+        for key, value in self._gather_stats(experience.stats).items():
             self._metrics["train"][key].append(value)
         return experience
+
+    def _gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """Rollout statistics averaged over processes (each process rolls out its own tasks), as TRL logs rewards
+        gathered from all processes. Keys may differ between processes (e.g. ``turn/1/reward``): each key is the mean
+        over the processes that have it."""
+        if self.accelerator.num_processes == 1:
+            return stats
+        gathered: list[dict[str, float] | None] = [None] * self.accelerator.num_processes
+        dist.all_gather_object(gathered, stats)
+        merged: dict[str, float] = {}
+        for key in dict.fromkeys(k for g in gathered for k in g):
+            values = [g[key] for g in gathered if key in g and not math.isnan(g[key])]
+            merged[key] = sum(values) / len(values) if values else math.nan
+        return merged
 
     def _logps(self, model, batch) -> torch.Tensor:
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)

@@ -1,0 +1,686 @@
+"""Benchmarks of trl-multiagent against TRL, on the embedded SmolLM2-135M-Instruct, CPU.
+
+    python benchmarks/bench.py            # full run (~10 min on a 2-core CPU), writes docs/results/bench.{json,md}
+    python benchmarks/bench.py --quick    # smoke version (fewer steps, fewer memory configurations)
+
+(a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
+    ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
+    completion length, same batch, measured side by side in one process in alternating blocks
+    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15.
+(b) Memory: peak resident memory (``ru_maxrss`` of a fresh subprocess per configuration) of 1, 2 and 4 agents on
+    ONE shared 4-bit base against the same agents each with its own base copy. Target: 4 agents on a shared base
+    within 1.15x of one agent's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+log = logging.getLogger("bench")
+
+SPEED_TARGET = 1.15
+MEMORY_TARGET = 1.15
+MEMORY_RESULT_TAG = "BENCH_MEMORY_RESULT "
+
+PROMPTS = [
+    "Name three colours of the rainbow.",
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "Give a synonym of 'happy'.",
+    "How many legs does a spider have?",
+    "Describe a cat in five words.",
+    "What is two plus three?",
+    "Name a fruit that is yellow.",
+    "Say hello in Spanish.",
+    "What do bees make?",
+    "Name a planet of the solar system.",
+    "Give an example of a prime number.",
+    "What is the opposite of 'cold'?",
+    "Write a short greeting.",
+    "Which animal says 'moo'?",
+    "Name a musical instrument.",
+]
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+def setup_logging(verbose: bool = False) -> None:
+    try:
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(show_path=False, log_time_format="%H:%M:%S")
+        fmt = "%(message)s"
+    except ImportError:  # pragma: no cover - rich is a dependency of the library
+        handler, fmt = logging.StreamHandler(), "%(asctime)s %(levelname)s %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt, handlers=[handler], force=True)
+    # The libraries are chatty (one warning per trainer about missing columns, etc.); keep the benchmark's own log.
+    for name in ("transformers", "trl", "peft", "accelerate", "datasets", "trl_multiagent", "bitsandbytes"):
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def rss_mib() -> float:
+    """Current resident set size of this process, MiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def maxrss_mib() -> float:
+    """Peak resident set size of this process so far (ru_maxrss is in KiB on Linux), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "trl", "transformers", "peft", "accelerate", "bitsandbytes", "datasets"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def score_text(text: str) -> float:
+    """A cheap deterministic reward with spread across samples (so advantages are not all zero)."""
+    return float(sum(map(ord, text)) % 7) / 6.0
+
+
+def bench_reward(completions=None, **kwargs):
+    """The same reward on both sides: TRL passes a list (of strings or of chat messages), ours a {agent: text} dict."""
+    if isinstance(completions, dict):
+        return sum(score_text(t) for t in completions.values()) / len(completions)
+    out = []
+    for c in completions:
+        if isinstance(c, list):  # conversational: [{"role": "assistant", "content": ...}]
+            c = c[-1]["content"]
+        out.append(score_text(c))
+    return out
+
+
+def chat_dataset(n_rows: int):
+    """The prompts as one-message conversations: TRL and our pool both apply the same chat template to them."""
+    from datasets import Dataset
+
+    rows = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(n_rows)]
+    return Dataset.from_dict({"prompt": rows})
+
+
+class _GenerateTimer:
+    """Wraps a model's ``generate`` (instance attribute) to time it and record the shapes it sees."""
+
+    def __init__(self, model):
+        self.calls: list[dict] = []
+        self._orig = model.generate
+        model.generate = self
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = self._orig(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.calls.append({"seconds": elapsed, "input_shape": list(ids.shape) if ids is not None else None,
+                           "output_shape": list(out.shape) if hasattr(out, "shape") else None})
+        return out
+
+
+def _step_timer_callback():
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Wall time of every optimizer step: on_step_begin -> on_step_end (rollout + update + optimizer step)."""
+
+        def __init__(self):
+            self.times: list[float] = []
+            self.gen_marks: list[int] = []  # number of generate calls recorded at each step's end
+            self._start = None
+            self.gen_timer: _GenerateTimer | None = None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self._start)
+            self.gen_marks.append(len(self.gen_timer.calls) if self.gen_timer else 0)
+
+    return StepTimer()
+
+
+# ------------------------------------------------------------------------------------------------------ (a) speed
+def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
+    import torch
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_multiagent.agents import AgentSpec
+    from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.models import load_base_model, load_tokenizer
+    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    K, L = settings["num_generations"], settings["max_completion_length"]
+    common = dict(
+        num_generations=K, max_completion_length=L, per_device_train_batch_size=K, gradient_accumulation_steps=1,
+        generation_kwargs={"min_new_tokens": L}, learning_rate=1e-5, beta=0.0, temperature=1.0,
+        gradient_checkpointing=False, bf16=False, fp16=False, report_to=[], disable_tqdm=True, seed=0,
+        logging_steps=1, save_strategy="no", use_cpu=True, dataloader_num_workers=0,
+    )
+    data = chat_dataset(settings["dataset_rows"])
+    r, alpha = settings["lora_r"], settings["lora_alpha"]
+
+    log.info("Building TRL GRPOTrainer (float32 base + LoRA r=%d)", r)
+    t0 = time.perf_counter()
+    trl_trainer = GRPOTrainer(
+        model=load_base_model(model_path, dtype="float32"), reward_funcs=bench_reward,
+        args=GRPOConfig(output_dir=str(workdir / "trl"), **common), train_dataset=data,
+        processing_class=load_tokenizer(model_path),
+        peft_config=LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=0.0,
+                               target_modules="all-linear", bias="none"),
+    )
+    trl_build = time.perf_counter() - t0
+
+    log.info("Building MultiAgentGRPOTrainer (one agent, one turn, same base and LoRA)")
+    t0 = time.perf_counter()
+    env = lambda: FunctionEnvironment(["solo"], {"solo": lambda task: task["prompt"]}, bench_reward)  # noqa: E731
+    ours = MultiAgentGRPOTrainer(
+        [AgentSpec("solo", model=model_path, lora_r=r, lora_alpha=alpha, lora_dropout=0.0)], env,
+        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype="float32", **common),
+        data,
+    )
+    ours_build = time.perf_counter() - t0
+
+    n_trl = sum(p.numel() for p in trl_trainer.model.parameters() if p.requires_grad)
+    n_ours = sum(p.numel() for p in ours.pool.policy_parameters("solo"))
+    if n_trl != n_ours:
+        raise RuntimeError(f"trainable parameter counts differ: TRL {n_trl} vs ours {n_ours}")
+    info = {"trl_build_s": trl_build, "ours_build_s": ours_build, "trainable_params": n_trl,
+            "torch_threads": torch.get_num_threads()}
+    return trl_trainer, ours, info
+
+
+def run_speed(settings: dict) -> dict:
+    import torch  # noqa: F401
+
+    from trl_multiagent.models import resolve_model
+
+    model_path = resolve_model(settings["model"])
+    with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
+        trl_trainer, ours, info = build_speed_trainers(model_path, settings, Path(tmp))
+        timers = {"trl": _step_timer_callback(), "ours": _step_timer_callback()}
+        timers["trl"].gen_timer = _GenerateTimer(trl_trainer.model)
+        timers["ours"].gen_timer = _GenerateTimer(ours.pool.base_of("solo"))
+        trainers = {"trl": trl_trainer, "ours": ours}
+        for name, t in trainers.items():
+            t.add_callback(timers[name])
+
+        # our rollout/update split: wrap update() (rollout_time and step_time also come from the metrics)
+        update_times: list[float] = []
+        orig_update = ours.update
+
+        def timed_update(*a, **kw):
+            s = time.perf_counter()
+            out = orig_update(*a, **kw)
+            update_times.append(time.perf_counter() - s)
+            return out
+
+        ours.update = timed_update
+        # TRL's equivalent of the rollout: _generate_and_score_completions (generation, rewards, advantages)
+        trl_rollout_times: list[float] = []
+        orig_gen_score = trl_trainer._generate_and_score_completions
+
+        def timed_gen_score(*a, **kw):
+            s = time.perf_counter()
+            out = orig_gen_score(*a, **kw)
+            trl_rollout_times.append(time.perf_counter() - s)
+            return out
+
+        trl_trainer._generate_and_score_completions = timed_gen_score
+
+        blocks = []
+        block, n_blocks = settings["block_steps"], settings["steps"] // settings["block_steps"]
+        order = ["trl", "ours"]
+        for b in range(n_blocks):
+            for name in order:
+                t = trainers[name]
+                t.args.max_steps = block
+                start_idx = len(timers[name].times)
+                wall = time.perf_counter()
+                t.train()
+                wall = time.perf_counter() - wall
+                new = timers[name].times[start_idx:]
+                blocks.append({"block": b, "trainer": name, "step_s": new, "train_call_wall_s": wall})
+                log.info("block %d %-4s: %s s/step", b, name, ", ".join(f"{x:.2f}" for x in new))
+
+        result = {"model_path": model_path, **info, "blocks": blocks}
+        for name in order:
+            times = timers[name].times
+            gen = [c["seconds"] for c in timers[name].gen_timer.calls]
+            kept = times[settings["warmup_steps"]:]
+            result[name] = {
+                "step_s": times,
+                "step_s_after_warmup": kept,
+                "median_step_s": median(kept),
+                "mean_step_s": statistics.fmean(kept) if kept else float("nan"),
+                "min_step_s": min(kept) if kept else float("nan"),
+                "max_step_s": max(kept) if kept else float("nan"),
+                "generate_s": gen,
+                "median_generate_s": median(gen[settings["warmup_steps"]:]),
+                "generate_shapes": [{"input": c["input_shape"], "output": c["output_shape"]}
+                                    for c in timers[name].gen_timer.calls],
+            }
+        # per-step rollout / update split
+        result["trl"]["rollout_s"] = trl_rollout_times
+        result["trl"]["median_rollout_s"] = median(trl_rollout_times[settings["warmup_steps"]:])
+        ours_hist = [h for h in _all_log_history(ours) if "rollout_time" in h]
+        result["ours"]["rollout_s_metric"] = [h["rollout_time"] for h in ours_hist]
+        result["ours"]["step_s_metric"] = [h.get("step_time") for h in ours_hist]
+        result["ours"]["update_s"] = update_times
+        result["ours"]["median_rollout_s"] = median(result["ours"]["rollout_s_metric"][settings["warmup_steps"]:])
+        result["ours"]["median_update_s"] = median(update_times[settings["warmup_steps"]:])
+        result["trl"]["median_update_s"] = median(
+            [s - r for s, r in zip(result["trl"]["step_s"], trl_rollout_times)][settings["warmup_steps"]:])
+        result["ours"]["median_non_generate_s"] = median(
+            [s - g for s, g in zip(result["ours"]["step_s"], result["ours"]["generate_s"])][settings["warmup_steps"]:])
+        result["trl"]["median_non_generate_s"] = median(
+            [s - g for s, g in zip(result["trl"]["step_s"], result["trl"]["generate_s"])][settings["warmup_steps"]:])
+        result["ratio_ours_over_trl"] = result["ours"]["median_step_s"] / result["trl"]["median_step_s"]
+        result["ratio_generate_ours_over_trl"] = (result["ours"]["median_generate_s"]
+                                                  / result["trl"]["median_generate_s"])
+        # paired ratios: each of our blocks against the TRL block right before it
+        paired = []
+        for b in range(n_blocks):
+            tb = [x for x in blocks if x["block"] == b and x["trainer"] == "trl"][0]["step_s"]
+            ob = [x for x in blocks if x["block"] == b and x["trainer"] == "ours"][0]["step_s"]
+            skip = settings["warmup_steps"] if b == 0 else 0
+            if tb[skip:] and ob[skip:]:
+                paired.append(median(ob[skip:]) / median(tb[skip:]))
+        result["paired_block_ratios"] = paired
+        same_shapes = (result["trl"]["generate_shapes"] == result["ours"]["generate_shapes"])
+        result["identical_generate_shapes"] = same_shapes
+        if not same_shapes:
+            log.warning("generate() saw different shapes on the two sides: TRL %s vs ours %s",
+                        result["trl"]["generate_shapes"][:2], result["ours"]["generate_shapes"][:2])
+        result["target"] = SPEED_TARGET
+        result["pass"] = result["ratio_ours_over_trl"] <= SPEED_TARGET
+        if settings.get("profile"):
+            result["profile"] = profile_steps(trainers, settings)
+        del trainers, trl_trainer, ours
+    return result
+
+
+def _all_log_history(trainer):
+    # Trainer.train() resets state each call; MetricsFileCallback keeps every step in metrics.jsonl.
+    path = Path(trainer.args.output_dir) / "metrics.jsonl"
+    if path.is_file():
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+        if any("rollout_time" in r for r in rows):
+            return rows
+    return trainer.state.log_history
+
+
+def profile_steps(trainers: dict, settings: dict) -> dict:
+    """cProfile a few steps of each trainer; keep the top functions by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    out = {}
+    for name, t in trainers.items():
+        t.args.max_steps = settings["profile_steps"]
+        prof = cProfile.Profile()
+        prof.enable()
+        t.train()
+        prof.disable()
+        texts = {}
+        for key in ("cumulative", "tottime"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(35)
+            texts[key] = buf.getvalue()
+        out[name] = texts
+        log.info("profile of %s:\n%s", name, "\n".join(texts["tottime"].splitlines()[:45]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ (b) memory
+def memory_child(cfg: dict) -> dict:
+    """Run in a fresh process: build an n-agent trainer on shared or separate 4-bit bases, train a few steps."""
+    base_rss_before_imports = rss_mib()
+    t0 = time.perf_counter()
+    import torch
+    from datasets import Dataset
+
+    from trl_multiagent.agents import AgentSpec
+    from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    setup_logging(verbose=False)
+    import_s = time.perf_counter() - t0
+    after_imports = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib()}
+
+    n, paths = cfg["n_agents"], cfg["model_paths"]
+    names = [f"agent{i}" for i in range(n)]
+    specs = [AgentSpec(name, model=paths[i], quantization="4bit", lora_r=cfg["lora_r"], lora_alpha=cfg["lora_alpha"])
+             for i, name in enumerate(names)]
+    env = lambda: FunctionEnvironment(names, {a: (lambda task: task["prompt"]) for a in names}, bench_reward)  # noqa: E731
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
+    K, L = cfg["num_generations"], cfg["max_completion_length"]
+    args = MultiAgentGRPOConfig(
+        output_dir=cfg["output_dir"], num_generations=K, max_completion_length=L, per_device_train_batch_size=K,
+        generation_kwargs={"min_new_tokens": L}, episodes_per_step=1, max_steps=cfg["steps"], beta=0.0,
+        learning_rate=1e-5, gradient_checkpointing=False, bf16=False, report_to=[], disable_tqdm=True, seed=0,
+        logging_steps=1, save_strategy="no", use_cpu=True,
+    )
+    t1 = time.perf_counter()
+    trainer = MultiAgentGRPOTrainer(specs, env, args, data)
+    build_s = time.perf_counter() - t1
+    after_build = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib()}
+    n_bases = len(trainer.pool.bases)
+    base_bytes = sum(p.numel() * p.element_size() for b in trainer.pool.bases.values() for p in b.parameters())
+    trainable = sum(p.numel() for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol))
+
+    timer = _step_timer_callback()
+    trainer.add_callback(timer)
+    t2 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t2
+    return {
+        "n_agents": n, "layout": cfg["layout"], "n_bases": n_bases, "steps": cfg["steps"],
+        "torch_threads": torch.get_num_threads(),
+        "rss_before_imports_mib": base_rss_before_imports,
+        "after_imports": after_imports, "after_build": after_build,
+        "final_rss_mib": rss_mib(), "peak_rss_mib": maxrss_mib(),
+        "model_param_bytes_mib": base_bytes / 2**20, "trainable_params": trainable,
+        "import_s": import_s, "build_s": build_s, "train_s": train_s, "step_s": timer.times,
+    }
+
+
+def make_model_copies(model_path: str, n: int, root: Path) -> list[str]:
+    """n distinct checkpoint directories with the same files (symlinks), so the pool loads n separate bases."""
+    paths = []
+    for i in range(n):
+        d = root / f"copy{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        for f in Path(model_path).iterdir():
+            link = d / f.name
+            if not link.exists():
+                link.symlink_to(f.resolve())
+        paths.append(str(d))
+    return paths
+
+
+def run_memory(settings: dict) -> dict:
+    from trl_multiagent.models import resolve_model
+
+    model_path = resolve_model(settings["model"])
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp:
+        tmp = Path(tmp)
+        copies = make_model_copies(model_path, max(settings["memory_agents"]), tmp / "models")
+        configs = []
+        for n in settings["memory_agents"]:
+            configs.append(("shared", n, [model_path] * n))
+            if n > 1 or settings["memory_repeat_single"]:
+                configs.append(("separate", n, copies[:n]))
+        for layout, n, paths in configs:
+            cfg = {"n_agents": n, "layout": layout, "model_paths": paths, "steps": settings["memory_steps"],
+                   "num_generations": settings["num_generations"],
+                   "max_completion_length": settings["max_completion_length"],
+                   "lora_r": settings["lora_r"], "lora_alpha": settings["lora_alpha"],
+                   "output_dir": str(tmp / f"out-{layout}-{n}")}
+            log.info("memory: %d agent(s), %s base(s) (fresh subprocess)", n, layout)
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory-child", json.dumps(cfg)],
+                                  capture_output=True, text=True, env=os.environ.copy())
+            wall = time.perf_counter() - t0
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(MEMORY_RESULT_TAG)), None)
+            if proc.returncode != 0 or line is None:
+                log.error("memory child failed (rc=%s):\n%s", proc.returncode, proc.stderr[-4000:])
+                results.append({"n_agents": n, "layout": layout, "error": proc.stderr[-4000:], "wall_s": wall})
+                continue
+            res = json.loads(line[len(MEMORY_RESULT_TAG):])
+            res["wall_s"] = wall
+            results.append(res)
+            log.info("  peak %.0f MiB (after imports %.0f, after build %.0f), %d base(s), %.0f s",
+                     res["peak_rss_mib"], res["after_imports"]["rss_mib"], res["after_build"]["rss_mib"],
+                     res["n_bases"], wall)
+
+    def peak(layout, n):
+        hits = [r["peak_rss_mib"] for r in results if r.get("layout") == layout and r["n_agents"] == n
+                and "peak_rss_mib" in r]
+        if not hits and n == 1:  # one agent: shared and separate are the same configuration
+            hits = [r["peak_rss_mib"] for r in results if r["n_agents"] == 1 and "peak_rss_mib" in r]
+        return hits[0] if hits else float("nan")
+
+    one = peak("shared", 1)
+    summary = {}
+    for n in settings["memory_agents"]:
+        summary[n] = {"shared_peak_mib": peak("shared", n), "separate_peak_mib": peak("separate", n),
+                      "shared_over_one_agent": peak("shared", n) / one,
+                      "separate_over_one_agent": peak("separate", n) / one}
+    n_max = max(settings["memory_agents"])
+    ratio = summary[n_max]["shared_over_one_agent"]
+    return {"runs": results, "summary": {str(k): v for k, v in summary.items()}, "n_max": n_max,
+            "ratio_shared_nmax_over_one": ratio, "target": MEMORY_TARGET, "pass": ratio <= MEMORY_TARGET}
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def write_markdown(report: dict, path: Path) -> None:
+    s, sp, mem = report["settings"], report.get("speed"), report.get("memory")
+    v = report["environment"]["versions"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Command: `{report['command']}` ({'quick' if s['quick'] else 'full'} run, {report['date']}, "
+        f"{report['runtime_s']:.0f} s in all).",
+        "",
+        f"Machine: {report['environment']['cpu_model']}, {report['environment']['cpu_count']} CPUs "
+        f"(affinity {report['environment']['cpu_affinity']}), torch {v['torch']}, trl {v['trl']}, "
+        f"transformers {v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}.",
+        "Raw measurements: `docs/results/bench.json`.",
+        "",
+        "| Benchmark | Measured | Ratio | Target | Result |",
+        "|---|---|---|---|---|",
+    ]
+    if sp:
+        lines.append(
+            f"| (a) speed, 1 agent 1 turn: median s/step, ours vs TRL GRPOTrainer | "
+            f"{sp['ours']['median_step_s']:.3f} vs {sp['trl']['median_step_s']:.3f} | "
+            f"{sp['ratio_ours_over_trl']:.3f} | <= {sp['target']} | {'PASS' if sp['pass'] else 'FAIL'} |")
+    if mem:
+        n = str(mem["n_max"])
+        one = mem["summary"]["1"]["shared_peak_mib"]
+        lines.append(
+            f"| (b) memory: peak RSS, {n} agents on one shared 4-bit base vs 1 agent | "
+            f"{mem['summary'][n]['shared_peak_mib']:.0f} MiB vs {one:.0f} MiB | "
+            f"{mem['ratio_shared_nmax_over_one']:.3f} | <= {mem['target']} | {'PASS' if mem['pass'] else 'FAIL'} |")
+    lines.append("")
+    if sp:
+        lines += [
+            "## (a) Speed",
+            "",
+            f"SmolLM2-135M-Instruct (float32) + LoRA r={s['lora_r']} (all linear layers), K={s['num_generations']}, "
+            f"{s['max_completion_length']} completion tokens forced on both sides (min_new_tokens = "
+            f"max_completion_length), one prompt per step, beta=0, no gradient checkpointing, bf16 off, "
+            f"{sp['torch_threads']} torch threads. {s['steps']} steps per trainer in blocks of {s['block_steps']} "
+            f"alternating TRL / ours in one process; the first {s['warmup_steps']} step(s) dropped as warm-up.",
+            "",
+            "| median seconds | TRL GRPOTrainer | MultiAgentGRPOTrainer | ours / TRL |",
+            "|---|---|---|---|",
+            f"| optimizer step | {sp['trl']['median_step_s']:.3f} | {sp['ours']['median_step_s']:.3f} | "
+            f"{sp['ratio_ours_over_trl']:.3f} |",
+            f"| `generate()` | {sp['trl']['median_generate_s']:.3f} | {sp['ours']['median_generate_s']:.3f} | "
+            f"{sp['ratio_generate_ours_over_trl']:.3f} |",
+            f"| rollout (TRL: `_generate_and_score_completions`; ours: `rollout_time`) | "
+            f"{sp['trl']['median_rollout_s']:.3f} | {sp['ours']['median_rollout_s']:.3f} | "
+            f"{sp['ours']['median_rollout_s'] / sp['trl']['median_rollout_s']:.3f} |",
+            f"| rest of the step (update + optimizer) | {sp['trl']['median_update_s']:.3f} | "
+            f"{sp['ours']['median_step_s'] - sp['ours']['median_rollout_s']:.3f} | "
+            f"{(sp['ours']['median_step_s'] - sp['ours']['median_rollout_s']) / sp['trl']['median_update_s']:.3f} |",
+            "",
+            "Per-block ratios (ours / preceding TRL block): "
+            + ", ".join(f"{r:.3f}" for r in sp["paired_block_ratios"])
+            + f". Identical generate() shapes on both sides: {sp['identical_generate_shapes']}.",
+            "",
+        ]
+    if mem:
+        lines += [
+            "## (b) Memory",
+            "",
+            f"Peak RSS (`ru_maxrss`) of a fresh subprocess per row: build a `MultiAgentGRPOTrainer` with a single-turn "
+            f"`FunctionEnvironment` of n agents (4-bit NF4 SmolLM2-135M, LoRA r={s['lora_r']}, K="
+            f"{s['num_generations']}, {s['max_completion_length']} tokens), run {s['memory_steps']} optimizer "
+            "step(s). 'shared': every agent names the same model (one base, one adapter per agent); 'separate': "
+            "each agent names its own (symlinked) copy of the checkpoint, so the pool loads n bases.",
+            "",
+            "| agents | layout | bases | RSS after imports (MiB) | RSS after build (MiB) | peak RSS (MiB) | "
+            "peak / 1 agent |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        one = mem["summary"]["1"]["shared_peak_mib"]
+        for r in mem["runs"]:
+            if "error" in r:
+                lines.append(f"| {r['n_agents']} | {r['layout']} | - | - | - | failed | - |")
+                continue
+            lines.append(f"| {r['n_agents']} | {r['layout']} | {r['n_bases']} | {r['after_imports']['rss_mib']:.0f} "
+                         f"| {r['after_build']['rss_mib']:.0f} | {r['peak_rss_mib']:.0f} | "
+                         f"{r['peak_rss_mib'] / one:.3f} |")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke version: fewer steps and memory configurations")
+    parser.add_argument("--steps", type=int, default=None, help="speed: optimizer steps per trainer (default 8; 4 quick)")
+    parser.add_argument("--block-steps", type=int, default=None, help="speed: steps per alternating block (default 2)")
+    parser.add_argument("--memory-steps", type=int, default=None, help="memory: optimizer steps per subprocess")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="speed: also cProfile a few steps of each trainer")
+    parser.add_argument("--out-dir", default=str(ROOT / "docs" / "results"))
+    parser.add_argument("--verbose", action="store_true", help="keep the libraries' own logs")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.memory_child:
+        result = memory_child(json.loads(args.memory_child))
+        print(MEMORY_RESULT_TAG + json.dumps(result), flush=True)
+        return 0
+
+    setup_logging(args.verbose)
+    started = time.perf_counter()
+    settings = {
+        "quick": args.quick,
+        "model": "smollm2-135m-instruct",
+        "num_generations": 4,
+        "max_completion_length": 32,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "steps": args.steps or (4 if args.quick else 8),
+        "block_steps": args.block_steps or 2,
+        "warmup_steps": 1,
+        "dataset_rows": 64,
+        "memory_agents": [1, 2, 4] if not args.quick else [1, 4],
+        "memory_steps": args.memory_steps or (1 if args.quick else 2),
+        "memory_repeat_single": False,
+        "profile": args.profile,
+        "profile_steps": 2,
+    }
+    if settings["steps"] % settings["block_steps"]:
+        parser.error("--steps must be a multiple of --block-steps")
+    import torch
+
+    report = {
+        "command": "python benchmarks/bench.py" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])
+                                                   if (argv if argv is not None else sys.argv[1:]) else ""),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "settings": settings,
+        "environment": {"versions": versions(), "cpu_count": os.cpu_count(),
+                        "cpu_affinity": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
+                        "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+                        "total_memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30},
+    }
+    log.info("settings: %s", settings)
+    if not args.skip_speed:
+        t0 = time.perf_counter()
+        report["speed"] = run_speed(settings)
+        report["speed"]["wall_s"] = time.perf_counter() - t0
+        sp = report["speed"]
+        log.info("speed: ours %.3f s/step vs TRL %.3f s/step -> ratio %.3f (target <= %.2f: %s)",
+                 sp["ours"]["median_step_s"], sp["trl"]["median_step_s"], sp["ratio_ours_over_trl"], SPEED_TARGET,
+                 "PASS" if sp["pass"] else "FAIL")
+    if not args.skip_memory:
+        t0 = time.perf_counter()
+        report["memory"] = run_memory(settings)
+        report["memory"]["wall_s"] = time.perf_counter() - t0
+        m = report["memory"]
+        log.info("memory: %s agents shared / 1 agent = %.3f (target <= %.2f: %s)", m["n_max"],
+                 m["ratio_shared_nmax_over_one"], MEMORY_TARGET, "PASS" if m["pass"] else "FAIL")
+    report["runtime_s"] = time.perf_counter() - started
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_markdown(report, out / "bench.md")
+    log.info("wrote %s and %s (%.0f s)", out / "bench.json", out / "bench.md", report["runtime_s"])
+    ok = all(report[k]["pass"] for k in ("speed", "memory") if k in report)
+    return 0 if ok or not args.strict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

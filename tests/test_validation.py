@@ -1,0 +1,97 @@
+"""Bad input gets one clear error before any model loads."""
+
+import pytest
+from datasets import Dataset
+
+from trl_multiagent.agents import AgentSpec
+from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
+from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+NOWHERE = "/nonexistent/model/dir-that-would-fail-to-load"
+
+
+def _args(tmp_path, **kw):
+    return MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
+
+
+def test_agents_must_match_environment_roles(tmp_path):
+    # the model path does not exist: reaching the loader would raise a different error
+    agents = [AgentSpec("agent1", model=NOWHERE), AgentSpec("helper", model=NOWHERE)]
+    with pytest.raises(ValueError, match=r"do not match the roles of MatrixGameEnv"):
+        MultiAgentGRPOTrainer(agents, MatrixGameEnv, _args(tmp_path), Dataset.from_dict({"x": [1]}))
+
+
+def test_dataset_missing_columns(tmp_path):
+    env = lambda: FunctionEnvironment(["a"], {"a": lambda t: t["question"]}, lambda completions: 0.0,  # noqa: E731
+                                      required_columns=["question"])
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['question'\]"):
+        MultiAgentGRPOTrainer([AgentSpec("a", model=NOWHERE)], env, _args(tmp_path),
+                              Dataset.from_dict({"prompt": ["hi"]}))
+
+
+def test_empty_dataset(tmp_path):
+    with pytest.raises(ValueError, match="empty"):
+        MultiAgentGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
+                              MatrixGameEnv, _args(tmp_path), Dataset.from_dict({"x": []}))
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"num_turns": 0}, "num_turns"),
+    ({"joint_mode": "diagonal"}, "joint_mode"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"gradient_accumulation_steps": 2}, "episodes_per_step"),
+    ({"model_dtype": "int3"}, "model_dtype"),
+])
+def test_config_errors(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _args(tmp_path, **kw)
+
+
+def test_recipe_unknown_key_suggests(tmp_path):
+    with pytest.raises(RecipeError, match=r"unknown key 'lerning_rate'; did you mean 'learning_rate'"):
+        load_recipe([], yaml_text="lerning_rate: 0.1\n")
+
+
+def test_recipe_wrong_types():
+    with pytest.raises(RecipeError, match=r"'max_steps' expects an integer, got 'ten'"):
+        load_recipe([], yaml_text="max_steps: ten\n")
+    with pytest.raises(RecipeError, match=r"'learning_rate' expects a number"):
+        load_recipe(["--learning_rate", "fast"])
+    with pytest.raises(RecipeError, match=r"'env_kwargs' expects a mapping"):
+        load_recipe([], yaml_text="env_kwargs: [1, 2]\n")
+
+
+def test_recipe_values_and_overrides(tmp_path):
+    recipe, config = load_recipe(["--num_generations", "6", "--bf16", "false", "--output_dir", str(tmp_path)],
+                                 yaml_text="learning_rate: 1e-5\nnum_generations: 2\nnum_turns: 2\n")
+    assert config.learning_rate == 1e-5  # YAML reads 1e-5 as a string; the recipe reads it as a number
+    assert config.num_generations == 6 and config.num_turns == 2  # the command line wins
+    assert recipe.environment == "matrix_game"
+
+
+def test_recipe_agents_checked_before_loading(tmp_path):
+    recipe, config = load_recipe(["--output_dir", str(tmp_path)],
+                                 yaml_text=f"model: {NOWHERE}\nagents:\n  - {{name: agent1}}\n  - {{name: bob}}\n")
+    with pytest.raises(RecipeError, match=r"do not match the environment's roles"):
+        build_trainer(recipe, config)
+    recipe, config = load_recipe(["--output_dir", str(tmp_path)],
+                                 yaml_text="agents:\n  - {name: agent1, lr: 1}\n  - {name: agent2}\n")
+    with pytest.raises(RecipeError, match=r"agents\[0\]: unknown key 'lr'"):
+        build_trainer(recipe, config)
+
+
+def test_recipe_unknown_environment_and_missing_files(tmp_path):
+    with pytest.raises(RecipeError, match="Unknown environment"):
+        recipe, config = load_recipe(["--environment", "chess", "--output_dir", str(tmp_path)])
+        build_trainer(recipe, config)
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(["--config", str(tmp_path / "missing.yaml")])
+
+
+def test_recipe_hub_dataset_offline_is_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    recipe, config = load_recipe(["--dataset", "someone/not-a-local-dataset", "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
+        build_trainer(recipe, config)
