@@ -42,6 +42,9 @@ log = logging.getLogger("bench")
 SPEED_TARGET = 1.15
 MEMORY_TARGET = 1.15
 MEMORY_RESULT_TAG = "BENCH_MEMORY_RESULT "
+#: glibc tunable of the diagnostic memory variant: a fixed mmap threshold (128 KiB) disables glibc's dynamic threshold,
+#: so every large tensor is its own mmap and goes back to the OS when freed (no heap fragmentation).
+MALLOC_VARIANT_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 PROMPTS = [
     "Name three colours of the rainbow.",
@@ -99,6 +102,17 @@ def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rss_breakdown_mib() -> dict[str, float]:
+    """Current RSS split into anonymous memory and file-backed pages (e.g. an mmap-ed checkpoint), MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(rest.split()[0]) / 1024
+    return out
 
 
 def maxrss_mib() -> float:
@@ -183,16 +197,18 @@ def _step_timer_callback():
 
         def __init__(self):
             self.times: list[float] = []
-            self.gen_marks: list[int] = []  # number of generate calls recorded at each step's end
-            self._start = None
+            self.cpu_times: list[float] = []  # process CPU time (all threads) of the step
+            self.loadavg: list[float] = []  # 1-minute load average at the step's end (other processes' activity)
+            self._start = self._cpu_start = None
             self.gen_timer: _GenerateTimer | None = None
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._start = time.perf_counter()
+            self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter() - self._start)
-            self.gen_marks.append(len(self.gen_timer.calls) if self.gen_timer else 0)
+            self.cpu_times.append(time.process_time() - self._cpu_start)
+            self.loadavg.append(os.getloadavg()[0])
 
     return StepTimer()
 
@@ -249,42 +265,31 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
 
 
 def run_speed(settings: dict) -> dict:
-    import torch  # noqa: F401
+    import torch
+    from transformers import PrinterCallback, ProgressCallback
 
     from trl_multiagent.models import resolve_model
 
+    torch.set_num_threads(settings["threads"])
     model_path = resolve_model(settings["model"])
+    warm = settings["warmup_steps"]
     with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
         trl_trainer, ours, info = build_speed_trainers(model_path, settings, Path(tmp))
-        timers = {"trl": _step_timer_callback(), "ours": _step_timer_callback()}
+        trainers = {"trl": trl_trainer, "ours": ours}
+        timers = {name: _step_timer_callback() for name in trainers}
         timers["trl"].gen_timer = _GenerateTimer(trl_trainer.model)
         timers["ours"].gen_timer = _GenerateTimer(ours.pool.base_of("solo"))
-        trainers = {"trl": trl_trainer, "ours": ours}
         for name, t in trainers.items():
+            t.remove_callback(PrinterCallback)  # the per-step metric dicts would drown the benchmark's own log
+            t.remove_callback(ProgressCallback)
             t.add_callback(timers[name])
 
-        # our rollout/update split: wrap update() (rollout_time and step_time also come from the metrics)
-        update_times: list[float] = []
-        orig_update = ours.update
-
-        def timed_update(*a, **kw):
-            s = time.perf_counter()
-            out = orig_update(*a, **kw)
-            update_times.append(time.perf_counter() - s)
-            return out
-
-        ours.update = timed_update
-        # TRL's equivalent of the rollout: _generate_and_score_completions (generation, rewards, advantages)
-        trl_rollout_times: list[float] = []
-        orig_gen_score = trl_trainer._generate_and_score_completions
-
-        def timed_gen_score(*a, **kw):
-            s = time.perf_counter()
-            out = orig_gen_score(*a, **kw)
-            trl_rollout_times.append(time.perf_counter() - s)
-            return out
-
-        trl_trainer._generate_and_score_completions = timed_gen_score
+        # rollout / update split, the same definition on both sides: ours = rollout(), TRL =
+        # _generate_and_score_completions() (generation, rewards, advantages); the rest of the step is the update.
+        rollout_times: dict[str, list[float]] = {"trl": [], "ours": []}
+        ours.rollout = _timed(ours.rollout, rollout_times["ours"])
+        trl_trainer._generate_and_score_completions = _timed(trl_trainer._generate_and_score_completions,
+                                                             rollout_times["trl"])
 
         blocks = []
         block, n_blocks = settings["block_steps"], settings["steps"] // settings["block_steps"]
@@ -294,68 +299,89 @@ def run_speed(settings: dict) -> dict:
                 t = trainers[name]
                 t.args.max_steps = block
                 start_idx = len(timers[name].times)
+                load_before = os.getloadavg()[0]
                 wall = time.perf_counter()
                 t.train()
                 wall = time.perf_counter() - wall
                 new = timers[name].times[start_idx:]
-                blocks.append({"block": b, "trainer": name, "step_s": new, "train_call_wall_s": wall})
-                log.info("block %d %-4s: %s s/step", b, name, ", ".join(f"{x:.2f}" for x in new))
+                blocks.append({"block": b, "trainer": name, "step_s": new,
+                               "cpu_s": timers[name].cpu_times[start_idx:], "train_call_wall_s": wall,
+                               "loadavg_before": load_before, "loadavg_after": os.getloadavg()[0]})
+                log.info("block %d/%d %-4s: %s s/step (cpu %s s, load %.2f)", b + 1, n_blocks, name,
+                         ", ".join(f"{x:.2f}" for x in new),
+                         ", ".join(f"{x:.2f}" for x in timers[name].cpu_times[start_idx:]), os.getloadavg()[0])
 
         result = {"model_path": model_path, **info, "blocks": blocks}
         for name in order:
-            times = timers[name].times
-            gen = [c["seconds"] for c in timers[name].gen_timer.calls]
-            kept = times[settings["warmup_steps"]:]
+            tm = timers[name]
+            steps, cpu = tm.times, tm.cpu_times
+            gen = [c["seconds"] for c in tm.gen_timer.calls]
+            roll = rollout_times[name]
+            if not (len(gen) == len(roll) == len(steps)):
+                log.warning("%s: %d steps but %d generate calls and %d rollouts", name, len(steps), len(gen), len(roll))
+            kept = steps[warm:]
             result[name] = {
-                "step_s": times,
-                "step_s_after_warmup": kept,
+                "step_s": steps,
+                "cpu_s": cpu,
+                "loadavg_at_step_end": tm.loadavg,
+                "generate_s": gen,
+                "rollout_s": roll,
+                "update_s": [s - r for s, r in zip(steps, roll)],
                 "median_step_s": median(kept),
                 "mean_step_s": statistics.fmean(kept) if kept else float("nan"),
                 "min_step_s": min(kept) if kept else float("nan"),
                 "max_step_s": max(kept) if kept else float("nan"),
-                "generate_s": gen,
-                "median_generate_s": median(gen[settings["warmup_steps"]:]),
-                "generate_shapes": [{"input": c["input_shape"], "output": c["output_shape"]}
-                                    for c in timers[name].gen_timer.calls],
+                "median_cpu_s": median(cpu[warm:]),
+                "median_generate_s": median(gen[warm:]),
+                "median_rollout_s": median(roll[warm:]),
+                "median_update_s": median([s - r for s, r in zip(steps, roll)][warm:]),
+                "median_non_generate_s": median([s - g for s, g in zip(steps, gen)][warm:]),
+                "generate_shapes": [{"input": c["input_shape"], "output": c["output_shape"]} for c in tm.gen_timer.calls],
             }
-        # per-step rollout / update split
-        result["trl"]["rollout_s"] = trl_rollout_times
-        result["trl"]["median_rollout_s"] = median(trl_rollout_times[settings["warmup_steps"]:])
-        ours_hist = [h for h in _all_log_history(ours) if "rollout_time" in h]
-        result["ours"]["rollout_s_metric"] = [h["rollout_time"] for h in ours_hist]
-        result["ours"]["step_s_metric"] = [h.get("step_time") for h in ours_hist]
-        result["ours"]["update_s"] = update_times
-        result["ours"]["median_rollout_s"] = median(result["ours"]["rollout_s_metric"][settings["warmup_steps"]:])
-        result["ours"]["median_update_s"] = median(update_times[settings["warmup_steps"]:])
-        result["trl"]["median_update_s"] = median(
-            [s - r for s, r in zip(result["trl"]["step_s"], trl_rollout_times)][settings["warmup_steps"]:])
-        result["ours"]["median_non_generate_s"] = median(
-            [s - g for s, g in zip(result["ours"]["step_s"], result["ours"]["generate_s"])][settings["warmup_steps"]:])
-        result["trl"]["median_non_generate_s"] = median(
-            [s - g for s, g in zip(result["trl"]["step_s"], result["trl"]["generate_s"])][settings["warmup_steps"]:])
-        result["ratio_ours_over_trl"] = result["ours"]["median_step_s"] / result["trl"]["median_step_s"]
-        result["ratio_generate_ours_over_trl"] = (result["ours"]["median_generate_s"]
-                                                  / result["trl"]["median_generate_s"])
-        # paired ratios: each of our blocks against the TRL block right before it
+        hist = [h for h in _all_log_history(ours) if "rollout_time" in h]
+        result["ours"]["rollout_time_metric"] = [h["rollout_time"] for h in hist]
+        result["ours"]["step_time_metric"] = [h.get("step_time") for h in hist]
+
+        def ratio(key):
+            return result["ours"][key] / result["trl"][key]
+
+        result["ratio_ours_over_trl"] = ratio("median_step_s")
+        result["ratio_min_ours_over_trl"] = ratio("min_step_s")
+        result["ratio_cpu_ours_over_trl"] = ratio("median_cpu_s")
+        result["ratio_generate_ours_over_trl"] = ratio("median_generate_s")
+        result["ratio_rollout_ours_over_trl"] = ratio("median_rollout_s")
+        result["ratio_update_ours_over_trl"] = ratio("median_update_s")
+        # paired ratios: each of our blocks against the TRL block right before it (drift between blocks cancels)
         paired = []
         for b in range(n_blocks):
-            tb = [x for x in blocks if x["block"] == b and x["trainer"] == "trl"][0]["step_s"]
-            ob = [x for x in blocks if x["block"] == b and x["trainer"] == "ours"][0]["step_s"]
-            skip = settings["warmup_steps"] if b == 0 else 0
+            tb, ob = ([x for x in blocks if x["block"] == b and x["trainer"] == n][0]["step_s"] for n in order)
+            skip = warm if b == 0 else 0
             if tb[skip:] and ob[skip:]:
                 paired.append(median(ob[skip:]) / median(tb[skip:]))
         result["paired_block_ratios"] = paired
-        same_shapes = (result["trl"]["generate_shapes"] == result["ours"]["generate_shapes"])
-        result["identical_generate_shapes"] = same_shapes
-        if not same_shapes:
-            log.warning("generate() saw different shapes on the two sides: TRL %s vs ours %s",
-                        result["trl"]["generate_shapes"][:2], result["ours"]["generate_shapes"][:2])
+        result["median_paired_block_ratio"] = median(paired)
+        outs = {n: [c["output"] for c in result[n]["generate_shapes"]] for n in order}
+        result["identical_generate_output_shapes"] = outs["trl"] == outs["ours"]
+        if not result["identical_generate_output_shapes"]:
+            log.warning("generate() returned different shapes on the two sides: TRL %s vs ours %s",
+                        outs["trl"][:3], outs["ours"][:3])
         result["target"] = SPEED_TARGET
         result["pass"] = result["ratio_ours_over_trl"] <= SPEED_TARGET
         if settings.get("profile"):
             result["profile"] = profile_steps(trainers, settings)
         del trainers, trl_trainer, ours
     return result
+
+
+def _timed(fn, sink: list):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    return wrapper
 
 
 def _all_log_history(trainer):
@@ -409,8 +435,9 @@ def memory_child(cfg: dict) -> dict:
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     setup_logging(verbose=False)
+    torch.set_num_threads(cfg["threads"])
     import_s = time.perf_counter() - t0
-    after_imports = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib()}
+    after_imports = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib(), **rss_breakdown_mib()}
 
     n, paths = cfg["n_agents"], cfg["model_paths"]
     names = [f"agent{i}" for i in range(n)]
@@ -428,7 +455,7 @@ def memory_child(cfg: dict) -> dict:
     t1 = time.perf_counter()
     trainer = MultiAgentGRPOTrainer(specs, env, args, data)
     build_s = time.perf_counter() - t1
-    after_build = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib()}
+    after_build = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib(), **rss_breakdown_mib()}
     n_bases = len(trainer.pool.bases)
     base_bytes = sum(p.numel() * p.element_size() for b in trainer.pool.bases.values() for p in b.parameters())
     trainable = sum(p.numel() for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol))
@@ -443,7 +470,8 @@ def memory_child(cfg: dict) -> dict:
         "torch_threads": torch.get_num_threads(),
         "rss_before_imports_mib": base_rss_before_imports,
         "after_imports": after_imports, "after_build": after_build,
-        "final_rss_mib": rss_mib(), "peak_rss_mib": maxrss_mib(),
+        "final_rss_mib": rss_mib(), "final": rss_breakdown_mib(), "peak_rss_mib": maxrss_mib(),
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "model_param_bytes_mib": base_bytes / 2**20, "trainable_params": trainable,
         "import_s": import_s, "build_s": build_s, "train_s": train_s, "step_s": timer.times,
     }
@@ -473,37 +501,46 @@ def run_memory(settings: dict) -> dict:
         copies = make_model_copies(model_path, max(settings["memory_agents"]), tmp / "models")
         configs = []
         for n in settings["memory_agents"]:
-            configs.append(("shared", n, [model_path] * n))
+            configs.append(("shared", n, [model_path] * n, {}))
             if n > 1 or settings["memory_repeat_single"]:
-                configs.append(("separate", n, copies[:n]))
-        for layout, n, paths in configs:
+                configs.append(("separate", n, copies[:n], {}))
+        if settings["memory_allocator_variant"]:
+            # Diagnostic, not the target: the same shared-base runs with glibc's dynamic mmap threshold pinned, so
+            # that large freed tensors go back to the OS instead of staying in a fragmented heap.
+            for n in sorted({min(settings["memory_agents"]), max(settings["memory_agents"])}):
+                configs.append(("shared", n, [model_path] * n, dict(MALLOC_VARIANT_ENV)))
+        for layout, n, paths, extra_env in configs:
             cfg = {"n_agents": n, "layout": layout, "model_paths": paths, "steps": settings["memory_steps"],
                    "num_generations": settings["num_generations"],
                    "max_completion_length": settings["max_completion_length"],
                    "lora_r": settings["lora_r"], "lora_alpha": settings["lora_alpha"],
-                   "output_dir": str(tmp / f"out-{layout}-{n}")}
-            log.info("memory: %d agent(s), %s base(s) (fresh subprocess)", n, layout)
+                   "threads": settings["threads"],
+                   "output_dir": str(tmp / f"out-{layout}-{n}-{len(extra_env)}")}
+            variant = "malloc_mmap_threshold" if extra_env else "default"
+            log.info("memory: %d agent(s), %s base(s), allocator %s (fresh subprocess)", n, layout, variant)
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory-child", json.dumps(cfg)],
-                                  capture_output=True, text=True, env=os.environ.copy())
+                                  capture_output=True, text=True, env={**os.environ, **extra_env})
             wall = time.perf_counter() - t0
             line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(MEMORY_RESULT_TAG)), None)
             if proc.returncode != 0 or line is None:
                 log.error("memory child failed (rc=%s):\n%s", proc.returncode, proc.stderr[-4000:])
-                results.append({"n_agents": n, "layout": layout, "error": proc.stderr[-4000:], "wall_s": wall})
+                results.append({"n_agents": n, "layout": layout, "allocator": variant, "error": proc.stderr[-4000:],
+                                "wall_s": wall})
                 continue
             res = json.loads(line[len(MEMORY_RESULT_TAG):])
-            res["wall_s"] = wall
+            res["wall_s"], res["allocator"] = wall, variant
             results.append(res)
-            log.info("  peak %.0f MiB (after imports %.0f, after build %.0f), %d base(s), %.0f s",
-                     res["peak_rss_mib"], res["after_imports"]["rss_mib"], res["after_build"]["rss_mib"],
-                     res["n_bases"], wall)
+            log.info("  peak %.0f MiB (after imports %.0f, after build %.0f of which file-backed %.0f), %d base(s), "
+                     "%.0f s", res["peak_rss_mib"], res["after_imports"]["rss_mib"], res["after_build"]["rss_mib"],
+                     res["after_build"].get("RssFile", float("nan")), res["n_bases"], wall)
 
-    def peak(layout, n):
+    def peak(layout, n, allocator="default"):
         hits = [r["peak_rss_mib"] for r in results if r.get("layout") == layout and r["n_agents"] == n
-                and "peak_rss_mib" in r]
+                and r.get("allocator") == allocator and "peak_rss_mib" in r]
         if not hits and n == 1:  # one agent: shared and separate are the same configuration
-            hits = [r["peak_rss_mib"] for r in results if r["n_agents"] == 1 and "peak_rss_mib" in r]
+            hits = [r["peak_rss_mib"] for r in results if r["n_agents"] == 1 and r.get("allocator") == allocator
+                    and "peak_rss_mib" in r]
         return hits[0] if hits else float("nan")
 
     one = peak("shared", 1)
@@ -514,8 +551,13 @@ def run_memory(settings: dict) -> dict:
                       "separate_over_one_agent": peak("separate", n) / one}
     n_max = max(settings["memory_agents"])
     ratio = summary[n_max]["shared_over_one_agent"]
-    return {"runs": results, "summary": {str(k): v for k, v in summary.items()}, "n_max": n_max,
-            "ratio_shared_nmax_over_one": ratio, "target": MEMORY_TARGET, "pass": ratio <= MEMORY_TARGET}
+    out = {"runs": results, "summary": {str(k): v for k, v in summary.items()}, "n_max": n_max,
+           "ratio_shared_nmax_over_one": ratio, "target": MEMORY_TARGET, "pass": ratio <= MEMORY_TARGET}
+    if settings["memory_allocator_variant"]:
+        v1, vn = peak("shared", 1, "malloc_mmap_threshold"), peak("shared", n_max, "malloc_mmap_threshold")
+        out["allocator_variant"] = {"env": MALLOC_VARIANT_ENV, "shared_1_peak_mib": v1, "shared_nmax_peak_mib": vn,
+                                    "ratio_shared_nmax_over_one": vn / v1}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -550,31 +592,37 @@ def write_markdown(report: dict, path: Path) -> None:
             f"{mem['ratio_shared_nmax_over_one']:.3f} | <= {mem['target']} | {'PASS' if mem['pass'] else 'FAIL'} |")
     lines.append("")
     if sp:
+        t, o = sp["trl"], sp["ours"]
         lines += [
             "## (a) Speed",
             "",
             f"SmolLM2-135M-Instruct (float32) + LoRA r={s['lora_r']} (all linear layers), K={s['num_generations']}, "
             f"{s['max_completion_length']} completion tokens forced on both sides (min_new_tokens = "
             f"max_completion_length), one prompt per step, beta=0, no gradient checkpointing, bf16 off, "
-            f"{sp['torch_threads']} torch threads. {s['steps']} steps per trainer in blocks of {s['block_steps']} "
-            f"alternating TRL / ours in one process; the first {s['warmup_steps']} step(s) dropped as warm-up.",
+            f"{sp['torch_threads']} torch thread(s). {s['steps']} steps per trainer, alternating TRL / ours in blocks "
+            f"of {s['block_steps']} step(s) in one process; the first {s['warmup_steps']} step(s) of each dropped as "
+            "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step).",
             "",
             "| median seconds | TRL GRPOTrainer | MultiAgentGRPOTrainer | ours / TRL |",
             "|---|---|---|---|",
-            f"| optimizer step | {sp['trl']['median_step_s']:.3f} | {sp['ours']['median_step_s']:.3f} | "
+            f"| optimizer step (wall) | {t['median_step_s']:.3f} | {o['median_step_s']:.3f} | "
             f"{sp['ratio_ours_over_trl']:.3f} |",
-            f"| `generate()` | {sp['trl']['median_generate_s']:.3f} | {sp['ours']['median_generate_s']:.3f} | "
+            f"| optimizer step (fastest) | {t['min_step_s']:.3f} | {o['min_step_s']:.3f} | "
+            f"{sp['ratio_min_ours_over_trl']:.3f} |",
+            f"| optimizer step (process CPU time) | {t['median_cpu_s']:.3f} | {o['median_cpu_s']:.3f} | "
+            f"{sp['ratio_cpu_ours_over_trl']:.3f} |",
+            f"| rollout (TRL `_generate_and_score_completions`, ours `rollout`) | {t['median_rollout_s']:.3f} | "
+            f"{o['median_rollout_s']:.3f} | {sp['ratio_rollout_ours_over_trl']:.3f} |",
+            f"| of which `model.generate()` | {t['median_generate_s']:.3f} | {o['median_generate_s']:.3f} | "
             f"{sp['ratio_generate_ours_over_trl']:.3f} |",
-            f"| rollout (TRL: `_generate_and_score_completions`; ours: `rollout_time`) | "
-            f"{sp['trl']['median_rollout_s']:.3f} | {sp['ours']['median_rollout_s']:.3f} | "
-            f"{sp['ours']['median_rollout_s'] / sp['trl']['median_rollout_s']:.3f} |",
-            f"| rest of the step (update + optimizer) | {sp['trl']['median_update_s']:.3f} | "
-            f"{sp['ours']['median_step_s'] - sp['ours']['median_rollout_s']:.3f} | "
-            f"{(sp['ours']['median_step_s'] - sp['ours']['median_rollout_s']) / sp['trl']['median_update_s']:.3f} |",
+            f"| update (step minus rollout: loss, backward, optimizer) | {t['median_update_s']:.3f} | "
+            f"{o['median_update_s']:.3f} | {sp['ratio_update_ours_over_trl']:.3f} |",
             "",
-            "Per-block ratios (ours / preceding TRL block): "
+            "Paired block ratios (each block of ours / the TRL block just before it): "
             + ", ".join(f"{r:.3f}" for r in sp["paired_block_ratios"])
-            + f". Identical generate() shapes on both sides: {sp['identical_generate_shapes']}.",
+            + f" (median {sp['median_paired_block_ratio']:.3f}). Same `generate()` output shapes on both sides: "
+            f"{sp['identical_generate_output_shapes']}. 1-min load average during the run: "
+            f"{min(x['loadavg_before'] for x in sp['blocks']):.2f}-{max(x['loadavg_after'] for x in sp['blocks']):.2f}.",
             "",
         ]
     if mem:
@@ -585,20 +633,29 @@ def write_markdown(report: dict, path: Path) -> None:
             f"`FunctionEnvironment` of n agents (4-bit NF4 SmolLM2-135M, LoRA r={s['lora_r']}, K="
             f"{s['num_generations']}, {s['max_completion_length']} tokens), run {s['memory_steps']} optimizer "
             "step(s). 'shared': every agent names the same model (one base, one adapter per agent); 'separate': "
-            "each agent names its own (symlinked) copy of the checkpoint, so the pool loads n bases.",
+            "each agent names its own (symlinked) copy of the checkpoint, so the pool loads n bases. "
+            "'file-backed' is the part of the RSS after build that is mapped checkpoint pages (RssFile).",
             "",
-            "| agents | layout | bases | RSS after imports (MiB) | RSS after build (MiB) | peak RSS (MiB) | "
-            "peak / 1 agent |",
-            "|---|---|---|---|---|---|---|",
+            "| agents | layout | allocator | bases | RSS after imports (MiB) | RSS after build (MiB) | "
+            "of which file-backed | peak RSS (MiB) | peak / 1 agent |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        one = mem["summary"]["1"]["shared_peak_mib"]
         for r in mem["runs"]:
             if "error" in r:
-                lines.append(f"| {r['n_agents']} | {r['layout']} | - | - | - | failed | - |")
+                lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | - | - | - | - | failed | - |")
                 continue
-            lines.append(f"| {r['n_agents']} | {r['layout']} | {r['n_bases']} | {r['after_imports']['rss_mib']:.0f} "
-                         f"| {r['after_build']['rss_mib']:.0f} | {r['peak_rss_mib']:.0f} | "
+            one = mem["summary"]["1"]["shared_peak_mib"]
+            if r.get("allocator") != "default":
+                one = mem.get("allocator_variant", {}).get("shared_1_peak_mib", float("nan"))
+            lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | {r['n_bases']} | "
+                         f"{r['after_imports']['rss_mib']:.0f} | {r['after_build']['rss_mib']:.0f} | "
+                         f"{r['after_build'].get('RssFile', float('nan')):.0f} | {r['peak_rss_mib']:.0f} | "
                          f"{r['peak_rss_mib'] / one:.3f} |")
+        if "allocator_variant" in mem:
+            av = mem["allocator_variant"]
+            lines += ["", f"Allocator variant (diagnostic, not the target): with `{' '.join(f'{k}={v}' for k, v in av['env'].items())}` "
+                      f"(glibc returns large freed blocks to the OS), {mem['n_max']} shared agents / 1 agent = "
+                      f"{av['ratio_shared_nmax_over_one']:.3f}."]
         lines.append("")
     path.write_text("\n".join(lines))
 
@@ -607,9 +664,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke version: fewer steps and memory configurations")
     parser.add_argument("--steps", type=int, default=None, help="speed: optimizer steps per trainer (default 8; 4 quick)")
-    parser.add_argument("--block-steps", type=int, default=None, help="speed: steps per alternating block (default 2)")
+    parser.add_argument("--block-steps", type=int, default=None, help="speed: steps per alternating block (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: robust on a small shared CPU, where several "
+                             "processes' OpenMP threads oversubscribe the cores)")
     parser.add_argument("--memory-steps", type=int, default=None, help="memory: optimizer steps per subprocess")
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--no-allocator-variant", action="store_true",
+                        help="memory: skip the diagnostic runs with a fixed glibc mmap threshold")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="speed: also cProfile a few steps of each trainer")
     parser.add_argument("--out-dir", default=str(ROOT / "docs" / "results"))
@@ -633,12 +695,14 @@ def main(argv=None) -> int:
         "lora_r": 8,
         "lora_alpha": 16,
         "steps": args.steps or (4 if args.quick else 8),
-        "block_steps": args.block_steps or 2,
+        "block_steps": args.block_steps or 1,
+        "threads": args.threads,
         "warmup_steps": 1,
         "dataset_rows": 64,
         "memory_agents": [1, 2, 4] if not args.quick else [1, 4],
         "memory_steps": args.memory_steps or (1 if args.quick else 2),
         "memory_repeat_single": False,
+        "memory_allocator_variant": not args.quick and not args.no_allocator_variant,
         "profile": args.profile,
         "profile_steps": 2,
     }

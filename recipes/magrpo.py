@@ -3,6 +3,7 @@
     accelerate launch recipes/magrpo.py --config recipes/configs/matrix_game.yaml [--field value ...]
 
 Any field of the recipe (trainer config or recipe arguments) can be overridden on the command line.
+``--resume_from_checkpoint <output_dir>/checkpoint-N`` resumes a run from one of its checkpoints.
 """
 
 import logging

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,21 +48,35 @@ def e2e_run(embedded_model, tmp_path_factory):
     """Launch the recipe once; the tests below read what it wrote."""
     pytest.importorskip("bitsandbytes")
     tok = load_tokenizer(embedded_model)
-    bias = [[tok.convert_tokens_to_ids(t) for t in (letter,)] for letter in ("A", "B")]
-    assert all(ids[0] is not None and ids[0] != tok.unk_token_id for ids in bias), bias
-    generation_kwargs = {"sequence_bias": [[ids, 100.0] for ids in bias]}
+    a_id, b_id = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
+    assert None not in (a_id, b_id) and tok.unk_token_id not in (a_id, b_id), (a_id, b_id)
+    # After the chat prompt the 4-bit model's logit of "A" exceeds that of "B" by ~1.9 (~2.9 unquantized): with equal
+    # biases it answers A ~87% of the time, and a group of four (A, A) joint actions (equal rewards, zero advantages)
+    # is likely. The 2 extra units for "B" bring P(A) near 1/2 (near 0.7 even unquantized).
+    generation_kwargs = {"sequence_bias": [[[a_id], 100.0], [[b_id], 102.0]]}
     out = tmp_path_factory.mktemp("e2e") / "run"
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--num_processes", "1", "--num_machines", "1", "--cpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+        # One thread: with two OpenMP threads on a 2-core machine, any other busy process slows this run down 5-6x
+        # (measured on a shared 2-core machine: 29 s with one thread, 160-180 s with two).
+        "--num_cpu_threads_per_process", "1",
         "recipes/magrpo.py", "--config", "recipes/configs/matrix_game.yaml",
         "--quantization", "4bit", "--max_steps", str(STEPS), "--output_dir", str(out),
         "--num_generations", "4", "--episodes_per_step", "1", "--max_completion_length", "2",
         "--per_device_train_batch_size", "4", "--generation_kwargs", json.dumps(generation_kwargs),
         "--disable_tqdm", "true", "--save_strategy", "no", "--seed", "0",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_subprocess_env(), capture_output=True, text=True, timeout=420)
-    return proc, out
+    # in its own session: on timeout the whole group goes (accelerate launch runs the recipe in a child process)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the recipe did not finish in 420 s\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), out
 
 
 @pytest.mark.slow

@@ -117,6 +117,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
         # groups that does not apply to a tree rollout; satisfy it, then set the values this trainer uses.
         self.steps_per_generation = self.num_generations
         self.remove_unused_columns = False
+        if not cuda:
+            self.dataloader_pin_memory = False
         if self.ddp_broadcast_buffers is None:
             self.ddp_broadcast_buffers = False
         if not self.use_cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and not torch.accelerator.is_available():

@@ -1,0 +1,48 @@
+"""MultiAgentGRPOTrainer wiring: param groups per policy, per-agent metrics, files written by every run."""
+
+import json
+
+import pytest
+from datasets import Dataset
+
+from trl_multiagent.agents import AgentSpec
+from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+
+def _trainer(model_dir, tmp_path, **kw):
+    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=4,
+                                generation_kwargs={"suppress_tokens": [0, 1, 2]}, gradient_checkpointing=False,
+                                save_strategy="no", disable_tqdm=True, learning_rate=1e-2, **kw)
+    agents = [AgentSpec("agent1", model=model_dir, lora_r=4), AgentSpec("agent2", model=model_dir, lora_r=4,
+                                                                         learning_rate=3e-2)]
+    return MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
+
+
+def test_one_param_group_per_policy_with_its_learning_rate(tiny_ab_model, tmp_path):
+    trainer = _trainer(tiny_ab_model, tmp_path, max_steps=2, lr_scheduler_type="linear")
+    trainer.train()
+    groups = trainer.optimizer.param_groups
+    assert [g["policy"] for g in groups] == ["agent1", "agent2"]
+    assert [g["initial_lr"] for g in groups] == [1e-2, 3e-2]
+    for g in groups:
+        assert {id(p) for p in g["params"]} == {id(p) for p in trainer.pool.policy_parameters(g["policy"])}
+    # the scheduler scales each group from its own base rate
+    assert groups[1]["lr"] == pytest.approx(3 * groups[0]["lr"])
+
+
+def test_run_writes_metrics_summary_and_adapters(tiny_ab_model, tmp_path):
+    trainer = _trainer(tiny_ab_model, tmp_path, max_steps=3, logging_steps=1)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    for key in ("agent/agent1/reward", "agent/agent2/reward", "return", "frac_reward_zero_std", "loss", "entropy",
+                "env/both_A", "num_generations"):
+        assert key in steps[0], key
+    assert steps[0]["num_generations"] == 2 * 4  # n * K for one episode of one turn
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["algorithm"] == "MAGRPO" and summary["global_step"] == 3
+    assert set(summary["agents"]) == {"agent1", "agent2"}
+    for policy in ("agent1", "agent2"):
+        assert (tmp_path / "adapters" / policy / "adapter_model.safetensors").is_file()

