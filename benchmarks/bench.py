@@ -7,9 +7,14 @@
     ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
     completion length, same batch, measured side by side in one process in alternating blocks
     (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15.
-(b) Memory: peak resident memory (``ru_maxrss`` of a fresh subprocess per configuration) of 1, 2 and 4 agents on
-    ONE shared 4-bit base against the same agents each with its own base copy. Target: 4 agents on a shared base
-    within 1.15x of one agent's peak.
+(b) Memory: peak resident memory of a fresh subprocess per configuration (``VmHWM``, checked against ``ru_maxrss``)
+    for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy. Target:
+    4 agents on a shared base within 1.15x of one agent's peak. Full runs add a diagnostic variant with a fixed glibc
+    mmap threshold (not the target).
+
+Options: ``--threads N`` (torch threads, default 1), ``--steps``, ``--block-steps``, ``--memory-steps``,
+``--skip-speed``, ``--skip-memory``, ``--profile`` (cProfile of a few steps of each trainer, stored in the JSON),
+``--strict`` (exit 1 when a target is missed), ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -110,14 +115,24 @@ def rss_breakdown_mib() -> dict[str, float]:
     with open("/proc/self/status") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
                 out[key] = int(rest.split()[0]) / 1024
     return out
 
 
 def maxrss_mib() -> float:
-    """Peak resident set size of this process so far (ru_maxrss is in KiB on Linux), MiB."""
+    """``ru_maxrss`` of this process (KiB on Linux), MiB.
+
+    Caveat: Linux carries ``ru_maxrss`` across ``execve``, and ``subprocess`` spawns with vfork, so a child starts
+    with its parent's peak. Children are therefore spawned from the small parent (memory runs go first) and the
+    peak is also read from ``VmHWM`` (:func:`hwm_mib`), the high-water mark of the child's own address space.
+    """
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def hwm_mib() -> float:
+    """Peak RSS of this process image (``VmHWM``: not inherited from the parent), MiB."""
+    return rss_breakdown_mib()["VmHWM"]
 
 
 def cpu_model() -> str:
@@ -292,6 +307,7 @@ def run_speed(settings: dict) -> dict:
                                                              rollout_times["trl"])
 
         blocks = []
+        ours_history: list[dict] = []  # Trainer.train() starts a fresh state (and log history) on every call
         block, n_blocks = settings["block_steps"], settings["steps"] // settings["block_steps"]
         order = ["trl", "ours"]
         for b in range(n_blocks):
@@ -303,6 +319,8 @@ def run_speed(settings: dict) -> dict:
                 wall = time.perf_counter()
                 t.train()
                 wall = time.perf_counter() - wall
+                if name == "ours":
+                    ours_history.extend(h for h in t.state.log_history if "rollout_time" in h)
                 new = timers[name].times[start_idx:]
                 blocks.append({"block": b, "trainer": name, "step_s": new,
                                "cpu_s": timers[name].cpu_times[start_idx:], "train_call_wall_s": wall,
@@ -338,9 +356,8 @@ def run_speed(settings: dict) -> dict:
                 "median_non_generate_s": median([s - g for s, g in zip(steps, gen)][warm:]),
                 "generate_shapes": [{"input": c["input_shape"], "output": c["output_shape"]} for c in tm.gen_timer.calls],
             }
-        hist = [h for h in _all_log_history(ours) if "rollout_time" in h]
-        result["ours"]["rollout_time_metric"] = [h["rollout_time"] for h in hist]
-        result["ours"]["step_time_metric"] = [h.get("step_time") for h in hist]
+        result["ours"]["rollout_time_metric"] = [h["rollout_time"] for h in ours_history]
+        result["ours"]["step_time_metric"] = [h.get("step_time") for h in ours_history]
 
         def ratio(key):
             return result["ours"][key] / result["trl"][key]
@@ -384,21 +401,6 @@ def _timed(fn, sink: list):
     return wrapper
 
 
-def _all_log_history(trainer):
-    # Trainer.train() resets state each call; MetricsFileCallback keeps every step in metrics.jsonl.
-    path = Path(trainer.args.output_dir) / "metrics.jsonl"
-    if path.is_file():
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-        if any("rollout_time" in r for r in rows):
-            return rows
-    return trainer.state.log_history
-
-
 def profile_steps(trainers: dict, settings: dict) -> dict:
     """cProfile a few steps of each trainer; keep the top functions by cumulative and by own time."""
     import cProfile
@@ -437,7 +439,7 @@ def memory_child(cfg: dict) -> dict:
     setup_logging(verbose=False)
     torch.set_num_threads(cfg["threads"])
     import_s = time.perf_counter() - t0
-    after_imports = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib(), **rss_breakdown_mib()}
+    after_imports = {"rss_mib": rss_mib(), **rss_breakdown_mib()}
 
     n, paths = cfg["n_agents"], cfg["model_paths"]
     names = [f"agent{i}" for i in range(n)]
@@ -455,7 +457,7 @@ def memory_child(cfg: dict) -> dict:
     t1 = time.perf_counter()
     trainer = MultiAgentGRPOTrainer(specs, env, args, data)
     build_s = time.perf_counter() - t1
-    after_build = {"rss_mib": rss_mib(), "maxrss_mib": maxrss_mib(), **rss_breakdown_mib()}
+    after_build = {"rss_mib": rss_mib(), **rss_breakdown_mib()}
     n_bases = len(trainer.pool.bases)
     base_bytes = sum(p.numel() * p.element_size() for b in trainer.pool.bases.values() for p in b.parameters())
     trainable = sum(p.numel() for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol))
@@ -470,7 +472,8 @@ def memory_child(cfg: dict) -> dict:
         "torch_threads": torch.get_num_threads(),
         "rss_before_imports_mib": base_rss_before_imports,
         "after_imports": after_imports, "after_build": after_build,
-        "final_rss_mib": rss_mib(), "final": rss_breakdown_mib(), "peak_rss_mib": maxrss_mib(),
+        "final_rss_mib": rss_mib(), "final": rss_breakdown_mib(), "ru_maxrss_mib": maxrss_mib(),
+        "peak_rss_mib": hwm_mib(),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "model_param_bytes_mib": base_bytes / 2**20, "trainable_params": trainable,
         "import_s": import_s, "build_s": build_s, "train_s": train_s, "step_s": timer.times,
@@ -530,6 +533,9 @@ def run_memory(settings: dict) -> dict:
                 continue
             res = json.loads(line[len(MEMORY_RESULT_TAG):])
             res["wall_s"], res["allocator"] = wall, variant
+            if abs(res["ru_maxrss_mib"] - res["peak_rss_mib"]) > 0.02 * res["peak_rss_mib"]:
+                log.warning("  ru_maxrss %.0f MiB differs from VmHWM %.0f MiB (ru_maxrss inherited from the parent?)",
+                            res["ru_maxrss_mib"], res["peak_rss_mib"])
             results.append(res)
             log.info("  peak %.0f MiB (after imports %.0f, after build %.0f of which file-backed %.0f), %d base(s), "
                      "%.0f s", res["peak_rss_mib"], res["after_imports"]["rss_mib"], res["after_build"]["rss_mib"],
@@ -629,20 +635,23 @@ def write_markdown(report: dict, path: Path) -> None:
         lines += [
             "## (b) Memory",
             "",
-            f"Peak RSS (`ru_maxrss`) of a fresh subprocess per row: build a `MultiAgentGRPOTrainer` with a single-turn "
+            "Peak RSS of a fresh subprocess per row (`VmHWM` of the child, which equals its `ru_maxrss` when the "
+            "parent is small; the memory runs go first because Linux carries `ru_maxrss` across exec, so a child of "
+            "a big parent would report the parent's peak). Each child builds a `MultiAgentGRPOTrainer` with a single-turn "
             f"`FunctionEnvironment` of n agents (4-bit NF4 SmolLM2-135M, LoRA r={s['lora_r']}, K="
-            f"{s['num_generations']}, {s['max_completion_length']} tokens), run {s['memory_steps']} optimizer "
-            "step(s). 'shared': every agent names the same model (one base, one adapter per agent); 'separate': "
+            f"{s['num_generations']}, {s['max_completion_length']} tokens) and runs {s['memory_steps']} optimizer "
+            "step(s) (generation + backward). 'shared': every agent names the same model (one base, one adapter per agent); 'separate': "
             "each agent names its own (symlinked) copy of the checkpoint, so the pool loads n bases. "
-            "'file-backed' is the part of the RSS after build that is mapped checkpoint pages (RssFile).",
+            "'file-backed' is the part of the RSS after build that is file-backed pages (RssFile: shared libraries, "
+            "~140 MiB, plus the mmap-ed checkpoint).",
             "",
             "| agents | layout | allocator | bases | RSS after imports (MiB) | RSS after build (MiB) | "
-            "of which file-backed | peak RSS (MiB) | peak / 1 agent |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "of which file-backed | peak RSS (MiB) | ru_maxrss (MiB) | peak / 1 agent |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in mem["runs"]:
             if "error" in r:
-                lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | - | - | - | - | failed | - |")
+                lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | - | - | - | - | failed | - | - |")
                 continue
             one = mem["summary"]["1"]["shared_peak_mib"]
             if r.get("allocator") != "default":
@@ -650,6 +659,7 @@ def write_markdown(report: dict, path: Path) -> None:
             lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | {r['n_bases']} | "
                          f"{r['after_imports']['rss_mib']:.0f} | {r['after_build']['rss_mib']:.0f} | "
                          f"{r['after_build'].get('RssFile', float('nan')):.0f} | {r['peak_rss_mib']:.0f} | "
+                         f"{r['ru_maxrss_mib']:.0f} | "
                          f"{r['peak_rss_mib'] / one:.3f} |")
         if "allocator_variant" in mem:
             av = mem["allocator_variant"]
@@ -717,10 +727,17 @@ def main(argv=None) -> int:
         "settings": settings,
         "environment": {"versions": versions(), "cpu_count": os.cpu_count(),
                         "cpu_affinity": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
-                        "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+                        "torch_default_threads": torch.get_num_threads(), "platform": platform.platform(),
                         "total_memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30},
     }
     log.info("settings: %s", settings)
+    if not args.skip_memory:  # first, while this process is small (children inherit its ru_maxrss)
+        t0 = time.perf_counter()
+        report["memory"] = run_memory(settings)
+        report["memory"]["wall_s"] = time.perf_counter() - t0
+        m = report["memory"]
+        log.info("memory: %s agents shared / 1 agent = %.3f (target <= %.2f: %s)", m["n_max"],
+                 m["ratio_shared_nmax_over_one"], MEMORY_TARGET, "PASS" if m["pass"] else "FAIL")
     if not args.skip_speed:
         t0 = time.perf_counter()
         report["speed"] = run_speed(settings)
@@ -729,13 +746,6 @@ def main(argv=None) -> int:
         log.info("speed: ours %.3f s/step vs TRL %.3f s/step -> ratio %.3f (target <= %.2f: %s)",
                  sp["ours"]["median_step_s"], sp["trl"]["median_step_s"], sp["ratio_ours_over_trl"], SPEED_TARGET,
                  "PASS" if sp["pass"] else "FAIL")
-    if not args.skip_memory:
-        t0 = time.perf_counter()
-        report["memory"] = run_memory(settings)
-        report["memory"]["wall_s"] = time.perf_counter() - t0
-        m = report["memory"]
-        log.info("memory: %s agents shared / 1 agent = %.3f (target <= %.2f: %s)", m["n_max"],
-                 m["ratio_shared_nmax_over_one"], MEMORY_TARGET, "PASS" if m["pass"] else "FAIL")
     report["runtime_s"] = time.perf_counter() - started
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -285,14 +285,23 @@ class AgentPool(nn.Module):
     # ----------------------------------------------------------------------------------------------- generation
     @torch.no_grad()
     def generate(self, agent: str, prompts: Sequence[Prompt], num_samples: int,
-                 generation_config: GenerationConfig) -> list[list[Generation]]:
-        """Sample ``num_samples`` responses of ``agent`` for every prompt, in ONE batched ``generate`` call.
+                 generation_config: GenerationConfig, max_batch_sequences: int | None = None) -> list[list[Generation]]:
+        """Sample ``num_samples`` responses of ``agent`` for every prompt, batched.
 
-        Returns one list of ``num_samples`` :class:`Generation` per prompt. A completion keeps its first EOS token
-        and drops what follows (as TRL's GRPOTrainer does); ``truncated`` marks completions that hit the length limit.
+        All prompts go into ONE ``generate`` call unless ``max_batch_sequences`` (prompts x samples per call) is set,
+        in which case they are split into as few calls as that allows. Returns one list of ``num_samples``
+        :class:`Generation` per prompt. A completion keeps its first EOS token and drops what follows (as TRL's
+        GRPOTrainer does); ``truncated`` marks completions that hit the length limit.
         """
         if not prompts:
             return []
+        if max_batch_sequences is not None:
+            per_call = max(1, max_batch_sequences // num_samples)
+            if len(prompts) > per_call:
+                out: list[list[Generation]] = []
+                for i in range(0, len(prompts), per_call):
+                    out.extend(self.generate(agent, prompts[i:i + per_call], num_samples, generation_config))
+                return out
         tok = self.tokenizer_of(agent)
         base = self.activate(self.policy_of(agent))
         encoded = [self.encode_prompt(agent, p) for p in prompts]
