@@ -8,8 +8,12 @@ Any field of the recipe (trainer config or recipe arguments) can be overridden o
 
 import logging
 import sys
+from pathlib import Path
 
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # rewards/ lives at the repo root
+
+from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .environments.base import Prompt
 from .models import DEFAULT_MODEL, load_base_model, load_tokenizer, resolve_model
+from .utils import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -324,6 +325,8 @@ class AgentPool(nn.Module):
         finally:
             base.train(was_training)
         completions = out[:, width:].cpu().tolist()
+        del out
+        release_freed_memory()  # the KV cache of this call is free now
         eos_set = set(eos_ids)
         results: list[list[Generation]] = []
         for p_idx, ids in enumerate(encoded):

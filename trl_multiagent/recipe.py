@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
 import types
 import typing
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from .agents import AgentSpec, check_team
+from .utils import import_object
 
 
 class RecipeError(ValueError):
@@ -52,7 +52,13 @@ class RecipeArguments:
         dataset: ``"generated"`` (the environment generates ``num_tasks`` tasks), a local ``.json``/``.jsonl``/
             ``.csv``/``.parquet`` file, or a hub dataset id (needs a reachable hub).
         dataset_split: split of a hub dataset.
+        dataset_transform: optional ``"module:function"`` mapped over the dataset's rows (e.g. to give MBPP the
+            columns of HumanEval).
         num_tasks: number of generated tasks.
+        eval_num_problems: held-out problems evaluated by recipes that evaluate (0: all).
+        eval_num_samples: M, samples per problem and method (the largest k of the @k metrics is at most M).
+        eval_max_new_tokens: response length during evaluation.
+        eval_methods: the trained team and the baselines to evaluate.
     """
 
     trainer: str = "magrpo"
@@ -65,7 +71,12 @@ class RecipeArguments:
     lora_alpha: int = 32
     dataset: str = "generated"
     dataset_split: str = "train"
+    dataset_transform: str | None = None
     num_tasks: int = 256
+    eval_num_problems: int = 0
+    eval_num_samples: int = 10
+    eval_max_new_tokens: int = 128
+    eval_methods: list[str] = field(default_factory=lambda: ["team", "single", "naive", "sequential", "discussion"])
 
 
 _STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs", "chat_template_kwargs"}
@@ -297,11 +308,10 @@ def resolve_environment(name: str):
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
     if ":" in name:
-        module_name, _, attr = name.partition(":")
         try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise RecipeError(f"Cannot import environment {name!r}: {exc}") from exc
+            return import_object(name, "environment")
+        except (ImportError, ValueError) as exc:
+            raise RecipeError(str(exc)) from exc
     raise RecipeError(f"Unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class'")
 
 
@@ -334,13 +344,26 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
 
 
 def build_dataset(recipe: RecipeArguments, env_cls, config):
-    from datasets import Dataset, load_dataset
+    from datasets import Dataset
 
     if recipe.dataset == "generated":
         make = getattr(env_cls, "make_dataset", None)
         if make is not None:
             return make(num_tasks=recipe.num_tasks, seed=config.seed)
         return Dataset.from_dict({"task_id": list(range(recipe.num_tasks))})
+    data = _load_data(recipe)
+    if recipe.dataset_transform:
+        try:
+            transform = import_object(recipe.dataset_transform, "dataset_transform")
+        except (ImportError, ValueError) as exc:
+            raise RecipeError(str(exc)) from exc
+        data = data.map(transform)
+    return data
+
+
+def _load_data(recipe: RecipeArguments):
+    from datasets import load_dataset
+
     path = Path(recipe.dataset)
     if path.suffix in (".json", ".jsonl", ".csv", ".parquet"):
         if not path.is_file():

@@ -13,8 +13,10 @@ of all episodes in one ``generate`` call.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +128,7 @@ class JointTreeSampler:
                 num_generations += len(frontier) * self.num_samples
             next_frontier: list[_Node] = []
             index_sets = joint_action_indices(len(agents), self.num_samples, self.joint_mode)
+            outcomes = self._step_all(frontier, index_sets, agents, gens)
             for pos, node in enumerate(frontier):
                 node_samples = {
                     (a, k): Sample(agent=a, policy=pool.policy_of(a), episode=node.episode, turn=turn, node=node.id,
@@ -133,9 +136,7 @@ class JointTreeSampler:
                     for a in agents for k in range(self.num_samples)
                 }
                 for idx in index_sets:
-                    action = {a: gens[a][pos][k].text for a, k in zip(agents, idx)}
-                    child_env = node.env.clone()
-                    result = child_env.step(action)
+                    child_env, result = outcomes[(pos, idx)]
                     ja = JointAction(id=len(joints), node=node.id, episode=node.episode, turn=turn,
                                      sample_index=tuple(idx), reward=float(result.team_reward), done=result.done,
                                      info=dict(result.info), local_rewards=result.local_rewards)
@@ -167,6 +168,25 @@ class JointTreeSampler:
             s.advantage = sum(j.advantage for j in members) / len(members)
         stats = self._stats(agents, samples, joints, group_stats, num_generations, len(tasks))
         return Experience(samples, joints, stats)
+
+    @staticmethod
+    def _step_all(frontier, index_sets, agents, gens) -> dict:
+        """Step a clone of every node's environment with every joint action of this turn.
+
+        Environments that set ``concurrent_steps = True`` (their ``step`` waits on subprocesses, e.g. sandboxed
+        tests) are stepped from a thread pool with one worker per CPU core; the others in order.
+        """
+        jobs = [(pos, idx) for pos in range(len(frontier)) for idx in index_sets]
+
+        def run(job):
+            pos, idx = job
+            env = frontier[pos].env.clone()
+            return env, env.step({a: gens[a][pos][k].text for a, k in zip(agents, idx)})
+
+        if len(jobs) > 1 and getattr(frontier[0].env, "concurrent_steps", False):
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
+                return dict(zip(jobs, executor.map(run, jobs)))
+        return {job: run(job) for job in jobs}
 
     @staticmethod
     def _stats(agents, samples, joints, group_stats, num_generations, num_episodes) -> dict[str, float]:

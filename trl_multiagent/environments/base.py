@@ -50,11 +50,14 @@ class Environment:
         agents: the role names, in acting order. A team's ``AgentSpec`` names must match them.
         max_turns: the turn budget H (the sampler also respects the trainer's ``num_turns``).
         required_columns: dataset columns that ``reset`` reads; checked before any model loads.
+        concurrent_steps: ``step`` may run in several threads at once on independent clones (set it when ``step``
+            mostly waits on subprocesses, such as sandboxed tests).
     """
 
     agents: tuple[str, ...] = ()
     max_turns: int = 1
     required_columns: tuple[str, ...] = ()
+    concurrent_steps: bool = False
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         raise NotImplementedError(f"{type(self).__name__} must implement reset(task)")

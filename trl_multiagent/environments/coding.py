@@ -23,13 +23,13 @@ plus, when an ``advisor`` callable is given, its suggestions. The episode ends e
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
 from ..sandbox import SandboxConfig, humaneval_tests, run_tests
+from ..utils import import_object
 from .base import Environment, StepResult
 
 HELD_OUT_EVERY = 5
@@ -187,19 +187,6 @@ def format_feedback(role_function: str, entry_point: str, main_defined: bool, sy
     return "\n".join(lines)
 
 
-def _load_callable(spec: str | Callable) -> Callable:
-    if callable(spec):
-        return spec
-    module_name, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(
-            f"Cannot import {spec!r}: {exc}. Reward functions under rewards/ are importable from the repository "
-            "root; run from there or pass a callable."
-        ) from exc
-
-
 # --------------------------------------------------------------------------------------------------- environment
 class AuxMainCodingEnv(Environment):
     """Two agents, ``aux`` and ``main``, write one program together (MAGRPO coding collaboration).
@@ -216,18 +203,26 @@ class AuxMainCodingEnv(Environment):
 
     agents = ("aux", "main")
     required_columns = ("task_id", "prompt", "entry_point", "test")
+    concurrent_steps = True  # step() waits on sandbox subprocesses: samplers may run several at once
 
     def __init__(self, max_turns: int = 1, reward_fn: str | Callable = "rewards.coding:cooperative_code_reward",
                  sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
-        self.reward_fn = _load_callable(reward_fn)
+        self.reward_fn = import_object(reward_fn, "reward_fn")
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {"timeout_s": 10}))
-        self.advisor = _load_callable(advisor) if advisor is not None else None
+        self.advisor = import_object(advisor, "advisor") if advisor is not None else None
         self.problem: dict = {}
         self.turn = 0
         self.first_prompts: dict[str, str] = {}
+
+    @classmethod
+    def make_dataset(cls, num_tasks: int | None = None, seed: int = 0, split: str = "train",
+                     cooperative: bool = True):
+        """The HumanEval problems of ``split`` (cooperative subset by default), at most ``num_tasks`` of them."""
+        data = humaneval_dataset(split, cooperative)
+        return data.select(range(min(num_tasks, len(data)))) if num_tasks else data
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
         self.problem = {**task}

@@ -40,6 +40,7 @@ from trl.trainer.utils import RepeatSampler, identity
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..rollout import Experience, JointTreeSampler, Sample
+from ..utils import release_freed_memory
 from .callbacks import MetricsFileCallback
 
 logger = logging.getLogger(__name__)
@@ -335,6 +336,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                             s.ref_logps = row[m.bool()].tolist()
         for key, value in self._gather_stats(experience.stats).items():
             self._metrics["train"][key].append(value)
+        release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
         return experience
 
     def _gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
@@ -406,6 +408,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     loss = self._compute_loss(functools.partial(model, policy), batch) * weight
                     self.accelerator.backward(loss)
                     total_loss = total_loss + loss.detach()
+                release_freed_memory()
         if world > 1:
             self._average_gradients_across_processes()
         return total_loss
