@@ -19,10 +19,11 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The main job: MAGRPO on the embedded SmolLM2-135M-Instruct (QLoRA, two agents); writes outputs/demo/.
+# The main job: aux + main coders on HumanEval with MAGRPO on the embedded SmolLM2-135M-Instruct (QLoRA);
+# evaluates against four baselines on held-out problems and writes outputs/demo/.
 demo: install
 	$(BIN)/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
-		recipes/magrpo.py --config recipes/configs/demo.yaml
+		recipes/coding.py --config recipes/configs/demo.yaml
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15

@@ -49,8 +49,13 @@ def main(argv=None) -> int:
     def progress(stage):
         return lambda method: logger.info("Evaluating %s (%s) on %d held-out problems", method, stage, len(problems))
 
-    before = evaluate_coding(trainer.pool, problems, settings, reward_fn, env.sandbox, env.max_turns,
-                             progress(stage="before training")) if is_main else {}
+    reuse = (recipe.eval_team_before_is_naive and env.max_turns == 1 and not config.resume_from_checkpoint
+             and {"team", "naive"} <= set(settings.methods))
+    before_methods = tuple(m for m in settings.methods if not (reuse and m == "team"))
+    before = evaluate_coding(trainer.pool, problems, EvalSettings(**{**settings.__dict__, "methods": before_methods}),
+                             reward_fn, env.sandbox, env.max_turns, progress(stage="before training")) if is_main else {}
+    if reuse and is_main:
+        before = {"team": before["naive"], **before}
     if config.max_steps != 0:
         trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     after = {}
@@ -67,6 +72,7 @@ def main(argv=None) -> int:
         "held_out_problems": [p["task_id"] for p in problems],
         "num_samples": settings.num_samples,
         "max_new_tokens": settings.max_new_tokens,
+        "team_before_is_naive": bool(reuse),
         "before": {m: {"metrics": r.metrics, "ci95": r.intervals} for m, r in before.items()},
         "after": {m: {"metrics": r.metrics, "ci95": r.intervals} for m, r in after.items()},
     }

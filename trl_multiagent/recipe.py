@@ -59,6 +59,9 @@ class RecipeArguments:
         eval_num_samples: M, samples per problem and method (the largest k of the @k metrics is at most M).
         eval_max_new_tokens: response length during evaluation.
         eval_methods: the trained team and the baselines to evaluate.
+        eval_team_before_is_naive: report the naive-concatenation baseline as the team's before-training result
+            instead of sampling it again. Exact in distribution for a fresh single-turn team: LoRA adapters start
+            with B = 0 (the adapted model IS the base) and the team's prompts are the naive baseline's.
     """
 
     trainer: str = "magrpo"
@@ -77,6 +80,7 @@ class RecipeArguments:
     eval_num_samples: int = 10
     eval_max_new_tokens: int = 128
     eval_methods: list[str] = field(default_factory=lambda: ["team", "single", "naive", "sequential", "discussion"])
+    eval_team_before_is_naive: bool = False
 
 
 _STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs", "chat_template_kwargs"}

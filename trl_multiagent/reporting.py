@@ -69,6 +69,8 @@ def write_coding_report(summary: Mapping[str, Any], md_path: str | Path) -> Path
                 label = METHOD_NAMES.get(method, method) + (" after training" if stage == "after" else "")
             else:
                 label = METHOD_NAMES["team"] + " before training"
+                if ev.get("team_before_is_naive"):
+                    label += " (= naive concatenation: fresh LoRA adapters have B = 0)"
             rows.append((label, res["metrics"], res.get("ci95", {})))
     keys = ["reward", "pass@1", "acc@1", "pass@10", "acc@10", "coop@10"]
     lines = [

@@ -1,0 +1,88 @@
+"""HumanEval data, the aux+main environment and its feedback (real sandboxed tests)."""
+
+import pytest
+
+from trl_multiagent.environments.coding import (
+    AuxMainCodingEnv,
+    extract_code,
+    humaneval_problems,
+    is_cooperative,
+    split_of,
+)
+
+
+def test_split_and_cooperative_subset_sizes():
+    everything = humaneval_problems("all", cooperative=False)
+    assert len(everything) == 164
+    train, test = humaneval_problems("train"), humaneval_problems("test")
+    assert (len(train), len(test)) == (80, 18)
+    assert {p["task_id"] for p in train}.isdisjoint({p["task_id"] for p in test})
+    assert all(split_of(p["task_id"]) == "test" and int(p["task_id"].split("/")[1]) % 5 == 0 for p in test)
+    assert sum(is_cooperative(p) for p in everything) == 98
+
+
+def test_extract_code_strips_fences_and_chatter():
+    assert extract_code("Here you go:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1"
+    assert extract_code("Sure! def is below\ndef f():\n    return 1") == "def f():\n    return 1"
+
+
+@pytest.fixture
+def problem():
+    return next(p for p in humaneval_problems("test") if p["entry_point"] == "intersperse")
+
+
+def test_prompts_follow_appendix_d(problem):
+    prompts = AuxMainCodingEnv().reset(problem)
+    assert prompts["aux"].startswith("Create a helper function for this coding problem.")
+    assert "Create a helper function named aux" in prompts["aux"]
+    assert "Implement ONLY the 'intersperse' function as specified" in prompts["main"]
+    assert "def intersperse(numbers: List[int], delimeter: int):" in prompts["main"]
+
+
+def test_reference_solution_scores_full_tests_and_ends_episode(problem):
+    env = AuxMainCodingEnv(max_turns=2)
+    env.reset(problem)
+    main = problem["prompt"] + problem["canonical_solution"]
+    result = env.step({"aux": "def aux(x):\n    return x\n", "main": main})
+    assert result.done and result.info["pass_rate"] == 1.0 and result.info["passed_all"] == 1.0
+    assert result.team_reward == pytest.approx(1.0 + 1.0 + 2.0)  # no aux call: no cooperation bonus
+
+
+def test_second_turn_gets_collm_feedback(problem):
+    env = AuxMainCodingEnv(max_turns=2)
+    env.reset(problem)
+    wrong = "def intersperse(numbers, delimeter):\n    x = aux(numbers)\n    return x\n"
+    result = env.step({"aux": "def aux(xs):\n    return list(xs)\n", "main": wrong})
+    assert not result.done
+    feedback = result.next_prompts["main"]
+    assert "Your previous response:\ndef intersperse(numbers, delimeter):" in feedback
+    assert "- Main definition: FOUND (Main function intersperse defined)" in feedback
+    assert "- Syntax: OK (Combined code syntax OK)" in feedback
+    assert "- Tests: 1/3 passed" in feedback  # intersperse([], 7) == [] passes
+    assert "AssertionError: expected" in feedback and "Revise your intersperse accordingly." in feedback
+    assert "Revise your aux accordingly." in result.next_prompts["aux"]
+    # the second turn is the last one
+    assert env.step({"aux": "def aux(xs):\n    return xs\n", "main": wrong}).done
+
+
+def test_advisor_hook_text_reaches_both_agents(problem):
+    seen = {}
+
+    def advisor(problem, aux, main, feedback):
+        seen["feedback"] = feedback
+        return "Use a loop over numbers."
+
+    env = AuxMainCodingEnv(max_turns=2, advisor=advisor)
+    env.reset(problem)
+    result = env.step({"aux": "def aux(xs):\n    return xs\n", "main": "def intersperse(numbers, d):\n    return 0\n"})
+    assert "Tests:" in seen["feedback"]
+    assert all("Advisor suggestions:\nUse a loop over numbers." in p for p in result.next_prompts.values())
+
+
+def test_syntax_error_feedback(problem):
+    env = AuxMainCodingEnv(max_turns=2)
+    env.reset(problem)
+    result = env.step({"aux": "def aux(xs):\n    return xs +\n", "main": "def intersperse(a, b):\n    return a\n"})
+    assert "- Syntax: ERROR (invalid syntax" in result.next_prompts["main"]
+    assert "- Tests: 0/3 passed" in result.next_prompts["main"]
+    assert result.info["level/syntax"] == 0.0
