@@ -20,9 +20,10 @@ project's choice, kept in :data:`WEIGHTS` so that a recipe can change them.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from trl_multiagent.environments.coding import CodeAnalysis, analyze  # noqa: F401  (re-exported)
 
 WEIGHTS: dict[str, float] = {
     "main_defined": 0.5,
@@ -37,86 +38,12 @@ MAX_REWARD = 5.0
 
 
 @dataclass
-class CodeAnalysis:
-    """Static facts about an aux/main pair (no code is run)."""
-
-    main_defined: bool
-    aux_defined: bool
-    syntax_ok: bool
-    syntax_error: str = ""
-    calls_aux: bool = False
-    wrapper_only: bool = False
-    discards_aux: bool = False
-
-
-@dataclass
 class RewardBreakdown:
     """The joint reward and its levels; ``stopped_at`` names the gate that ended the evaluation, if any."""
 
     total: float
     levels: dict[str, float] = field(default_factory=dict)
     stopped_at: str | None = None
-
-
-def _find_function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return node
-    return None
-
-
-def _has_return(fn: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
-
-
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _is_aux_call(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
-
-
-def _body_without_docstring(fn: ast.FunctionDef) -> list[ast.stmt]:
-    body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    return body
-
-
-def analyze(aux: str, main: str, entry_point: str, imports: str = "") -> CodeAnalysis:
-    """Structure, syntax and cooperation facts of an aux/main pair.
-
-    ``wrapper_only``: the entry point's body (docstring aside) is a single ``return aux(...)``.
-    ``discards_aux``: main calls ``aux`` only as bare statements, so its return value is never used.
-    """
-    main_tree, aux_tree = _parse(main), _parse(aux)
-    main_fn = _find_function(main_tree, entry_point) if main_tree else None
-    aux_fn = _find_function(aux_tree, "aux") if aux_tree else None
-    combined = "\n".join(part for part in (imports, aux, main) if part)
-    syntax_error = ""
-    try:
-        ast.parse(combined)
-        syntax_ok = True
-    except SyntaxError as exc:
-        syntax_ok, syntax_error = False, f"{exc.msg} (line {exc.lineno})"
-    result = CodeAnalysis(main_defined=main_fn is not None and _has_return(main_fn),
-                          aux_defined=aux_fn is not None and _has_return(aux_fn),
-                          syntax_ok=syntax_ok, syntax_error=syntax_error)
-    if main_fn is None:
-        return result
-    calls = [n for n in ast.walk(main_fn) if _is_aux_call(n)]
-    result.calls_aux = bool(calls)
-    if calls:
-        bare = {id(stmt.value) for stmt in ast.walk(main_fn) if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value)}
-        result.discards_aux = all(id(c) in bare for c in calls)
-        body = _body_without_docstring(main_fn)
-        result.wrapper_only = len(body) == 1 and isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
-    return result
 
 
 def cooperative_code_reward(aux: str, main: str, entry_point: str, pass_rate: float, num_tests: int,

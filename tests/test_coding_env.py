@@ -86,3 +86,39 @@ def test_syntax_error_feedback(problem):
     assert "- Syntax: ERROR (invalid syntax" in result.next_prompts["main"]
     assert "- Tests: 0/3 passed" in result.next_prompts["main"]
     assert result.info["level/syntax"] == 0.0
+
+
+def test_mbpp_rows_map_to_humaneval_columns():
+    from trl_multiagent.environments.coding import mbpp_to_humaneval
+
+    row = {"task_id": 2, "text": "Shared elements of two tuples.",
+           "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
+           "test_list": ["assert set(similar_elements((3, 4), (4, 7))) == {4}", "assert similar_elements((1,), (2,)) == ()"]}
+    mapped = mbpp_to_humaneval(row)
+    assert mapped["entry_point"] == "similar_elements" and "candidate((1,), (2,))" in mapped["test"]
+    env = AuxMainCodingEnv()
+    env.reset(mapped)
+    assert env.step({"aux": "", "main": row["code"]}).info["pass_rate"] == 1.0
+
+
+@pytest.mark.parametrize("config", ["recipes/configs/coop_humaneval.yaml", "recipes/configs/mbpp.yaml"])
+def test_hub_recipes_fail_clearly_offline(config, tmp_path, monkeypatch):
+    from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    recipe, cfg = load_recipe(["--config", config, "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
+        build_trainer(recipe, cfg)
+
+
+def test_llm_advisor_is_one_advisor_implementation(problem, tiny_text_model):
+    from trl_multiagent.environments.coding import LLMAdvisor
+
+    advisor = LLMAdvisor(tiny_text_model, max_new_tokens=5)
+    env = AuxMainCodingEnv(max_turns=2, advisor=advisor)
+    env.reset(problem)
+    result = env.step({"aux": "def aux(xs):\n    return xs\n", "main": "def intersperse(numbers, d):\n    return 0\n"})
+    assert "Advisor suggestions:" in result.next_prompts["main"]
+    advice = advisor(problem=problem, aux="", main="def intersperse(a, b):\n    return a\n")
+    assert isinstance(advice, str) and 0 < len(advice) <= 5

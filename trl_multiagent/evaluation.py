@@ -92,15 +92,12 @@ def _mean(xs: Sequence[float]) -> float:
 SINGLE_PROMPT = """Solve this coding problem by implementing the required function.
 Problem: {prompt}
 Instructions:
-- Output ONLY the function code, no explanations or examples
-- Do NOT include markdown code blocks (```python)
-- Do NOT include any text before or after the function
-- Do NOT include test cases or example usage
+{rules}
 - Implement the '{entry_point}' function as specified
 Your output should follow this format:
 def {entry_point}({params}):
     # your function code here
-    return result"""
+    return result"""  # {rules} is filled in by evaluate_coding
 
 SEQUENTIAL_SUFFIX = """
 The helper agent has written this aux function, which you can call:
@@ -179,7 +176,7 @@ def evaluate_coding(pool, problems: Sequence[Mapping[str, Any]], settings: EvalS
     ``team`` is the trained aux/main pair (adapters on, the prompts of training, ``num_turns`` turns with feedback);
     the other methods are the baselines of MAGRPO Appendix E on the adapter-free bases.
     """
-    from .environments.coding import AUX_PROMPT, MAIN_PROMPT, score_pair
+    from .environments.coding import AUX_PROMPT, CODE_ONLY_RULES, MAIN_PROMPT, score_pair
     from .sandbox import SandboxConfig
 
     sandbox = sandbox or SandboxConfig(timeout_s=10)
@@ -199,7 +196,7 @@ def evaluate_coding(pool, problems: Sequence[Mapping[str, Any]], settings: EvalS
                           for p in problems]
                 if method == "single":
                     single = [SINGLE_PROMPT.format(prompt=p["prompt"], entry_point=p["entry_point"],
-                                                   params=p["params"]) for p in problems]
+                                                   params=p["params"], rules=CODE_ONLY_RULES) for p in problems]
                     mains = _gen(pool, "main", single, m, cfg, tokens)
                     auxes = [[""] * m for _ in problems]
                 elif method == "naive":

@@ -52,6 +52,7 @@ class RecipeArguments:
         dataset: ``"generated"`` (the environment generates ``num_tasks`` tasks), a local ``.json``/``.jsonl``/
             ``.csv``/``.parquet`` file, or a hub dataset id (needs a reachable hub).
         dataset_split: split of a hub dataset.
+        dataset_config: configuration (subset) name of a hub dataset.
         dataset_transform: optional ``"module:function"`` mapped over the dataset's rows (e.g. to give MBPP the
             columns of HumanEval).
         num_tasks: number of generated tasks.
@@ -74,6 +75,7 @@ class RecipeArguments:
     lora_alpha: int = 32
     dataset: str = "generated"
     dataset_split: str = "train"
+    dataset_config: str | None = None
     dataset_transform: str | None = None
     num_tasks: int = 256
     eval_num_problems: int = 0
@@ -375,7 +377,7 @@ def _load_data(recipe: RecipeArguments):
         kind = {"jsonl": "json"}.get(path.suffix[1:], path.suffix[1:])
         return load_dataset(kind, data_files=str(path), split="train")
     try:
-        return load_dataset(recipe.dataset, split=recipe.dataset_split)
+        return load_dataset(recipe.dataset, recipe.dataset_config, split=recipe.dataset_split)
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "not available here"
         raise RecipeError(
             f"Could not load the dataset {recipe.dataset!r} ({type(exc).__name__}: {exc}). Hub datasets need a "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -34,35 +35,35 @@ from .base import Environment, StepResult
 
 HELD_OUT_EVERY = 5
 
+#: The output rules shared by every coding prompt (MAGRPO Appendix D).
+CODE_ONLY_RULES = """- Output ONLY the function code, no explanations or examples
+- Do NOT include markdown code blocks (```python)
+- Do NOT include any text before or after the function
+- Do NOT include test cases or example usage"""
+
 AUX_PROMPT = """Create a helper function for this coding problem.
 Problem: {prompt}
 Instructions:
-- Output ONLY the function code, no explanations or examples
-- Do NOT include markdown code blocks (```python)
-- Do NOT include any text before or after the function
-- Do NOT include test cases or example usage
+{rules}
 - Create a helper function named aux that can assist the main function
 - The function should return useful data for solving the problem
 Your output should follow this format:
 def aux(...):
     # your code here
-    return result"""
+    return result""".replace("{rules}", CODE_ONLY_RULES)
 
 MAIN_PROMPT = """Solve this coding problem by implementing the required function.
 Problem: {prompt}
 You have access to a helper function: aux(...)
 Instructions:
-- Output ONLY the function code, no explanations or examples
-- Do NOT include markdown code blocks (```python)
-- Do NOT include any text before or after the function
-- Do NOT include test cases or example usage
+{rules}
 - Do NOT redefine the aux() function
 - Implement ONLY the '{entry_point}' function as specified
 - You can call aux() to assign a value to a variable within your function if helpful
 Your output should follow this format:
 def {entry_point}({params}):
     # your function code here
-    return result"""
+    return result""".replace("{rules}", CODE_ONLY_RULES)
 
 REVISION_PROMPT = """{first_prompt}
 
@@ -150,6 +151,29 @@ def humaneval_dataset(split: str = "train", cooperative: bool = True):
     return Dataset.from_list(humaneval_problems(split, cooperative))
 
 
+def mbpp_to_humaneval(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Map an MBPP row (full or sanitized configuration) to the columns of HumanEval that this environment reads.
+
+    The entry point is the first function of the reference code; the prompt is its signature with the task text
+    as docstring; the test is a ``check(candidate)`` of the row's assertions with the function name replaced.
+    """
+    code = row["code"]
+    match = re.search(r"def\s+(\w+)\s*\((.*?)\)\s*(->[^:]*)?:", code, flags=re.S)
+    if match is None:
+        raise ValueError(f"MBPP task {row.get('task_id')}: no function definition in its code")
+    name, params = match.group(1), " ".join(match.group(2).split())
+    text = row.get("text") or row.get("prompt") or ""
+    setup = "\n".join(list(row.get("test_imports") or []) + ([row["test_setup_code"]] if row.get("test_setup_code") else []))
+    asserts = "\n".join("    " + re.sub(rf"\b{re.escape(name)}\s*\(", "candidate(", t) for t in row["test_list"])
+    return {
+        "task_id": f"MBPP/{row.get('task_id')}",
+        "prompt": f'def {name}({params}):\n    """{text}\n    """\n',
+        "entry_point": name,
+        "canonical_solution": code,
+        "test": f"{setup}\n\ndef check(candidate):\n{asserts}\n",
+    }
+
+
 # --------------------------------------------------------------------------------------------------- code handling
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
 
@@ -185,6 +209,128 @@ def format_feedback(role_function: str, entry_point: str, main_defined: bool, sy
         lines.extend(first_failure)
     lines.append(f"Revise your {role_function} accordingly.")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- static analysis
+@dataclass
+class CodeAnalysis:
+    """Static facts about an aux/main pair (no code is run)."""
+
+    main_defined: bool
+    aux_defined: bool
+    syntax_ok: bool
+    syntax_error: str = ""
+    calls_aux: bool = False
+    wrapper_only: bool = False
+    discards_aux: bool = False
+
+
+def _find_function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    return None
+
+
+def _has_return(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
+
+
+def _parse(code: str) -> ast.Module | None:  # noqa: D401
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _is_aux_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
+
+
+def _body_without_docstring(fn: ast.FunctionDef) -> list[ast.stmt]:
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return body
+
+
+def analyze(aux: str, main: str, entry_point: str, imports: str = "") -> CodeAnalysis:
+    """Structure, syntax and cooperation facts of an aux/main pair.
+
+    ``wrapper_only``: the entry point's body (docstring aside) is a single ``return aux(...)``.
+    ``discards_aux``: main calls ``aux`` only as bare statements, so its return value is never used.
+    """
+    main_tree, aux_tree = _parse(main), _parse(aux)
+    main_fn = _find_function(main_tree, entry_point) if main_tree else None
+    aux_fn = _find_function(aux_tree, "aux") if aux_tree else None
+    combined = "\n\n".join(part for part in (imports, aux, main) if part)
+    syntax_error = ""
+    try:
+        ast.parse(combined)
+        syntax_ok = True
+    except SyntaxError as exc:
+        syntax_ok, syntax_error = False, f"{exc.msg} (line {exc.lineno})"
+    result = CodeAnalysis(main_defined=main_fn is not None and _has_return(main_fn),
+                          aux_defined=aux_fn is not None and _has_return(aux_fn),
+                          syntax_ok=syntax_ok, syntax_error=syntax_error)
+    if main_fn is None:
+        return result
+    calls = [n for n in ast.walk(main_fn) if _is_aux_call(n)]
+    result.calls_aux = bool(calls)
+    if calls:
+        bare = {id(stmt.value) for stmt in ast.walk(main_fn) if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value)}
+        result.discards_aux = all(id(c) in bare for c in calls)
+        body = _body_without_docstring(main_fn)
+        result.wrapper_only = len(body) == 1 and isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------- advisor
+ADVISOR_PROMPT = """You are an advisor helping 2 agents (an auxiliary agent and a main agent) solve the following problem. The auxiliary agent provides a helper function (aux), while the main agent defines the task-specific logic.
+Problem: {prompt}
+Example tests: {test}
+Show your feedback and edits for the following code: {combined_code}
+Instructions:
+- If you identify a missing element, such as an undefined aux or missing entry point (main function), you should write one for it.
+- If both are not missing, point out and make changes to any critical syntax or logic errors that would prevent the code from passing the given unit tests.
+- You should focus only on clear errors on the given unit tests, be conservative and lenient, ignoring issues like redundancy, inefficiency, lack of edge case handling, or type annotations.
+- Return "Perfect! No edits needed!" if the logic is sound."""
+
+
+class LLMAdvisor:
+    """An external advisor backed by a language model (the role Claude-Sonnet-4 plays in MAGRPO's multi-turn runs).
+
+    Called as ``advisor(problem=, aux=, main=, feedback=)``; returns its suggestions, decoded greedily from the
+    external-agent prompt of MAGRPO Appendix D. Any model name ``models.load_base_model`` accepts works; the
+    advisor is never trained.
+
+    Args:
+        model: hub id, local path or embedded short name (default: the embedded model).
+        max_new_tokens: length of the advice.
+        quantization: ``None`` or ``"4bit"``.
+    """
+
+    def __init__(self, model: str | None = None, max_new_tokens: int = 256, quantization: str | None = None):
+        from ..models import load_base_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(model)
+        self.model = load_base_model(model, quantization=quantization)
+        self.max_new_tokens = max_new_tokens
+
+    def __call__(self, problem: Mapping[str, Any], aux: str, main: str, feedback: str = "") -> str:
+        import torch
+
+        text = ADVISOR_PROMPT.format(prompt=problem["prompt"], test=problem["test"],
+                                     combined_code=combine(problem, aux, main))
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True)
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
 # --------------------------------------------------------------------------------------------------- environment
@@ -263,15 +409,8 @@ def score_pair(problem: Mapping[str, Any], aux_response: str, main_response: str
     imports = problem.get("imports") or task_imports(problem)
     program = combine(problem, aux, main)
     setup, tests = humaneval_tests(problem["test"], entry)
-    main_tree = _safe_parse(main)
-    main_defined = main_tree is not None and any(
-        isinstance(n, ast.FunctionDef) and n.name == entry for n in ast.walk(main_tree))
-    syntax_error = ""
-    try:
-        ast.parse(program)
-        syntax_ok = True
-    except SyntaxError as exc:
-        syntax_ok, syntax_error = False, f"{exc.msg} (line {exc.lineno})"
+    facts = analyze(aux, main, entry, imports)
+    main_defined, syntax_ok, syntax_error = facts.main_defined, facts.syntax_ok, facts.syntax_error
     passed, total, first_failure = 0, len(tests), None
     if main_defined and syntax_ok:
         result = run_tests(program, tests, sandbox, setup=setup)
@@ -291,10 +430,3 @@ def score_pair(problem: Mapping[str, Any], aux_response: str, main_response: str
     return {"reward": float(breakdown.total), "info": info, "aux": aux, "main": main,
             "passed_all": total > 0 and passed == total, "passed": passed, "total": total,
             "feedback_aux": feedback["aux"], "feedback_main": feedback["main"]}
-
-
-def _safe_parse(code: str):
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
