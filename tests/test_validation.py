@@ -95,3 +95,24 @@ def test_recipe_hub_dataset_offline_is_clear(tmp_path, monkeypatch):
     recipe, config = load_recipe(["--dataset", "someone/not-a-local-dataset", "--output_dir", str(tmp_path)])
     with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
         build_trainer(recipe, config)
+
+
+def test_recipe_policy_mapping(tmp_path):
+    from trl_multiagent.recipe import build_team
+
+    recipe, _ = load_recipe(["--policy_mapping", "shared", "--output_dir", str(tmp_path)])
+    assert {s.policy for s in build_team(recipe, ["agent1", "agent2"])} == {"shared"}
+    recipe, _ = load_recipe(["--output_dir", str(tmp_path)])
+    assert [s.policy for s in build_team(recipe, ["agent1", "agent2"])] == ["agent1", "agent2"]
+    recipe, _ = load_recipe(["--policy_mapping", "mixed", "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="policy_mapping"):
+        build_team(recipe, ["agent1", "agent2"])
+
+
+def test_sequential_at_grpo_needs_partial_actions_before_loading(tmp_path):
+    args = _args(tmp_path, grouping="agent_turn", agent_order="sequential")
+    with pytest.raises(ValueError, match="partial"):
+        MultiAgentGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
+                              MatrixGameEnv, args, Dataset.from_dict({"x": [1]}))
+    with pytest.raises(ValueError, match="grouping"):
+        _args(tmp_path, grouping="by_vibes")

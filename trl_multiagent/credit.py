@@ -139,6 +139,11 @@ def cross_sample_credit(joint_advantages: Sequence[float], joint_indices: Sequen
     return [s / c if c else math.nan for s, c in zip(sums, counts)]
 
 
+def mix_rewards(team: float, local: float, alpha: float) -> float:
+    """AT-GRPO's agent-wise credit, Eq. 3: ``r_{t,i} = alpha * r_team_t + r_local_{t,i}``."""
+    return alpha * float(team) + float(local)
+
+
 def num_tree_generations(num_agents: int, num_samples: int, horizon: int) -> int:
     """Inference calls of an aligned joint tree without early stop: ``n*K*(K^H - 1)/(K - 1)`` (CoLLM, Prop. 4.3)."""
     if num_samples == 1:

@@ -45,6 +45,9 @@ class RecipeArguments:
         env_kwargs: keyword arguments of the environment's constructor.
         agents: the team, one mapping of :class:`AgentSpec` fields per agent. Empty: one agent per role of the
             environment, each with its own policy.
+        policy_mapping: ``"specialized"`` (each agent its own policy, trained on its own data only) or ``"shared"``
+            (every agent that names no policy acts with one policy, ``shared``, trained on all roles' pooled data:
+            AT-GRPO's role-sharing).
         model: model of every agent that names none (hub id, local path or embedded short name; empty = the
             embedded default).
         quantization: quantization of every agent that names none (``"4bit"`` for QLoRA).
@@ -69,6 +72,7 @@ class RecipeArguments:
     environment: str = "matrix_game"
     env_kwargs: dict = field(default_factory=dict)
     agents: list = field(default_factory=list)
+    policy_mapping: str = "specialized"
     model: str | None = None
     quantization: str | None = None
     lora_r: int = 16
@@ -323,6 +327,8 @@ def resolve_environment(name: str):
 
 def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]:
     """AgentSpecs from the recipe (defaults: one agent per role), checked against the environment's roles."""
+    if recipe.policy_mapping not in ("specialized", "shared"):
+        raise RecipeError(f"policy_mapping must be 'specialized' or 'shared', got {recipe.policy_mapping!r}")
     entries = recipe.agents or [{"name": r} for r in roles]
     spec_fields = {f.name for f in dataclasses.fields(AgentSpec)}
     specs = []
@@ -335,6 +341,8 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
             raise RecipeError(_unknown_message(key, spec_fields, f"agents[{i}]"))
         values = {"model": recipe.model, "quantization": recipe.quantization, "lora_r": recipe.lora_r,
                   "lora_alpha": recipe.lora_alpha, **entry}
+        if recipe.policy_mapping == "shared":
+            values.setdefault("policy", "shared")
         try:
             specs.append(AgentSpec(**values))
         except (TypeError, ValueError) as exc:

@@ -52,12 +52,15 @@ class Environment:
         required_columns: dataset columns that ``reset`` reads; checked before any model loads.
         concurrent_steps: ``step`` may run in several threads at once on independent clones (set it when ``step``
             mostly waits on subprocesses, such as sandboxed tests).
+        supports_partial_actions: ``step`` accepts the actions of a subset of the agents (one agent acting after
+            another within a turn), as sequential AT-GRPO needs.
     """
 
     agents: tuple[str, ...] = ()
     max_turns: int = 1
     required_columns: tuple[str, ...] = ()
     concurrent_steps: bool = False
+    supports_partial_actions: bool = False
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         raise NotImplementedError(f"{type(self).__name__} must implement reset(task)")

@@ -39,7 +39,7 @@ from trl.trainer.utils import RepeatSampler, identity
 
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
-from ..rollout import Experience, JointTreeSampler, Sample
+from ..rollout import AgentTurnSampler, Experience, JointTreeSampler, Sample
 from ..utils import release_freed_memory
 from .callbacks import MetricsFileCallback
 
@@ -83,6 +83,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
         `num_iterations` (mu) reuses one rollout for that many optimizer steps, as in TRL.
     """
 
+    grouping: str = field(default="joint", metadata={
+        "help": "'joint': MAGRPO's groups of joint actions at one tree node; 'agent_turn': AT-GRPO's groups keyed "
+                "(environment instance, turn, agent) with greedy execution of the best candidate."})
+    agent_order: str = field(default="sequential", metadata={
+        "help": "AT-GRPO: 'sequential' (each agent sees the earlier agents' executed actions) or 'parallel'."})
+    alpha: float = field(default=1.0, metadata={"help": "AT-GRPO Eq. 3: r = alpha * team reward + local reward."})
+    drop_zero_std_groups: bool = field(default=False, metadata={
+        "help": "AT-GRPO: leave groups whose candidates all tie out of the update (counted in the metrics)."})
     num_turns: int = field(default=1, metadata={"help": "Horizon H: turns of the rollout tree."})
     joint_mode: str = field(default="aligned", metadata={"help": "'aligned' (K joint actions) or 'cross' (K**n)."})
     gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards."})
@@ -99,6 +107,10 @@ class MultiAgentGRPOConfig(GRPOConfig):
             self.bf16 = cuda
         if self.num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if self.grouping not in ("joint", "agent_turn"):
+            raise ValueError(f"grouping must be 'joint' (MAGRPO) or 'agent_turn' (AT-GRPO), got {self.grouping!r}")
+        if self.agent_order not in ("sequential", "parallel"):
+            raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {self.agent_order!r}")
         if self.joint_mode not in ("aligned", "cross"):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
         if not 0.0 <= self.gamma <= 1.0:
@@ -183,6 +195,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: it needs one row per task")
         probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+        if args.grouping == "agent_turn" and args.agent_order == "sequential" \
+                and not getattr(probe, "supports_partial_actions", False):
+            raise ValueError(f"{type(probe).__name__} does not accept one agent's action alone "
+                             "(supports_partial_actions), which sequential AT-GRPO needs; set agent_order='parallel'.")
         if args.num_turns > probe.max_turns:
             logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
                            "budget.", args.num_turns, probe.max_turns)
@@ -219,8 +235,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.add_callback(MetricsFileCallback(args.output_dir))
 
     # ------------------------------------------------------------------------------------------------ set-up
-    def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler:
-        """The rollout topology. MAGRPO: a joint tree with K samples per agent per node."""
+    def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler | AgentTurnSampler:
+        """The rollout topology: MAGRPO's joint tree (``grouping="joint"``) or AT-GRPO's agent-and-turn groups with
+        greedy tree sampling (``grouping="agent_turn"``)."""
+        if args.grouping == "agent_turn":
+            return AgentTurnSampler(num_samples=args.num_generations, num_turns=args.num_turns,
+                                    agent_order=args.agent_order, alpha=args.alpha, scale_rewards=args.scale_rewards,
+                                    drop_zero_std_groups=args.drop_zero_std_groups)
         return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns,
                                 joint_mode=args.joint_mode, gamma=args.gamma, scale_rewards=args.scale_rewards)
 

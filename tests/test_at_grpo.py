@@ -1,0 +1,115 @@
+"""AT-GRPO's agent-and-turn sampler (trl_multiagent/rollout.py: AgentTurnSampler) with a scripted pool."""
+
+import pytest
+from transformers import GenerationConfig
+
+from tests.fake_pool import ScriptedPool
+from trl_multiagent.credit import mix_rewards
+from trl_multiagent.environments import Environment, MatrixGameEnv, StepResult
+from trl_multiagent.rollout import AgentTurnSampler
+
+GEN = GenerationConfig(max_new_tokens=2)
+
+
+class RelayEnv(Environment):
+    """Agents answer a digit, one after another. Team reward: the digit / 10. Local reward of `second`: 1 when it
+    repeats the digit `first` EXECUTED this turn. Prompts show the executed actions so far."""
+
+    agents = ("first", "second")
+    max_turns = 3
+    supports_partial_actions = True
+
+    def reset(self, task):
+        self.task, self.log, self.turn = task, [], 0
+        return self._prompts()
+
+    def _prompts(self):
+        return {a: f"{self.task['id']}|{self.turn}|{','.join(self.log)}" for a in self.agents}
+
+    def step(self, joint_action):
+        (agent, text), = joint_action.items()
+        local = {}
+        if agent == "second":
+            local = {"second": 1.0 if self.log and text == self.log[-1] else 0.0}
+        self.log.append(text)
+        if agent == "second":
+            self.turn += 1
+        done = self.turn >= self.max_turns
+        return StepResult(team_reward=int(text) / 10, local_rewards=local, done=done,
+                          next_prompts=None if done else self._prompts())
+
+
+def digits(agent, prompt, k):
+    return str((k * 3 + len(prompt)) % 10)
+
+
+def test_groups_never_merge_problems_turns_or_agents():
+    pool = ScriptedPool(["first", "second"], digits)
+    exp = AgentTurnSampler(num_samples=4, num_turns=3).rollout(pool, RelayEnv, [{"id": 0}, {"id": 1}], GEN)
+    groups = {}
+    for s in exp.samples:
+        groups.setdefault(s.group, []).append(s)
+    assert len(groups) == 2 * 3 * 2  # problems x turns x agents
+    for (episode, turn, agent), members in groups.items():
+        assert len(members) == 4
+        assert {(m.episode, m.turn, m.agent) for m in members} == {(episode, turn, agent)}
+
+
+def test_sequential_later_agent_is_scored_after_earlier_agents_executed_action():
+    pool = ScriptedPool(["first", "second"], digits)
+    exp = AgentTurnSampler(num_samples=4, num_turns=1, alpha=0.0).rollout(pool, RelayEnv, [{"id": 0}], GEN)
+    firsts = [s for s in exp.samples if s.agent == "first"]
+    executed_first = max(firsts, key=lambda s: (s.reward, -firsts.index(s))).generation.text
+    seconds = [s for s in exp.samples if s.agent == "second"]
+    # second's prompt already shows first's executed digit, and only candidates repeating it earn the local reward
+    assert all(s.generation.prompt_ids == seconds[0].generation.prompt_ids for s in seconds)
+    for s in seconds:
+        assert s.reward == (1.0 if s.generation.text == executed_first else 0.0)
+
+
+def test_greedy_executes_the_argmax_candidate():
+    pool = ScriptedPool(["first", "second"], digits)
+    exp = AgentTurnSampler(num_samples=4, num_turns=1, alpha=1.0).rollout(pool, RelayEnv, [{"id": 7}], GEN)
+    firsts = [s.reward for s in exp.samples if s.agent == "first"]
+    executed = exp.joint_actions[0]
+    assert executed.sample_index == (firsts.index(max(firsts)),)
+    assert executed.reward == pytest.approx(max(firsts))  # alpha=1 and no local reward for `first`
+
+
+def test_reward_mixing_eq3():
+    assert mix_rewards(team=2.0, local=0.5, alpha=0.3) == pytest.approx(1.1)
+    pool = ScriptedPool(["first", "second"], digits)
+    exp = AgentTurnSampler(num_samples=3, num_turns=1, alpha=0.5).rollout(pool, RelayEnv, [{"id": 0}], GEN)
+    first_exec = exp.joint_actions[0]
+    for s in exp.samples:
+        if s.agent == "second":
+            team = int(s.generation.text) / 10
+            expected_local = 1.0 if s.generation.text == [x for x in exp.samples if x.agent == "first"][
+                first_exec.sample_index[0]].generation.text else 0.0
+            assert s.reward == pytest.approx(0.5 * team + expected_local)
+
+
+def test_parallel_scores_aligned_candidates_with_local_rewards():
+    pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: "AB"[k % 2] if a == "agent1" else "BA"[k % 2])
+    env = lambda: MatrixGameEnv(local_payoff="posg2")  # noqa: E731
+    exp = AgentTurnSampler(num_samples=2, num_turns=1, agent_order="parallel", alpha=0.0).rollout(
+        pool, env, [{}], GEN)
+    # candidate 0: (A, B) -> locals (1, 6); candidate 1: (B, A) -> locals (6, 1)
+    r = {(s.agent, s.generation.text): s.reward for s in exp.samples}
+    assert r == {("agent1", "A"): 1.0, ("agent1", "B"): 6.0, ("agent2", "B"): 6.0, ("agent2", "A"): 1.0}
+    # greedy: agent1 executes B (6), agent2 executes B (6): joint (B, B), team reward 0
+    assert exp.joint_actions[0].reward == 0.0
+
+
+def test_sequential_needs_partial_actions():
+    pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: "A")
+    with pytest.raises(ValueError, match="partial"):
+        AgentTurnSampler(num_samples=2, num_turns=1).rollout(pool, MatrixGameEnv, [{}], GEN)
+
+
+def test_zero_std_groups_are_dropped_and_counted():
+    pool = ScriptedPool(["first", "second"], lambda a, p, k: "5")  # every candidate ties
+    exp = AgentTurnSampler(num_samples=3, num_turns=1, drop_zero_std_groups=True).rollout(
+        pool, RelayEnv, [{"id": 0}], GEN)
+    assert exp.samples == [] and exp.stats["dropped_samples"] == 6.0
+    assert exp.stats["frac_reward_zero_std"] == 1.0

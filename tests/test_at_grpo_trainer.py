@@ -1,0 +1,90 @@
+"""AT-GRPO in MultiAgentGRPOTrainer: role-sharing pools data, role-specialized routes it; Table 5(b) learning."""
+
+import functools
+
+import pytest
+from datasets import Dataset
+
+from trl_multiagent.agents import AgentSpec
+from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+
+def _trainer(model_dir, tmp_path, shared, alpha=1.0, local_payoff="posg2", seed=0, **kw):
+    args = MultiAgentGRPOConfig(
+        output_dir=str(tmp_path), grouping="agent_turn", agent_order="parallel", alpha=alpha, seed=seed,
+        num_generations=8, max_completion_length=1, generation_kwargs={"suppress_tokens": [0, 1, 2]},
+        report_to=[], gradient_checkpointing=False, save_strategy="no", disable_tqdm=True, **kw)
+    policy = {"policy": "team"} if shared else {}
+    agents = [AgentSpec("agent1", model=model_dir, lora_r=4, lora_alpha=8, **policy),
+              AgentSpec("agent2", model=model_dir, lora_r=4, lora_alpha=8, **policy)]
+    env = functools.partial(MatrixGameEnv, local_payoff=local_payoff)
+    return MultiAgentGRPOTrainer(agents, env, args, Dataset.from_dict({"task_id": list(range(256))}))
+
+
+def _spy_loss_calls(trainer):
+    calls = []
+    original = trainer._compute_loss
+
+    def spy(model, batch):
+        calls.append((model.args[0], batch["completion_ids"].shape[0]))
+        return original(model, batch)
+
+    trainer._compute_loss = spy
+    trainer.current_gradient_accumulation_steps = 1
+    return calls
+
+
+def test_role_sharing_pools_all_roles_into_one_policy(tiny_ab_model, tmp_path):
+    trainer = _trainer(tiny_ab_model, tmp_path, shared=True, per_device_train_batch_size=32)
+    assert list(trainer.pool.policies) == ["team"]
+    exp = trainer.rollout([{}])
+    assert {s.agent for s in exp.samples_of("team")} == {"agent1", "agent2"}
+    calls = _spy_loss_calls(trainer)
+    trainer.pool.train()
+    trainer.update(trainer.model, exp)
+    assert calls == [("team", 16)]  # both agents' 8 candidates in one policy's update
+
+
+def test_role_specialized_routes_each_agents_data_to_its_own_policy(tiny_ab_model, tmp_path):
+    trainer = _trainer(tiny_ab_model, tmp_path, shared=False, per_device_train_batch_size=32)
+    exp = trainer.rollout([{}])
+    assert {s.agent for s in exp.samples_of("agent1")} == {"agent1"}
+    assert {s.agent for s in exp.samples_of("agent2")} == {"agent2"}
+    calls = _spy_loss_calls(trainer)
+    trainer.pool.train()
+    # agent2's data alone: its gradient reaches agent2's adapter only
+    exp.samples = [s for s in exp.samples if s.agent == "agent2"]
+    for s in exp.samples:
+        s.advantage = 1.0 if s.generation.text == "A" else -1.0
+    trainer.update(trainer.model, exp)
+    assert calls == [("agent2", 8)]
+    assert all(p.grad is None for p in trainer.pool.policy_parameters("agent1"))
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.pool.policy_parameters("agent2"))
+
+
+def _joint_utility(trainer):
+    """Expected Table 4 utility of the agents' current policies (their P(A | A or B) after the prompt)."""
+    from tests.test_learning import prob_a
+
+    p1, p2 = prob_a(trainer, "agent1"), prob_a(trainer, "agent2")
+    return p1 * p2 * 10 + (p1 * (1 - p2) + (1 - p1) * p2) * 7, p1 * p2
+
+
+@pytest.mark.slow
+def test_table5b_local_rewards_miss_the_optimum_team_reward_finds_it(tiny_ab_model, tmp_path):
+    common = dict(max_steps=40, episodes_per_step=2, learning_rate=0.1, lr_scheduler_type="constant",
+                  logging_steps=10)
+    local_only, team_only = [], []
+    for seed in (0, 1, 2):
+        t = _trainer(tiny_ab_model, tmp_path / f"local{seed}", shared=False, alpha=0.0, seed=seed, **common)
+        t.train()
+        local_only.append(_joint_utility(t))
+        t = _trainer(tiny_ab_model, tmp_path / f"team{seed}", shared=False, alpha=1.0, local_payoff=None,
+                     seed=seed, **common)
+        t.train()
+        team_only.append(_joint_utility(t))
+    # individual rewards (Table 5(b)): no better than the equilibria's 7, and (A, A) stays unlikely
+    assert all(u <= 7.0 + 0.25 and p_aa < 0.5 for u, p_aa in local_only), local_only
+    # the team reward: the joint optimum worth 10
+    assert all(u >= 9.0 for u, _ in team_only), team_only
