@@ -202,21 +202,18 @@ def evaluate_coding(pool, problems: Sequence[Mapping[str, Any]], settings: EvalS
                 elif method == "naive":
                     auxes = _gen(pool, "aux", aux_p, m, cfg, tokens)
                     mains = _gen(pool, "main", main_p, m, cfg, tokens)
-                elif method == "sequential":
+                elif method == "sequential":  # main sees the aux written for it: one prompt per sample
                     auxes = _gen(pool, "aux", aux_p, m, cfg, tokens)
-                    mains = [[] for _ in problems]
-                    for i in range(len(problems)):  # main sees the aux written for it: one prompt per sample
-                        seq = [main_p[i] + SEQUENTIAL_SUFFIX.format(aux=a) for a in auxes[i]]
-                        mains[i] = [g[0] for g in _gen(pool, "main", seq, 1, cfg, tokens)]
-                elif method == "discussion":
+                    seq = [main_p[i] + SEQUENTIAL_SUFFIX.format(aux=a) for i in range(len(problems)) for a in auxes[i]]
+                    mains = _regroup(_gen(pool, "main", seq, 1, cfg, tokens), m)
+                elif method == "discussion":  # one round: each agent sees both first answers and revises
                     auxes0 = _gen(pool, "aux", aux_p, m, cfg, tokens)
                     mains0 = _gen(pool, "main", main_p, m, cfg, tokens)
-                    auxes, mains = [], []
-                    for i in range(len(problems)):
-                        a2 = [aux_p[i] + DISCUSSION_SUFFIX.format(own=a, other=b) for a, b in zip(auxes0[i], mains0[i])]
-                        b2 = [main_p[i] + DISCUSSION_SUFFIX.format(own=b, other=a) for a, b in zip(auxes0[i], mains0[i])]
-                        auxes.append([g[0] for g in _gen(pool, "aux", a2, 1, cfg, tokens)])
-                        mains.append([g[0] for g in _gen(pool, "main", b2, 1, cfg, tokens)])
+                    pairs = [(i, a, b) for i in range(len(problems)) for a, b in zip(auxes0[i], mains0[i])]
+                    a2 = [aux_p[i] + DISCUSSION_SUFFIX.format(own=a, other=b) for i, a, b in pairs]
+                    b2 = [main_p[i] + DISCUSSION_SUFFIX.format(own=b, other=a) for i, a, b in pairs]
+                    auxes = _regroup(_gen(pool, "aux", a2, 1, cfg, tokens), m)
+                    mains = _regroup(_gen(pool, "main", b2, 1, cfg, tokens), m)
                 else:
                     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}")
                 records = []
@@ -242,6 +239,12 @@ def evaluate_coding(pool, problems: Sequence[Mapping[str, Any]], settings: EvalS
                             for k, v in per_problem.items()}
         results[method] = result
     return results
+
+
+def _regroup(single_samples: list[list[str]], m: int) -> list[list[str]]:
+    """One sample per prompt, prompts ordered problem by problem -> M samples per problem."""
+    flat = [g[0] for g in single_samples]
+    return [flat[i:i + m] for i in range(0, len(flat), m)]
 
 
 def _record(scored: Mapping[str, Any]) -> dict[str, float]:

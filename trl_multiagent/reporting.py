@@ -72,7 +72,10 @@ def write_coding_report(summary: Mapping[str, Any], md_path: str | Path) -> Path
                 if ev.get("team_before_is_naive"):
                     label += " (= naive concatenation: fresh LoRA adapters have B = 0)"
             rows.append((label, res["metrics"], res.get("ci95", {})))
-    keys = ["reward", "pass@1", "acc@1", "pass@10", "acc@10", "coop@10"]
+    top_k = max((int(k.split("@")[1]) for res in ev.get("before", {}).values() for k in res["metrics"]
+                 if k.startswith("pass@")), default=1)
+    keys = ["reward", "pass@1", "acc@1", "coop@1"] + ([f"pass@{top_k}", f"acc@{top_k}", f"coop@{top_k}"]
+                                                        if top_k > 1 else [])
     lines = [
         "# Cooperative coding on held-out HumanEval problems",
         "",

@@ -1,0 +1,254 @@
+"""The reasoner / Python-tool environment of AT-GRPO: answer checking, rewards, agreement, prompts, data, recipes."""
+
+import json
+import re
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from trl_multiagent.environments.math_tool import (
+    TEMPLATES,
+    MathToolEnv,
+    answers_match,
+    format_answer,
+    gsm8k_to_task,
+    last_boxed,
+    polaris_to_task,
+    printed_answer,
+    question_split,
+    word_problems,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = {"question": "A rope of 7 m is cut into 2 equal pieces. How long is each piece, in metres?", "answer": "7/2"}
+TOOL_EXACT = "Let me compute it.\n```python\nfrom fractions import Fraction\nprint(Fraction(7, 2))\n```"
+TOOL_FLOAT = "```python\nlength = 7 / 2\nprint(length)\n```"
+
+
+def test_last_boxed_and_printed_answer():
+    assert last_boxed("first \\boxed{1}, finally \\boxed{\\frac{7}{2}}.") == "\\frac{7}{2}"
+    assert last_boxed("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("so \\boxed 5.") == "5"
+    assert last_boxed("no final answer") is None and last_boxed("\\boxed{}") is None
+    assert last_boxed("\\boxed{3} and an unclosed \\boxed{4") == "3"
+    assert printed_answer("step 1\n42\n\n") == "42" and printed_answer("  \n") is None
+
+
+@pytest.mark.parametrize("a,b,printed", [
+    ("0.5", "\\frac{1}{2}", (False, False)),
+    ("1,000", "1000", (False, False)),
+    ("\\$1,000", "1000", (False, False)),
+    ("3.5", "7/2", (True, False)),
+    ("\\dfrac{7}{2}", "3.5", (False, True)),
+    ("12.50", "12.5", (False, False)),
+    ("The answer is 42", "42", (True, False)),
+    ("1e+3", "1000", (True, False)),
+    ("12.50 dollars", "12.5", (False, False)),
+    ("11 years old", "11", (False, False)),
+])
+def test_math_verify_equivalences(a, b, printed):
+    assert answers_match(a, b, printed)
+    assert answers_match(b, a, printed[::-1])
+
+
+def test_math_verify_differences_and_threads():
+    assert not answers_match("4", "3.5")
+    assert not answers_match("7/2", "2/7")
+    assert not answers_match(None, "1") and not answers_match("1", None)
+    assert not answers_match("1" * 300, "1" * 300)  # longer than max_chars: never a match
+    results = {}
+
+    def worker():  # math-verify's signal timeouts cannot run here: the checker must still work, and stay bounded
+        start = time.perf_counter()
+        results["equal"] = answers_match("0.5", "\\frac{1}{2}") and answers_match("1,000", "1000")
+        results["tower"] = answers_match("10^{10^{10}}", "5")
+        results["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(30)
+    assert results["equal"] is True and results["tower"] is False and results["seconds"] < 5
+
+
+def test_joint_step_agreement_ends_with_full_rewards():
+    env = MathToolEnv()
+    prompts = env.reset(TASK)
+    assert TASK["question"] in prompts["reasoner"] and "\\boxed{answer}" in prompts["reasoner"]
+    assert TASK["question"] in prompts["tool"] and "```python" in prompts["tool"]
+    result = env.step({"reasoner": "Each piece is 7/2 = 3.5 m, so \\boxed{3.5}.", "tool": TOOL_EXACT})
+    assert result.done and result.next_prompts is None
+    assert result.team_reward == 1.0 and result.info["agreed"] == 1.0
+    assert result.local_rewards == {"reasoner": 1.0, "tool": 1.0}  # 0.2 * 1 + 0.8 * 1 each
+    assert env.tool_answer == "7/2" and env.turn == 1
+
+
+def test_disagreement_rewards_and_next_prompts():
+    env = MathToolEnv(max_turns=3)
+    env.reset(TASK)
+    result = env.step({"reasoner": "7 - 3 = 4, so \\boxed{4}", "tool": TOOL_FLOAT})
+    # team answer = the reasoner's (no agreement): 4 is wrong -> 0
+    assert result.team_reward == 0.0 and not result.done and result.info["agreed"] == 0.0
+    assert result.local_rewards["reasoner"] == pytest.approx(0.2)  # format 1, correct 0
+    assert result.local_rewards["tool"] == pytest.approx(1.0)  # printed 3.5 equals 7/2
+    reasoner, tool = result.next_prompts["reasoner"], result.next_prompts["tool"]
+    assert "7 - 3 = 4" in reasoner and "length = 7 / 2" in reasoner and "Its output: 3.5" in reasoner
+    assert "the reasoning agent says 4, the tool agent's program prints 3.5" in reasoner
+    assert "length = 7 / 2" in tool and "7 - 3 = 4" in tool and "Its answer: 4" in tool
+    assert "7/2" not in reasoner.replace("7 / 2", "") and "7/2" not in tool.replace("7 / 2", "")  # gold never shown
+
+
+def test_sequential_partial_actions_clone_and_failures():
+    env = MathToolEnv(max_turns=3)
+    first = env.reset(TASK)
+    result = env.step({"reasoner": "\\boxed{\\frac{7}{2}}"})  # the reasoner alone: no sandbox run
+    assert result.local_rewards == {"reasoner": 1.0} and result.team_reward == 1.0
+    assert not result.done and env.acted == {"reasoner"} and env.turn == 0
+    assert result.next_prompts["tool"] == first["tool"]  # the tool agent has not acted: the problem only
+
+    clone = env.clone()
+    crash = clone.step({"tool": "```python\nprint(1 / 0)\n```"})
+    assert crash.local_rewards == {"tool": 0.0} and not crash.done and clone.turn == 1
+    assert "ZeroDivisionError" in crash.next_prompts["tool"] and "did not print a usable answer" in \
+        crash.next_prompts["reasoner"]
+    assert crash.team_reward == 1.0  # the team answer is still the reasoner's correct one
+    assert env.code is None and env.turn == 0 and env.acted == {"reasoner"}  # the original is untouched
+
+    result = env.step({"tool": TOOL_FLOAT})
+    assert result.done and result.info["agreed"] == 1.0 and result.local_rewards == {"tool": 1.0}
+    with pytest.raises(ValueError):
+        MathToolEnv().step({"critic": "x"})
+
+
+def test_budget_format_and_team_answer_fallback():
+    env = MathToolEnv(max_turns=1)
+    env.reset(TASK)
+    result = env.step({"reasoner": "It is three and a half.", "tool": "```python\nprint(7/2\n```"})  # never run
+    assert result.done and result.team_reward == 0.0
+    assert result.local_rewards == {"reasoner": 0.0, "tool": 0.0}
+    assert "SyntaxError" in env.output
+    env.reset(TASK)
+    result = env.step({"reasoner": "It is three and a half.", "tool": TOOL_FLOAT})
+    # no boxed answer: the team's answer is the tool's, which is right; the budget of one turn ends the episode
+    assert result.done and result.team_reward == 1.0 and result.local_rewards == {"reasoner": 0.0, "tool": 1.0}
+
+
+def _recompute(template: str, p: dict) -> Fraction:
+    """Each template's answer, worked out again from its parameters."""
+    if template == "shopping":
+        spent = p["n1"] * p["price1_cents"] + p["n2"] * p["price2_cents"]
+        return Fraction(p["bill"] * 100 - spent, 100)
+    if template == "work_rate":
+        return 1 / (Fraction(1, p["a"]) + Fraction(1, p["b"]))
+    if template == "speed":
+        return Fraction(p["v1"], 60) * p["t1"] + Fraction(p["v2"], 60) * p["t2"]
+    if template == "ages":  # k*s + y = m*(s + y)  =>  s = y*(m - 1)/(k - m)
+        return Fraction(p["years"] * (p["m"] - 1), p["k"] - p["m"])
+    if template == "ratio":
+        return Fraction(p["total"] * p["q"], p["p"] + p["q"])
+    if template == "spending":
+        left = Fraction(p["total"]) - Fraction(p["total"], p["d1"])
+        return left - left / p["d2"]
+    if template == "orchard":
+        apples = p["rows"] * p["per_row"] * p["per_tree"]
+        return Fraction(apples, p["bag"]) * Fraction(p["price_cents"], 100)
+    raise AssertionError(template)
+
+
+def test_word_problems_are_correct():
+    rows = word_problems(400, seed=3, split="train")
+    assert {r["template"] for r in rows} == set(TEMPLATES)
+    assert len({r["question"] for r in rows}) == 400
+    for r in rows:
+        p = json.loads(r["params"])
+        expected = _recompute(r["template"], p)
+        assert Fraction(r["answer"]) == expected, r
+        assert r["answer"] == format_answer(expected)
+        numbers = set(re.findall(r"\d+(?:\.\d+)?", r["question"]))
+        for key, value in p.items():  # every parameter is stated in the question
+            shown = f"{value / 100:.2f}" if key.endswith("_cents") else str(value)
+            assert shown in numbers, (key, value, r["question"])
+        if r["template"] == "shopping":  # the smallest bill that covers the purchase
+            spent = p["n1"] * p["price1_cents"] + p["n2"] * p["price2_cents"]
+            smaller = [b for b in (10, 20, 50, 100, 200) if b < p["bill"]]
+            assert 100 * p["bill"] >= spent and all(100 * b < spent for b in smaller)
+        if r["template"] == "orchard":
+            assert p["rows"] * p["per_row"] * p["per_tree"] % p["bag"] == 0
+    assert format_answer(Fraction(25, 2)) == "12.5" and format_answer(Fraction(12, 7)) == "12/7"
+
+
+def test_word_problem_splits_are_disjoint_and_seeded():
+    train0, train0_again = word_problems(300, 0, "train"), word_problems(300, 0, "train")
+    assert train0 == train0_again
+    train1 = word_problems(300, 1, "train")
+    assert {r["question"] for r in train0} != {r["question"] for r in train1}
+    train = {r["question"] for seed in (0, 1) for r in word_problems(300, seed, "train")}
+    test = {r["question"] for seed in (0, 1) for r in word_problems(300, seed, "test")}
+    assert len(test) > 300 and train.isdisjoint(test)
+    assert all(question_split(q) == "test" for q in test) and all(question_split(q) == "train" for q in train)
+    data = MathToolEnv.make_dataset(num_tasks=8, seed=0, split="test")
+    assert len(data) == 8 and data["question"] == [r["question"] for r in word_problems(8, 0, "test")]
+    MathToolEnv.validate_dataset_columns(data.column_names)
+    with pytest.raises(ValueError, match="split"):
+        word_problems(1, 0, "validation")
+
+
+def test_gsm8k_and_polaris_transforms():
+    row = {"question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in total? ",
+           "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nIn total she sold 48+24 = <<48+24=72>>72 clips."
+                     "\n#### 72"}
+    task = gsm8k_to_task(row)
+    assert task == {"question": row["question"].strip(), "answer": "72",
+                    "solution": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nIn total she sold 48+24 = "
+                                "<<48+24=72>>72 clips."}
+    assert gsm8k_to_task({"question": "q", "answer": "big\n#### 1,250"})["answer"] == "1250"
+    with pytest.raises(ValueError, match="####"):
+        gsm8k_to_task({"question": "q", "answer": "no marker"})
+    assert polaris_to_task({"problem": " Find x. ", "answer": "\\frac{1}{2}", "difficulty": "3/8"}) == {
+        "question": "Find x.", "answer": "\\frac{1}{2}"}
+    MathToolEnv.validate_dataset_columns(list(task))
+
+
+CONFIGS = ["math_at_grpo_shared", "math_at_grpo_specialized", "gsm8k_at_grpo", "polaris_at_grpo"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_math_recipes_load(tmp_path, name):
+    from trl_multiagent.recipe import build_team, load_recipe, resolve_environment
+    from trl_multiagent.utils import import_object
+
+    recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
+                                  str(tmp_path)])
+    assert config.grouping == "agent_turn" and recipe.model == "smollm2-135m-instruct"
+    env_cls = resolve_environment(recipe.environment)
+    assert env_cls is MathToolEnv
+    env = env_cls(**recipe.env_kwargs)
+    specs = build_team(recipe, env.agents)
+    assert len({s.policy for s in specs}) == (2 if recipe.policy_mapping == "specialized" else 1)
+    if recipe.dataset_transform:
+        assert callable(import_object(recipe.dataset_transform))
+
+
+@pytest.mark.parametrize("name", ["gsm8k_at_grpo", "polaris_at_grpo"])
+def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
+    import datasets
+
+    from trl_multiagent import recipe as recipe_module
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "no-cache", raising=False)
+    recipe, config = recipe_module.load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"),
+                                                "--output_dir", str(tmp_path)])
+    config_cls, _ = recipe_module._trainer_registry()[recipe.trainer]
+
+    class NeverBuilt:  # the data must fail first: no model is ever loaded by this test
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the trainer was reached although the dataset cannot load offline")
+
+    monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {recipe.trainer: (config_cls, NeverBuilt)})
+    with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
+        recipe_module.build_trainer(recipe, config)
