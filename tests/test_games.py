@@ -451,6 +451,28 @@ def test_at_grpo_rollout_sequential_and_parallel(fake_sandbox):
         assert exp.stats["env/success"] > 0
 
 
+def test_magrpo_tree_rollout_steps_clones_concurrently(fake_sandbox):
+    """JointTreeSampler steps every joint action on a clone (from threads: concurrent_steps) with both actions."""
+    from transformers import GenerationConfig
+
+    from tests.fake_pool import ScriptedPool
+    from trl_multiagent.rollout import JointTreeSampler
+
+    def script(agent, prompt, k):
+        if agent == "tool":
+            return tool("ACTIONS: R R D D")
+        return ["ACTIONS: R R D D", "ACTIONS: D", "nothing"][k]
+
+    pool = ScriptedPool(["tool", "plan"], script)
+    exp = JointTreeSampler(num_samples=3, num_turns=2).rollout(pool, lambda: PlanPathEnv(max_turns=2),
+                                                               [{"grid": PP_GRID}], GenerationConfig())
+    first = [j for j in exp.joint_actions if j.turn == 0]
+    assert [j.reward for j in first] == pytest.approx([2.0, 0.25, 0.0])
+    assert [j.done for j in first] == [True, False, False]
+    assert len(exp.joint_actions) == 3 + 2 * 3  # the two unfinished branches expand once more
+    assert all(j.local_rewards["tool"] == pytest.approx(1.0) for j in first)  # the proposal from the start
+
+
 # --------------------------------------------------------------------------------------------------- real sandbox
 BFS_TOOL = '''```python
 from collections import deque

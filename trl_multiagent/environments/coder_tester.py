@@ -229,7 +229,8 @@ class CoderTesterEnv(Environment):
         if max_tests < 1:
             raise ValueError(f"max_tests must be at least 1, got {max_tests}")
         self.max_turns = max_turns
-        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {"timeout_s": 10}))
+        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
+            else SandboxConfig(**(sandbox or {"timeout_s": 10}))
         self.max_tests = max_tests
         self.coder_weights = self._weights(coder_weights, CODER_WEIGHTS, "coder_weights")
         self.tester_weights = self._weights(tester_weights, TESTER_WEIGHTS, "tester_weights")

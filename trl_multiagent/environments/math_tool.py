@@ -11,9 +11,9 @@ Answers are compared with the ``math-verify`` package (B.1: Math-Verify parses a
 comparison with tolerance; ``verify``'s default rounds floats to 6 digits), so ``0.5`` equals ``\\frac{1}{2}`` and
 ``1,000`` equals ``1000``. See :func:`answers_match` for how the checker stays bounded in time.
 
-Termination (Sec. 5.4: "MAS interaction terminates when the two agents align"): the episode ends as soon as both
-agents have an answer and the two answers are equal, or when the turn budget ``max_turns`` is spent (a turn is over
-once every agent has acted in it).
+Termination (the analysis of Sec. 5: "MAS interaction terminates when the two agents align"): the episode ends as
+soon as both agents have an answer and the two answers are equal, or when the turn budget ``max_turns`` is spent (a
+turn is over once every agent has acted in it).
 
 Rewards of one step (AT-GRPO Eq. 3 mixes them as ``alpha * team + local``):
 
@@ -432,7 +432,8 @@ class MathToolEnv(Environment):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
-        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {"timeout_s": 10}))
+        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
+            else SandboxConfig(**(sandbox or {"timeout_s": 10}))
         self.reasoner_weights = _weights(reasoner_weights, REASONER_WEIGHTS, "reasoner_weights")
         self.tool_weights = _weights(tool_weights, TOOL_WEIGHTS, "tool_weights")
         self.max_answer_chars = max_answer_chars
