@@ -113,3 +113,26 @@ def test_zero_std_groups_are_dropped_and_counted():
         pool, RelayEnv, [{"id": 0}], GEN)
     assert exp.samples == [] and exp.stats["dropped_samples"] == 6.0
     assert exp.stats["frac_reward_zero_std"] == 1.0
+
+
+def test_success_rate_counts_solved_episodes_with_greedy_team():
+    from tests.test_games import BFS_TOOL, plan_copying_tool_output
+    from trl_multiagent.environments import PlanPathEnv
+    from trl_multiagent.evaluation import success_rate
+
+    tasks = PlanPathEnv.make_rows(3, seed=5, split="eval")
+
+    def script(agent, prompt, k):
+        # a capable tool agent for the first two instances only; the plan agent copies the tool's output
+        if agent == "tool":
+            third = "\n".join(" ".join(row) for row in tasks[2]["grid"])  # how the prompt draws the map
+            return BFS_TOOL if third not in prompt else "```python\nprint('no idea')\n```"
+        return plan_copying_tool_output(prompt)
+
+    def env():
+        return PlanPathEnv(max_turns=1, cache_tool_runs=False)
+
+    pool = ScriptedPool(["tool", "plan"], script)
+    result = success_rate(pool, env, tasks, num_turns=1, max_new_tokens=8)
+    assert result["episodes"] == 3.0
+    assert result["success_rate"] == pytest.approx(2 / 3)

@@ -282,3 +282,22 @@ def _team_records(pool, problems, m, cfg, tokens, reward_fn, sandbox, num_turns)
                 break
         records.append([r for r in recs if r is not None])
     return records
+
+
+# --------------------------------------------------------------------------------------------------- episode success
+def success_rate(pool, env_factory: Callable, tasks: Sequence[Mapping[str, Any]], num_turns: int,
+                 max_new_tokens: int, agent_order: str = "sequential") -> dict[str, float]:
+    """Greedy (T=0) team episodes, one per task, as AT-GRPO validates: the fraction that ends in ``success``.
+
+    Runs the AT-GRPO sampler with one candidate per agent, so the executed actions are the greedy decodes; an
+    episode succeeds when any executed step reports ``info["success"] == 1``.
+    """
+    from .rollout import AgentTurnSampler
+
+    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
+    sampler = AgentTurnSampler(num_samples=1, num_turns=num_turns, agent_order=agent_order)
+    experience = sampler.rollout(pool, env_factory, list(tasks), greedy)
+    solved = {j.episode for j in experience.joint_actions if j.info.get("success", 0.0) >= 1.0}
+    per_task = [1.0 if e in solved else 0.0 for e in range(len(tasks))]
+    return {"success_rate": _mean(per_task), "ci95": bootstrap_interval(per_task), "episodes": float(len(tasks)),
+            "team_reward": experience.stats.get("team_reward", math.nan)}
