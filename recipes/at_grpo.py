@@ -16,7 +16,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # rewards/ lives at the repo root
 
 from trl_multiagent.evaluation import success_rate  # noqa: E402
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe, resolve_environment  # noqa: E402
+from trl_multiagent.recipe import (  # noqa: E402
+    RecipeError,
+    build_trainer,
+    finish_distributed,
+    load_recipe,
+    resolve_environment,
+)
 
 logger = logging.getLogger("recipes.at_grpo")
 
@@ -62,6 +68,7 @@ def main(argv=None) -> int:
         summary["wall_time_s"] = time.perf_counter() - start
         path.write_text(json.dumps(summary, indent=2, default=str))
         logger.info("success rate before %.3f, after %.3f (%s)", before["success_rate"], after["success_rate"], path)
+    finish_distributed()
     return 0
 
 

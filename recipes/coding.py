@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT))  # rewards/ lives at the repo root
 
 from trl_multiagent.environments.coding import humaneval_problems  # noqa: E402
 from trl_multiagent.evaluation import EvalSettings, evaluate_coding  # noqa: E402
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe  # noqa: E402
+from trl_multiagent.recipe import RecipeError, build_trainer, finish_distributed, load_recipe  # noqa: E402
 from trl_multiagent.reporting import plot_reward_curve, write_coding_report  # noqa: E402
 from trl_multiagent.utils import import_object  # noqa: E402
 
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
         after = evaluate_coding(trainer.pool, problems, EvalSettings(**{**settings.__dict__, "methods": ("team",)}),
                                 reward_fn, env.sandbox, env.max_turns, progress(stage="after training"))
     if not is_main:
+        finish_distributed()
         return 0
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
     write_coding_report(summary, out / "report.md")
     logger.info("Wrote %s, %s and %s", summary_path, out / "reward_curve.png", out / "report.md")
+    finish_distributed()
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # rewards/ lives at the repo root
 
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe  # noqa: E402
+from trl_multiagent.recipe import RecipeError, build_trainer, finish_distributed, load_recipe  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -25,6 +25,7 @@ def main(argv=None) -> int:
         logging.getLogger("recipe").error("%s", exc)
         return 2
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    finish_distributed()
     return 0
 
 

@@ -409,3 +409,16 @@ def build_trainer(recipe: RecipeArguments, config, callbacks=None):
         raise RecipeError(str(exc)) from exc
     _, trainer_cls = _trainer_registry()[recipe.trainer]
     return trainer_cls(specs, env_factory, args=config, train_dataset=dataset, callbacks=callbacks)
+
+
+def finish_distributed() -> None:
+    """Wait for every process and tear the process group down before the interpreter exits.
+
+    Without it, a process may exit while the communication backend's threads of another are still running, and
+    the C++ runtime aborts it ("terminate called without an active exception").
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
