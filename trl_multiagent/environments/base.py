@@ -68,6 +68,19 @@ class Environment:
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         raise NotImplementedError(f"{type(self).__name__} must implement step(joint_action)")
 
+    def acting_agents(self, joint_action: Mapping[str, str], acted: set[str], turn: int) -> list[str]:
+        """The agents in a (possibly partial) joint action, in acting order; an unknown agent, an empty action or an
+        agent acting twice in one turn is an error."""
+        acting = [a for a in self.agents if a in joint_action]
+        unknown = set(joint_action) - set(self.agents)
+        if unknown or not acting:
+            raise ValueError(f"{type(self).__name__}.step takes actions of {list(self.agents)}, "
+                             f"got {sorted(joint_action)}")
+        again = acted & set(acting)
+        if again:
+            raise ValueError(f"{sorted(again)} already acted in turn {turn}")
+        return acting
+
     def clone(self) -> Environment:
         """An independent copy of the current state, used to branch the rollout tree."""
         return copy.deepcopy(self)

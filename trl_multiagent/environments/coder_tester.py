@@ -281,13 +281,7 @@ class CoderTesterEnv(Environment):
         return dict(self.first_prompts)
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
-        acting = [a for a in self.agents if a in joint_action]
-        unknown = set(joint_action) - set(self.agents)
-        if unknown or not acting:
-            raise ValueError(f"CoderTesterEnv.step takes actions of {list(self.agents)}, got {sorted(joint_action)}")
-        again = self.acted & set(acting)
-        if again:
-            raise ValueError(f"{sorted(again)} already acted in turn {self.turn}")
+        acting = self.acting_agents(joint_action, self.acted, self.turn)
         entry = self.problem["entry_point"]
         if "coder" in joint_action:
             self.code = extract_code(joint_action["coder"])

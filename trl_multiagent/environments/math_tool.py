@@ -467,13 +467,7 @@ class MathToolEnv(Environment):
         return dict(self.first_prompts)
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
-        acting = [a for a in self.agents if a in joint_action]
-        unknown = set(joint_action) - set(self.agents)
-        if unknown or not acting:
-            raise ValueError(f"MathToolEnv.step takes actions of {list(self.agents)}, got {sorted(joint_action)}")
-        again = self.acted & set(acting)
-        if again:
-            raise ValueError(f"{sorted(again)} already acted in turn {self.turn}")
+        acting = self.acting_agents(joint_action, self.acted, self.turn)
         if "reasoner" in joint_action:
             self.solution = joint_action["reasoner"]
             self.reasoner_answer = last_boxed(self.solution)
