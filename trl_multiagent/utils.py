@@ -41,13 +41,54 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+#: ``mallopt`` parameter number of glibc's mmap threshold (``M_MMAP_THRESHOLD`` in ``malloc.h``).
+_M_MMAP_THRESHOLD = -3
+
+
+def set_cpu_mmap_threshold(threshold: int) -> bool:
+    """Pin glibc's mmap threshold to ``threshold`` bytes for this process (CPU training only).
+
+    glibc serves allocations above the mmap threshold with their own ``mmap`` and unmaps them on ``free``, so their
+    memory goes straight back to the OS. By default the threshold is *dynamic*: each freed large block raises it to
+    that block's size, after which the activation buffers of a forward/backward pass come from the heap instead,
+    where they fragment between the small long-lived tensors of each policy (gradients, optimizer state). A team's
+    resident memory then grows with its number of policies although its live tensors hardly do. A fixed threshold
+    (the same effect as the environment variable ``MALLOC_MMAP_THRESHOLD_``) keeps every large tensor in its own
+    mapping; ``make bench`` (part b) measures both settings.
+
+    Does nothing and returns ``False`` when ``threshold`` is 0, when CUDA is in use (GPU memory is not managed by
+    glibc), when ``MALLOC_MMAP_THRESHOLD_`` is set (glibc already obeys the user's choice) or when the C library
+    is not glibc. Returns ``True`` when the threshold was set.
+    """
+    import os
+
+    import torch
+
+    if threshold < 0:
+        raise ValueError(f"the mmap threshold must be >= 0 bytes, got {threshold}")
+    if threshold == 0 or torch.cuda.is_available() or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+
+
 @functools.lru_cache(maxsize=1)
-def _malloc_trim():
+def _libc():
     import ctypes
     import ctypes.util
+    import platform
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
+    if platform.libc_ver()[0] != "glibc":
         return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _malloc_trim():
+    libc = _libc()
+    return getattr(libc, "malloc_trim", None) if libc is not None else None

@@ -95,6 +95,16 @@ class Environment:
             )
 
 
+def merge_weights(given: Mapping[str, float] | None, default: Mapping[str, float], name: str) -> dict[str, float]:
+    """Reward-component weights: ``default`` with the entries of ``given`` replacing it; unknown names are an error."""
+    if given is None:
+        return dict(default)
+    unknown = set(given) - set(default)
+    if unknown:
+        raise ValueError(f"{name} has unknown components {sorted(unknown)}; known: {sorted(default)}")
+    return {**default, **{k: float(v) for k, v in given.items()}}
+
+
 RewardFunc = Callable[..., float]
 
 

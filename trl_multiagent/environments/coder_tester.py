@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sandbox import SandboxConfig, SandboxJob, humaneval_tests, run_many
-from .base import Environment, StepResult
+from .base import Environment, StepResult, merge_weights
 from .coding import extract_code, humaneval_problems, task_imports
 
 logger = logging.getLogger(__name__)
@@ -232,8 +232,8 @@ class CoderTesterEnv(Environment):
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
             else SandboxConfig(**(sandbox or {"timeout_s": 10}))
         self.max_tests = max_tests
-        self.coder_weights = self._weights(coder_weights, CODER_WEIGHTS, "coder_weights")
-        self.tester_weights = self._weights(tester_weights, TESTER_WEIGHTS, "tester_weights")
+        self.coder_weights = merge_weights(coder_weights, CODER_WEIGHTS, "coder_weights")
+        self.tester_weights = merge_weights(tester_weights, TESTER_WEIGHTS, "tester_weights")
         self.max_feedback_chars = max_feedback_chars
         self._cache = _OutcomeCache()
         self.problem: dict[str, Any] = {}
@@ -243,15 +243,6 @@ class CoderTesterEnv(Environment):
         self.code: str | None = None
         self.tests: list[str] | None = None
         self.golden_setup, self.golden_tests = "", []
-
-    @staticmethod
-    def _weights(given, default, name):
-        if given is None:
-            return dict(default)
-        unknown = set(given) - set(default)
-        if unknown:
-            raise ValueError(f"{name} has unknown components {sorted(unknown)}; known: {sorted(default)}")
-        return {**default, **{k: float(v) for k, v in given.items()}}
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = None, seed: int = 0, split: str = "train"):

@@ -57,7 +57,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..sandbox import SandboxConfig, run_python
-from .base import Environment, StepResult
+from .base import Environment, StepResult, merge_weights
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
 
@@ -434,8 +434,8 @@ class MathToolEnv(Environment):
         self.max_turns = max_turns
         self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
             else SandboxConfig(**(sandbox or {"timeout_s": 10}))
-        self.reasoner_weights = _weights(reasoner_weights, REASONER_WEIGHTS, "reasoner_weights")
-        self.tool_weights = _weights(tool_weights, TOOL_WEIGHTS, "tool_weights")
+        self.reasoner_weights = merge_weights(reasoner_weights, REASONER_WEIGHTS, "reasoner_weights")
+        self.tool_weights = merge_weights(tool_weights, TOOL_WEIGHTS, "tool_weights")
         self.max_answer_chars = max_answer_chars
         self.max_feedback_chars = max_feedback_chars
         self._matches = _SharedCache()
@@ -566,12 +566,3 @@ class MathToolEnv(Environment):
         return TOOL_REVISION.format(first_prompt=self.first_prompts["tool"], code=code, output=output,
                                     answer=self.tool_answer or "(none)", solution=solution,
                                     other_answer=self.reasoner_answer or "(none)", mismatch=self._mismatch())
-
-
-def _weights(given, default, name):
-    if given is None:
-        return dict(default)
-    unknown = set(given) - set(default)
-    if unknown:
-        raise ValueError(f"{name} has unknown components {sorted(unknown)}; known: {sorted(default)}")
-    return {**default, **{k: float(v) for k, v in given.items()}}

@@ -40,7 +40,7 @@ from trl.trainer.utils import RepeatSampler, identity
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..rollout import AgentTurnSampler, Experience, JointTreeSampler, Sample
-from ..utils import release_freed_memory
+from ..utils import release_freed_memory, set_cpu_mmap_threshold
 from .callbacks import MetricsFileCallback
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,11 @@ class MultiAgentGRPOConfig(GRPOConfig):
         model_dtype (`str`, defaults to `"auto"`):
             Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
             `"bfloat16"` or `"float16"`.
+        cpu_malloc_mmap_threshold (`int`, defaults to `131072`):
+            On CPU, pin glibc's mmap threshold to this many bytes for the training process, so that freed activation
+            buffers go back to the OS instead of fragmenting the heap (a team of n policies on one shared base then
+            stays close to one agent's peak memory; see `utils.set_cpu_mmap_threshold`). `0` keeps glibc's dynamic
+            default; ignored on CUDA and when the environment variable `MALLOC_MMAP_THRESHOLD_` is set.
 
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
@@ -96,6 +101,9 @@ class MultiAgentGRPOConfig(GRPOConfig):
     gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards."})
     episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
     model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
+    cpu_malloc_mmap_threshold: int = field(default=131072, metadata={
+        "help": "CPU only: pin glibc's mmap threshold (bytes) so freed activations return to the OS; 0 = glibc's "
+                "dynamic default."})
     num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent at every node."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
@@ -115,6 +123,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.cpu_malloc_mmap_threshold < 0:
+            raise ValueError(f"cpu_malloc_mmap_threshold must be >= 0 bytes, got {self.cpu_malloc_mmap_threshold}")
         if self.episodes_per_step < 1:
             raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
         if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -203,6 +213,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
                            "budget.", args.num_turns, probe.max_turns)
 
+        if set_cpu_mmap_threshold(args.cpu_malloc_mmap_threshold):
+            logger.info("glibc mmap threshold pinned to %d bytes (cpu_malloc_mmap_threshold)",
+                        args.cpu_malloc_mmap_threshold)
         if not isinstance(agents, AgentPool):
             # The new LoRA adapters are initialised at random (lora_A); seed first so that two runs with the same
             # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
