@@ -1,4 +1,4 @@
-"""AT-GRPO's agent-and-turn sampler (trl_multiagent/rollout.py: AgentTurnSampler) with a scripted pool."""
+"""AT-GRPO's agent-and-turn sampler (trl_multiagent/rollout/agent_turn.py) with a scripted pool."""
 
 import pytest
 from transformers import GenerationConfig

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the credit-assignment math (trl_multiagent/credit.py)."""
+"""Hand-computed checks of the credit-assignment math (trl_multiagent/credit/: group.py, magrpo.py, at_grpo.py)."""
 
 import math
 import statistics

@@ -1,4 +1,4 @@
-"""The MAGRPO joint tree rollout (trl_multiagent/rollout.py) against hand-computed trees, with a scripted pool."""
+"""The MAGRPO joint tree rollout (trl_multiagent/rollout/joint_tree.py) against hand-computed trees, with a scripted pool."""
 
 import math
 import statistics

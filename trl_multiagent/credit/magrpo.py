@@ -1,81 +1,14 @@
-"""Credit assignment: the pure math of each algorithm.
+"""MAGRPO's credit: joint actions, tree returns with discount, cross-joint-action credit (MAGRPO Algorithm 1, Eq. 1).
 
-Every function here is small, side-effect free and works on plain Python numbers or 1-D tensors, so that each
-paper equation can be checked against a hand-computed example in ``tests/test_credit.py``. Trainers call these
-functions; they never re-implement them.
+Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al.), Algorithm 1 and Eq. 1; the
+generation count is Prop. 4.3 of the CoLLM paper.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
-from collections.abc import Hashable, Sequence
-
-import torch
-
-#: Added to the standard deviation before dividing, as TRL's GRPOTrainer does (``std + 1e-4``).
-STD_EPS = 1e-4
-
-
-def group_relative_advantages(
-    returns: Sequence[float] | torch.Tensor, scale: str = "group", batch_std: float | None = None
-) -> torch.Tensor:
-    """Group-relative advantage of MAGRPO, Eq. 1 (``A = (R - mean(R)) / std(R)`` over one group).
-
-    Args:
-        returns: the returns ``R^(g)`` of the G members of ONE group (the joint actions sampled at one node).
-        scale: ``"group"`` divides by the group's standard deviation (Eq. 1), ``"batch"`` by ``batch_std`` (the
-            standard deviation over the whole batch), ``"none"`` only centres (Dr. GRPO). The names follow
-            ``GRPOConfig.scale_rewards``.
-        batch_std: required when ``scale == "batch"``.
-
-    The standard deviation is the unbiased one (``torch.std``) plus ``STD_EPS``, exactly as in TRL's
-    ``GRPOTrainer``, so a one-agent, one-turn run reproduces TRL's advantages. A group of one has advantage 0.
-    """
-    r = torch.as_tensor(returns, dtype=torch.float64)
-    if r.numel() == 0:
-        return r
-    centred = r - r.mean()
-    if r.numel() == 1:
-        return torch.zeros_like(r)
-    if scale == "group":
-        return centred / (r.std() + STD_EPS)
-    if scale == "batch":
-        if batch_std is None:
-            raise ValueError("scale='batch' needs batch_std")
-        return centred / (batch_std + STD_EPS)
-    if scale == "none":
-        return centred
-    raise ValueError(f"Unknown scale {scale!r}; expected 'group', 'batch' or 'none'.")
-
-
-def grouped_advantages(
-    returns: Sequence[float], keys: Sequence[Hashable], scale: str = "group"
-) -> tuple[list[float], dict[str, float]]:
-    """Normalise ``returns`` inside the groups given by ``keys`` (Eq. 1 of MAGRPO, applied group by group).
-
-    Members with equal keys form one group; different keys never mix. Returns the advantages (in input order) and
-    statistics: the number of groups and the fraction of groups whose returns all tie (zero variance: they carry no
-    learning signal).
-    """
-    if len(returns) != len(keys):
-        raise ValueError(f"{len(returns)} returns but {len(keys)} group keys")
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for idx, key in enumerate(keys):
-        members[key].append(idx)
-    batch_std = float(torch.tensor(list(returns), dtype=torch.float64).std()) if len(returns) > 1 else 0.0
-    advantages = [0.0] * len(returns)
-    zero_std = 0
-    for idxs in members.values():
-        group_returns = [returns[i] for i in idxs]
-        if max(group_returns) - min(group_returns) < 1e-12:
-            zero_std += 1
-        adv = group_relative_advantages(group_returns, scale=scale, batch_std=batch_std)
-        for i, a in zip(idxs, adv.tolist()):
-            advantages[i] = a
-    n_groups = len(members)
-    return advantages, {"num_groups": float(n_groups), "frac_zero_std_groups": zero_std / max(n_groups, 1)}
+from collections.abc import Sequence
 
 
 def joint_action_indices(num_agents: int, num_samples: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -137,11 +70,6 @@ def cross_sample_credit(joint_advantages: Sequence[float], joint_indices: Sequen
         sums[idx[agent]] += float(adv)
         counts[idx[agent]] += 1
     return [s / c if c else math.nan for s, c in zip(sums, counts)]
-
-
-def mix_rewards(team: float, local: float, alpha: float) -> float:
-    """AT-GRPO's agent-wise credit, Eq. 3: ``r_{t,i} = alpha * r_team_t + r_local_{t,i}``."""
-    return alpha * float(team) + float(local)
 
 
 def num_tree_generations(num_agents: int, num_samples: int, horizon: int) -> int:

@@ -1,0 +1,131 @@
+"""AT-GRPO's rollout: agent-and-turn groups, tree sampling with greedy execution (AT-GRPO Sec. 4.1, Alg. 1, Eq. 3)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from transformers import GenerationConfig
+
+from ..agents import AgentPool, Generation
+from ..credit import grouped_advantages, mix_rewards
+from ..environments.base import Environment
+from .experience import Experience, JointAction, Sample, rollout_stats
+
+
+class AgentTurnSampler:
+    """AT-GRPO's rollout: agent-and-turn groups, tree sampling with greedy execution (AT-GRPO Sec. 4.1, Alg. 1).
+
+    In every environment instance e, at turn t, each agent i samples K candidates from the CURRENT state. Each
+    candidate is scored with the mixed reward of Eq. 3, ``r = alpha * team + local_i``; the K candidates form the
+    group keyed ``(e, t, i)`` (never two problems, turns or agents in one group), and the best-scoring candidate is
+    executed (greedy; the first one on ties) before the rollout moves on.
+
+    ``agent_order="sequential"``: agents act one after another within a turn; agent i+1 samples and is scored on
+    the state after agent i's executed action. Each candidate is scored by stepping a clone of the environment with
+    that agent's action alone, so the environment must accept partial joint actions
+    (``supports_partial_actions = True``).
+    ``agent_order="parallel"``: all agents sample from the same state; candidate k of every agent forms the k-th
+    joint action, which scores all of them; the executed joint action combines every agent's best candidate.
+
+    Args:
+        num_samples: K candidates per agent per turn.
+        num_turns: the turn budget (episodes end earlier when the environment says ``done``).
+        agent_order: ``"sequential"`` or ``"parallel"``.
+        alpha: weight of the team reward in Eq. 3.
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
+        drop_zero_std_groups: leave groups whose candidates all tie out of the update (they are still counted).
+    """
+
+    def __init__(self, num_samples: int, num_turns: int, agent_order: str = "sequential", alpha: float = 1.0,
+                 scale_rewards: str = "group", drop_zero_std_groups: bool = False):
+        if agent_order not in ("sequential", "parallel"):
+            raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {agent_order!r}")
+        if num_samples < 1 or num_turns < 1:
+            raise ValueError("num_samples and num_turns must be at least 1")
+        self.num_samples, self.num_turns, self.agent_order = num_samples, num_turns, agent_order
+        self.alpha, self.scale_rewards, self.drop_zero_std_groups = alpha, scale_rewards, drop_zero_std_groups
+
+    def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
+                generation_config: GenerationConfig) -> Experience:
+        envs = [env_factory() for _ in tasks]
+        agents = list(envs[0].agents) if envs else list(pool.agent_names)
+        if self.agent_order == "sequential" and envs and not getattr(envs[0], "supports_partial_actions", False):
+            raise ValueError(f"{type(envs[0]).__name__} does not accept partial joint actions "
+                             "(supports_partial_actions); use agent_order='parallel'")
+        prompts = [env.reset(task) for env, task in zip(envs, tasks)]
+        active = list(range(len(envs)))
+        samples: list[Sample] = []
+        executed: list[JointAction] = []
+        num_generations = 0
+        stages = [[a] for a in agents] if self.agent_order == "sequential" else [agents]
+        for turn in range(self.num_turns):
+            for stage in stages:
+                if not active:
+                    break
+                gens = {a: pool.generate(a, [prompts[e][a] for e in active], self.num_samples, generation_config)
+                        for a in stage}
+                num_generations += len(stage) * len(active) * self.num_samples
+                finished = []
+                for pos, e in enumerate(active):
+                    candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage})
+                    best: dict[str, int] = {}
+                    for a in stage:
+                        rewards = [c[2][a] for c in candidates]
+                        best[a] = max(range(len(rewards)), key=rewards.__getitem__)
+                        for k, g in enumerate(gens[a][pos]):
+                            samples.append(Sample(agent=a, policy=pool.policy_of(a), episode=e, turn=turn, node=e,
+                                                  generation=g, joint_ids=[], group=(e, turn, a),
+                                                  reward=rewards[k], ret=rewards[k]))
+                    env, result = self._execute(envs[e], stage, candidates, best, {a: gens[a][pos] for a in stage})
+                    envs[e] = env
+                    executed.append(JointAction(id=len(executed), node=e, episode=e, turn=turn,
+                                                sample_index=tuple(best[a] for a in stage), reward=result.team_reward,
+                                                done=result.done, info=dict(result.info),
+                                                local_rewards=result.local_rewards))
+                    if result.done:
+                        finished.append(e)
+                    else:
+                        if result.next_prompts is None or set(result.next_prompts) != set(agents):
+                            raise ValueError(f"{type(env).__name__}.step must return next prompts for {agents} "
+                                             "when the episode goes on")
+                        prompts[e] = result.next_prompts
+                active = [e for e in active if e not in finished]
+        advantages, group_stats = grouped_advantages([s.reward for s in samples], [s.group for s in samples],
+                                                     scale=self.scale_rewards)
+        for s, a in zip(samples, advantages):
+            s.advantage = a
+        kept = samples
+        if self.drop_zero_std_groups:
+            spread: dict[tuple, list[float]] = defaultdict(list)
+            for s in samples:
+                spread[s.group].append(s.reward)
+            kept = [s for s in samples if max(spread[s.group]) - min(spread[s.group]) > 1e-12]
+        stats = rollout_stats(agents, samples, executed, group_stats, num_generations, len(tasks))
+        stats["reward"] = sum(s.reward for s in samples) / len(samples) if samples else math.nan
+        stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
+        stats["dropped_samples"] = float(len(samples) - len(kept))
+        return Experience(kept, executed, stats)
+
+    def _score(self, env: Environment, stage: list[str], gens: Mapping[str, list[Generation]]):
+        """Step a clone per candidate (sequential) or per aligned joint candidate (parallel); mixed rewards."""
+        out = []
+        for k in range(self.num_samples):
+            clone = env.clone()
+            result = clone.step({a: gens[a][k].text for a in stage})
+            local = result.local_rewards or {}
+            mixed = {a: mix_rewards(result.team_reward, local.get(a, 0.0), self.alpha) for a in stage}
+            out.append((clone, result, mixed))
+        return out
+
+    @staticmethod
+    def _execute(env, stage, candidates, best, gens):
+        """Carry out the greedy choice: reuse the scored clone when one candidate index is best for every agent."""
+        chosen = {best[a] for a in stage}
+        if len(chosen) == 1:
+            clone, result, _ = candidates[chosen.pop()]
+            return clone, result
+        clone = env.clone()
+        return clone, clone.step({a: gens[a][best[a]].text for a in stage})
