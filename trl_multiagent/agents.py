@@ -8,6 +8,9 @@ The :class:`AgentPool` loads every distinct base (model, quantization) ONCE and 
 policy to it, so a team of n agents on one base costs one copy of the base weights plus n small adapters. Agents on
 different bases (heterogeneous teams) each get their own base, tokenizer and chat template.
 
+Critics (value models, :mod:`trl_multiagent.critics`) are one more adapter on the base of the agent they name, plus
+a value head; :meth:`AgentPool.values` runs them.
+
 The pool is an ``nn.Module`` so that ``transformers.Trainer`` and ``accelerate`` can hold, save and distribute it;
 its ``forward(policy, **inputs)`` runs the policy's base with that policy's adapter active.
 """
@@ -29,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
 from .models import DEFAULT_MODEL, load_base_model, load_tokenizer, resolve_model
 from .utils import release_freed_memory
@@ -110,6 +114,28 @@ class _Policy:
     learning_rate: float | None = None
 
 
+@dataclass
+class _Critic:
+    spec: CriticSpec
+    base_key: str
+    adapter: str  # its own adapter, or the policy adapter it shares
+    params: list[nn.Parameter]  # what the critic's optimizer group holds: its adapter (unless shared) and its head
+
+
+def check_critics(specs: Sequence[AgentSpec], critics: Sequence[CriticSpec]) -> None:
+    """Critics must name agents of the team and have names distinct from each other and from every policy."""
+    agents = {s.name for s in specs}
+    policies = {s.policy for s in specs}
+    seen: set[str] = set()
+    for critic in critics:
+        if critic.agent not in agents:
+            raise ValueError(f"Critic {critic.name!r} names agent {critic.agent!r}, which is not in the team "
+                             f"{sorted(agents)}")
+        if critic.name in seen or critic.name in policies:
+            raise ValueError(f"Critic name {critic.name!r} is already used by another critic or a policy")
+        seen.add(critic.name)
+
+
 def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
     """Validate a team before loading anything; return the agents of every policy.
 
@@ -136,52 +162,84 @@ def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
 
 
 class AgentPool(nn.Module):
-    """Loads each distinct base once and attaches one LoRA adapter per policy.
+    """Loads each distinct base once and attaches one LoRA adapter per policy (and per critic).
 
     Args:
         specs: the team.
         dtype: weights dtype of full-precision bases (``"auto"``: bfloat16 on CUDA, float32 otherwise).
+        critics: value models to add (see :mod:`trl_multiagent.critics`); each sits on the base of the agent it
+            names unless it names a model of its own.
     """
 
-    def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto"):
+    def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = ()):
         super().__init__()
         by_policy = check_team(specs)
+        check_critics(specs, critics)
         self.specs: dict[str, AgentSpec] = {s.name: s for s in specs}
         self.bases = nn.ModuleDict()
+        self.value_heads = nn.ModuleDict()
         self.tokenizers: dict[str, PreTrainedTokenizerBase] = {}
         self.base_sources: dict[str, tuple[str, str | None]] = {}
         self.policies: dict[str, _Policy] = {}
+        self.critics: dict[str, _Critic] = {}
+        self._adapter_base: dict[str, str] = {}  # adapter name -> base key
         self._policy_params: dict[str, list[nn.Parameter]] = {}
         self._fused_temperature: float | None = None
-        if dtype == "auto":
-            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        self._dtype = "bfloat16" if dtype == "auto" and torch.cuda.is_available() else \
+            ("float32" if dtype == "auto" else dtype)
+        self._base_keys: dict[tuple[str, str | None], str] = {}
 
-        base_keys: dict[tuple[str, str | None], str] = {}
         for policy, members in by_policy.items():
             spec = members[0]
-            source = (resolve_model(spec.model_name), spec.quantization)
-            if source not in base_keys:
-                key = f"base{len(base_keys)}"
-                base_keys[source] = key
-                logger.info("Loading base %s (quantization=%s) as %s", source[0], source[1], key)
-                model = load_base_model(source[0], quantization=source[1], dtype=dtype)
-                self.tokenizers[key] = load_tokenizer(source[0])
-                self.base_sources[key] = source
-                self.bases[key] = get_peft_model(model, self._lora_config(spec), adapter_name=policy)
-            else:
-                key = base_keys[source]
-                self.bases[key].add_adapter(policy, self._lora_config(spec))
+            key = self._attach_adapter(spec.model_name, spec.quantization, policy, self._lora_config(spec))
             self.policies[policy] = _Policy(policy, key, [m.name for m in members], spec.learning_rate)
-
-        pattern = {p: re.compile(rf"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.{re.escape(p)}(\.|$)")
-                   for p in self.policies}
-        for policy, info in self.policies.items():
-            params = [prm for n, prm in self.bases[info.base_key].named_parameters() if pattern[policy].search(n)]
-            if not params:
-                raise RuntimeError(f"No LoRA parameters found for policy {policy!r}; check lora_target_modules")
-            self._policy_params[policy] = params
+        for policy in self.policies:
+            self._policy_params[policy] = self._adapter_parameters(policy)
+        for critic in critics:
+            self._add_critic(critic)
         self._keep_all_adapters_trainable()
         self._active: dict[str, str] = {}
+
+    def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
+        """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
+        source = (resolve_model(model_name), quantization)
+        key = self._base_keys.get(source)
+        if key is None:
+            key = self._base_keys[source] = f"base{len(self._base_keys)}"
+            logger.info("Loading base %s (quantization=%s) as %s", source[0], source[1], key)
+            model = load_base_model(source[0], quantization=source[1], dtype=self._dtype)
+            self.tokenizers[key] = load_tokenizer(source[0])
+            self.base_sources[key] = source
+            self.bases[key] = get_peft_model(model, config, adapter_name=adapter)
+        else:
+            self.bases[key].add_adapter(adapter, config)
+        self._adapter_base[adapter] = key
+        return key
+
+    def _adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
+        pattern = re.compile(rf"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.{re.escape(adapter)}(\.|$)")
+        base = self.bases[self._adapter_base[adapter]]
+        params = [prm for n, prm in base.named_parameters() if pattern.search(n)]
+        if not params:
+            raise RuntimeError(f"No LoRA parameters found for adapter {adapter!r}; check lora_target_modules")
+        return params
+
+    def _add_critic(self, spec: CriticSpec) -> None:
+        agent = self.specs[spec.agent]
+        if spec.share_adapter:
+            adapter, key = agent.policy, self.policies[agent.policy].base_key
+        else:
+            adapter = spec.name
+            model = spec.model if spec.model is not None else agent.model_name
+            quantization = spec.quantization if spec.model is not None else agent.quantization
+            key = self._attach_adapter(model, quantization, adapter, LoraConfig(
+                r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
+                target_modules=spec.lora_target_modules, task_type="CAUSAL_LM", bias="none"))
+        text_config = self.bases[key].get_base_model().config.get_text_config()
+        head = ValueHead(text_config.hidden_size, spec.num_heads)
+        self.value_heads[spec.name] = head.to(next(self.bases[key].parameters()).device)
+        adapter_params = [] if spec.share_adapter else self._adapter_parameters(adapter)
+        self.critics[spec.name] = _Critic(spec, key, adapter, adapter_params + list(head.parameters()))
 
     @staticmethod
     def _lora_config(spec: AgentSpec) -> LoraConfig:
@@ -199,29 +257,59 @@ class AgentPool(nn.Module):
     def base_of(self, policy: str) -> PeftModel:
         return self.bases[self.policies[policy].base_key]
 
-    def tokenizer_of(self, agent_or_policy: str) -> PreTrainedTokenizerBase:
-        policy = self.specs[agent_or_policy].policy if agent_or_policy in self.specs else agent_or_policy
+    def tokenizer_of(self, name: str) -> PreTrainedTokenizerBase:
+        """The tokenizer of an agent's, a policy's or a critic's base."""
+        if name in self.critics:
+            return self.tokenizers[self.critics[name].base_key]
+        policy = self.specs[name].policy if name in self.specs else name
         return self.tokenizers[self.policies[policy].base_key]
 
     def policy_parameters(self, policy: str) -> list[nn.Parameter]:
         """The trainable parameters of one policy's adapter, and nothing else."""
         return self._policy_params[policy]
 
+    def critic_parameters(self, critic: str) -> list[nn.Parameter]:
+        """The trainable parameters of one critic: its adapter (unless it shares the policy's) and its value head."""
+        return self.critics[critic].params
+
+    def trainable_groups(self) -> list[dict[str, Any]]:
+        """One entry per optimizer param group: every policy, then every critic (``kind``, ``name``, ``params``,
+        ``learning_rate`` (``None``: the trainer's default for that kind))."""
+        groups = [{"kind": "policy", "name": p, "params": self._policy_params[p], "learning_rate": info.learning_rate}
+                  for p, info in self.policies.items()]
+        groups += [{"kind": "critic", "name": c, "params": info.params, "learning_rate": info.spec.learning_rate}
+                   for c, info in self.critics.items()]
+        return groups
+
     def _keep_all_adapters_trainable(self) -> None:
-        # PEFT's set_adapter freezes inactive adapters; one optimizer holds all policies, so keep all trainable.
+        # PEFT's set_adapter freezes inactive adapters; one optimizer holds all adapters, so keep all trainable.
         for params in self._policy_params.values():
             for p in params:
                 p.requires_grad_(True)
+        for info in self.critics.values():
+            for p in info.params:
+                p.requires_grad_(True)
 
-    def activate(self, policy: str) -> PeftModel:
-        """Make ``policy`` the active adapter of its base and return that base."""
-        info = self.policies[policy]
-        base = self.bases[info.base_key]
-        if self._active.get(info.base_key) != policy:
-            base.set_adapter(policy)
+    def activate(self, adapter: str) -> PeftModel:
+        """Make ``adapter`` (a policy's or a critic's) the active adapter of its base and return that base."""
+        if adapter in self.critics:
+            adapter = self.critics[adapter].adapter
+        key = self._adapter_base[adapter]
+        base = self.bases[key]
+        if self._active.get(key) != adapter:
+            base.set_adapter(adapter)
             self._keep_all_adapters_trainable()
-            self._active[info.base_key] = policy
+            self._active[key] = adapter
         return base
+
+    def values(self, critic: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               head: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token values ``(B, T)`` of ``critic``: its value head on the last hidden states of its base, run with
+        the critic's adapter active. ``head`` picks one of several heads (an int, or a ``(B,)`` tensor per row)."""
+        base = self.activate(critic)
+        backbone = base.get_base_model().base_model  # the decoder without the LM head; LoRA layers live inside it
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return select_head(self.value_heads[critic](hidden), head)
 
     @contextlib.contextmanager
     def reference(self, policy: str) -> Iterator[PeftModel]:
@@ -342,7 +430,8 @@ class AgentPool(nn.Module):
 
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:
-        """Write every policy's adapter to ``<directory>/adapters/<policy>/`` and the team layout to ``team.json``."""
+        """Write every policy's adapter to ``<directory>/adapters/<policy>/`` (every critic's adapter and value head
+        to ``<directory>/adapters/<critic>/``) and the team layout to ``team.json``."""
         root = Path(directory) / "adapters"
         for policy, info in self.policies.items():
             base = self.bases[info.base_key]
@@ -352,27 +441,47 @@ class AgentPool(nn.Module):
             save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
                       str(target / "adapter_model.safetensors"))
             base.peft_config[policy].save_pretrained(str(target))
+        for name, info in self.critics.items():
+            target = root / name
+            target.mkdir(parents=True, exist_ok=True)
+            if not info.spec.share_adapter:
+                base = self.bases[info.base_key]
+                state = get_peft_model_state_dict(base, adapter_name=info.adapter)
+                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                          str(target / "adapter_model.safetensors"))
+                base.peft_config[info.adapter].save_pretrained(str(target))
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.value_heads[name].state_dict().items()},
+                      str(target / "value_head.safetensors"))
         team = {"agents": [asdict(s) for s in self.specs.values()],
+                "critics": [asdict(c.spec) for c in self.critics.values()],
                 "bases": {k: {"model": m, "quantization": q} for k, (m, q) in self.base_sources.items()}}
         (root / "team.json").write_text(json.dumps(team, indent=2))
 
     def load_adapters(self, directory: str | Path) -> None:
-        """Load every policy's adapter weights from ``<directory>/adapters/<policy>/``."""
+        """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``."""
         root = Path(directory) / "adapters"
-        for policy, info in self.policies.items():
-            path = root / policy / "adapter_model.safetensors"
+        adapters = [(p, info.base_key) for p, info in self.policies.items()]
+        adapters += [(c, info.base_key) for c, info in self.critics.items() if not info.spec.share_adapter]
+        for name, key in adapters:
+            path = root / name / "adapter_model.safetensors"
             if not path.is_file():
-                raise FileNotFoundError(f"No adapter for policy {policy!r} at {path}")
-            result = set_peft_model_state_dict(self.bases[info.base_key], load_file(str(path)), adapter_name=policy)
+                raise FileNotFoundError(f"No adapter for {name!r} at {path}")
+            result = set_peft_model_state_dict(self.bases[key], load_file(str(path)), adapter_name=name)
             unexpected = getattr(result, "unexpected_keys", [])
             if unexpected:
-                raise RuntimeError(f"Adapter {path} does not fit policy {policy!r}: unexpected keys {unexpected[:3]}")
+                raise RuntimeError(f"Adapter {path} does not fit {name!r}: unexpected keys {unexpected[:3]}")
+        for name in self.critics:
+            path = root / name / "value_head.safetensors"
+            if not path.is_file():
+                raise FileNotFoundError(f"No value head for critic {name!r} at {path}")
+            self.value_heads[name].load_state_dict(load_file(str(path)))
         self._keep_all_adapters_trainable()
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: str = "auto") -> AgentPool:
         """Rebuild a team saved by :meth:`save_adapters` (its bases reload from their recorded sources)."""
         team = json.loads((Path(directory) / "adapters" / "team.json").read_text())
-        pool = cls([AgentSpec(**a) for a in team["agents"]], dtype=dtype)
+        pool = cls([AgentSpec(**a) for a in team["agents"]], dtype=dtype,
+                   critics=[CriticSpec(**c) for c in team.get("critics", [])])
         pool.load_adapters(directory)
         return pool

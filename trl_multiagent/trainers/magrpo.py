@@ -321,13 +321,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                              repeat_count=self.num_iterations, shuffle=self.shuffle_dataset, seed=self.args.seed)
 
     def create_optimizer(self, model=None):
-        """One optimizer, one param group per policy (its adapter's parameters, its own learning rate)."""
+        """One optimizer, one param group per policy (its adapter's parameters, its own learning rate) and per critic
+        (its adapter and value head; default rate ``critic_learning_rate`` where the config has one)."""
         if self.optimizer is None:
             groups = []
-            for policy, info in self.pool.policies.items():
-                lr = info.learning_rate if info.learning_rate is not None else self.args.learning_rate
-                groups.append({"params": self.pool.policy_parameters(policy), "lr": lr,
-                               "weight_decay": self.args.weight_decay, "policy": policy})
+            for group in self.pool.trainable_groups():
+                lr = group["learning_rate"]
+                if lr is None and group["kind"] == "critic":
+                    lr = getattr(self.args, "critic_learning_rate", None)
+                if lr is None:
+                    lr = self.args.learning_rate
+                groups.append({"params": group["params"], "lr": lr, "weight_decay": self.args.weight_decay,
+                               group["kind"]: group["name"]})
             optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.pool)
             optimizer_kwargs.pop("lr", None)
             self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
@@ -448,17 +453,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return total_loss
 
     def _average_gradients_across_processes(self) -> None:
-        policies = list(self.pool.policies)
-        used = torch.tensor([float(any(p.grad is not None for p in self.pool.policy_parameters(pol)))
-                             for pol in policies])
+        """Average the gradients of every optimizer group (policies and critics) over processes, in one collective."""
+        groups = [g["params"] for g in self.pool.trainable_groups()]
+        used = torch.tensor([float(any(p.grad is not None for p in params)) for params in groups])
         dist.all_reduce(used, op=dist.ReduceOp.MAX)
-        params = [p for pol in policies for p in self.pool.policy_parameters(pol)]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for params in groups for p in params])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat /= self.accelerator.num_processes
         offset = 0
-        for pol, was_used in zip(policies, used.tolist()):
-            for p in self.pool.policy_parameters(pol):
+        for params, was_used in zip(groups, used.tolist()):
+            for p in params:
                 n = p.numel()
                 p.grad = flat[offset:offset + n].view_as(p).clone() if was_used else None
                 offset += n
