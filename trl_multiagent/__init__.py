@@ -3,16 +3,31 @@
 from .agents import AgentPool, AgentSpec
 from .environments import Environment, FunctionEnvironment, StepResult
 from .models import DEFAULT_MODEL, ModelNotFoundError
-from .trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from .trainers import (
+    ActorCriticConfig,
+    ActorCriticTrainer,
+    DebatePPOConfig,
+    DebatePPOTrainer,
+    HeterogeneousGroupConfig,
+    HeterogeneousGroupTrainer,
+    MultiAgentGRPOConfig,
+    MultiAgentGRPOTrainer,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ActorCriticConfig",
+    "ActorCriticTrainer",
     "AgentPool",
     "AgentSpec",
+    "DebatePPOConfig",
+    "DebatePPOTrainer",
     "Environment",
     "FunctionEnvironment",
+    "HeterogeneousGroupConfig",
+    "HeterogeneousGroupTrainer",
     "ModelNotFoundError",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",

@@ -93,9 +93,15 @@ _STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs",
 
 
 def _trainer_registry() -> dict[str, tuple[type, type]]:
+    from .trainers.actor_critic import ActorCriticConfig, ActorCriticTrainer
+    from .trainers.debate_ppo import DebatePPOConfig, DebatePPOTrainer
     from .trainers.magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from .trainers.mhgpo import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
-    return {"magrpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer)}
+    return {"magrpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
+            "debate_ppo": (DebatePPOConfig, DebatePPOTrainer),
+            "mhgpo": (HeterogeneousGroupConfig, HeterogeneousGroupTrainer),
+            "actor_critic": (ActorCriticConfig, ActorCriticTrainer)}
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:

@@ -9,20 +9,44 @@ functions; they never re-implement them.
 | ``group`` | MAGRPO Eq. 1 (shared by all GRPO variants) | group-relative advantages, normalisation by group key |
 | ``magrpo`` | MAGRPO Alg. 1 | joint actions (aligned / cross), tree returns, discounted returns, generation count |
 | ``at_grpo`` | AT-GRPO Eq. 3 | mixing team and local rewards |
+| ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages, the critic's value loss |
+| ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G | reward modes, incentives, penalties, token rewards, GAE, majority vote |
+| ``mhgpo`` | MHGPO Eq. 4-6, Fig. 9 | backward reward propagation, heterogeneous groups, per-agent loss weights, similarity |
 """
 
+from .actor_critic import episode_td, td_errors, td_targets, value_loss
 from .at_grpo import mix_rewards
 from .group import STD_EPS, group_relative_advantages, grouped_advantages
 from .magrpo import cross_sample_credit, discounted_returns, joint_action_indices, num_tree_generations, tree_returns
+from .maporl import gae, majority_vote_accuracy, verification_rewards
+from .mhgpo import (
+    agent_loss_weights,
+    final_rewards,
+    heterogeneous_group_advantages,
+    intra_group_similarity,
+    propagate_rewards,
+)
 
 __all__ = [
     "STD_EPS",
+    "agent_loss_weights",
+    "final_rewards",
+    "heterogeneous_group_advantages",
+    "intra_group_similarity",
+    "propagate_rewards",
     "cross_sample_credit",
     "discounted_returns",
+    "episode_td",
+    "gae",
     "group_relative_advantages",
     "grouped_advantages",
     "joint_action_indices",
+    "majority_vote_accuracy",
     "mix_rewards",
     "num_tree_generations",
+    "td_errors",
+    "td_targets",
     "tree_returns",
+    "verification_rewards",
+    "value_loss",
 ]

@@ -3,9 +3,15 @@
 from .base import Environment, FunctionEnvironment, Prompt, StepResult
 from .coder_tester import CoderTesterEnv
 from .coding import AuxMainCodingEnv
+from .collab_game import CollaborationGameEnv
+from .debate import DebateEnv, MathDebateEnv, NLIDebateEnv
 from .games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
 from .math_tool import MathToolEnv
 from .matrix_game import MatrixGameEnv
+from .minecraft import HouseBuildEnv, StrBuildEnv
+from .pipeline import PipelineEnvironment
+from .search_qa import SearchQAEnv
+from .writing import ArxivExpansionEnv, TLDREnv
 
 #: Environments a recipe can name by key (``environment: matrix_game``).
 ENVIRONMENTS: dict[str, type[Environment]] = {
@@ -17,7 +23,16 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "sokoban": SokobanEnv,
     "coder_tester": CoderTesterEnv,
     "math_tool": MathToolEnv,
+    "math_debate": MathDebateEnv,
+    "nli_debate": NLIDebateEnv,
+    "collaboration_game": CollaborationGameEnv,
+    "search_qa": SearchQAEnv,
+    "strbuild": StrBuildEnv,
+    "housebuild": HouseBuildEnv,
+    "tldr": TLDREnv,
+    "arxiv_expansion": ArxivExpansionEnv,
 }
 
-__all__ = ["ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "Environment", "FunctionEnvironment", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
-           "Prompt", "SokobanEnv", "StepResult", "Sudoku9x9Env", "SudokuEnv"]
+__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
+           "Prompt", "SokobanEnv", "StepResult", "Sudoku9x9Env", "SudokuEnv",
+           "ArxivExpansionEnv", "HouseBuildEnv", "StrBuildEnv", "TLDREnv"]

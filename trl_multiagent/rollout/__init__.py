@@ -8,10 +8,17 @@ the pure functions of :mod:`trl_multiagent.credit`. One module per rollout topol
 |---|---|---|
 | ``joint_tree`` | :class:`JointTreeSampler` | MAGRPO: tree of joint actions, joint groups per node |
 | ``agent_turn`` | :class:`AgentTurnSampler` | AT-GRPO: (instance, turn, agent) groups, greedy tree sampling |
+| ``debate`` | :class:`DebateSampler` | MAPoRL: n-agent debates, verifier rewards, incentives, penalties |
+| ``single_path`` | :class:`SinglePathSampler` | CoLLM-CC/DC: one path per episode, joint transitions for the critic |
+| ``pipeline`` | :class:`PipelineSampler` | MHGPO: a DAG of agents and tools, IS / FoF / RR group rollouts |
 """
 
 from .agent_turn import AgentTurnSampler
+from .debate import DebateSample, DebateSampler
 from .experience import Experience, JointAction, Sample, rollout_stats
 from .joint_tree import JointTreeSampler
+from .pipeline import PipelineSampler, evaluate_pipeline
+from .single_path import EpisodeBuffer, SinglePathSampler, Transition, evaluate_episodes
 
-__all__ = ["AgentTurnSampler", "Experience", "JointAction", "JointTreeSampler", "Sample", "rollout_stats"]
+__all__ = ["PipelineSampler", "evaluate_pipeline", "AgentTurnSampler", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience", "JointAction", "JointTreeSampler", "Sample", "SinglePathSampler",
+           "Transition", "evaluate_episodes", "rollout_stats"]

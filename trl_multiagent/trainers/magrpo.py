@@ -198,20 +198,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # ---- validation before any model loads
         specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
         check_team(specs)
+        if args.grouping == "agent_turn":  # the same trainer runs AT-GRPO; summaries and model cards name it
+            self._name = "AT-GRPO"
+            self._paper = {"title": "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"}
         probe = environment()
-        if not isinstance(probe, Environment):
-            raise TypeError(f"environment() must return an Environment, got {type(probe).__name__}")
-        validate_team_against_environment([s.name for s in specs], probe)
-        if train_dataset is None or len(train_dataset) == 0:
-            raise ValueError("train_dataset is empty: it needs one row per task")
-        probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
-        if args.grouping == "agent_turn" and args.agent_order == "sequential" \
-                and not getattr(probe, "supports_partial_actions", False):
-            raise ValueError(f"{type(probe).__name__} does not accept one agent's action alone "
-                             "(supports_partial_actions), which sequential AT-GRPO needs; set agent_order='parallel'.")
-        if args.num_turns > probe.max_turns:
-            logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
-                           "budget.", args.num_turns, probe.max_turns)
+        self.validate_environment(probe, [s.name for s in specs], train_dataset, args)
 
         if set_cpu_mmap_threshold(args.cpu_malloc_mmap_threshold):
             logger.info("glibc mmap threshold pinned to %d bytes (cpu_malloc_mmap_threshold)",
@@ -220,7 +211,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             # The new LoRA adapters are initialised at random (lora_A); seed first so that two runs with the same
             # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
             enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
-        self.pool = agents if isinstance(agents, AgentPool) else AgentPool(specs, dtype=args.model_dtype)
+        self.pool = agents if isinstance(agents, AgentPool) else \
+            AgentPool(specs, dtype=args.model_dtype, critics=self.build_critics(specs, args))
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
         self.agent_order = list(probe.agents)
@@ -248,6 +240,24 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.add_callback(MetricsFileCallback(args.output_dir))
 
     # ------------------------------------------------------------------------------------------------ set-up
+    def validate_environment(self, probe, agent_names: Sequence[str], train_dataset: Dataset,
+                             args: MultiAgentGRPOConfig) -> None:
+        """Check the environment (``probe``, one instance from the factory), the team and the dataset before any model
+        loads; a subclass whose environments follow another protocol (e.g. pipelines) overrides it."""
+        if not isinstance(probe, Environment):
+            raise TypeError(f"environment() must return an Environment, got {type(probe).__name__}")
+        validate_team_against_environment(agent_names, probe)
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: it needs one row per task")
+        probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+        if args.grouping == "agent_turn" and args.agent_order == "sequential" \
+                and not getattr(probe, "supports_partial_actions", False):
+            raise ValueError(f"{type(probe).__name__} does not accept one agent's action alone "
+                             "(supports_partial_actions), which sequential AT-GRPO needs; set agent_order='parallel'.")
+        if args.num_turns > probe.max_turns:
+            logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
+                           "budget.", args.num_turns, probe.max_turns)
+
     def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler | AgentTurnSampler:
         """The rollout topology: MAGRPO's joint tree (``grouping="joint"``) or AT-GRPO's agent-and-turn groups with
         greedy tree sampling (``grouping="agent_turn"``)."""
@@ -257,6 +267,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                                     drop_zero_std_groups=args.drop_zero_std_groups)
         return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns,
                                 joint_mode=args.joint_mode, gamma=args.gamma, scale_rewards=args.scale_rewards)
+
+    def build_critics(self, specs: Sequence[AgentSpec], args: MultiAgentGRPOConfig) -> list:
+        """The critics (:class:`~trl_multiagent.critics.CriticSpec`) the pool adds to the team's bases; called before
+        the pool loads (a subclass that needs value models returns them; the GRPO-style trainers need none)."""
+        return []
 
     def _init_grpo_state(self, args: MultiAgentGRPOConfig) -> None:
         """The attributes that GRPOTrainer's loss and logging (reused as they are) read."""
@@ -410,7 +425,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         world = self.accelerator.num_processes
         micro = self.args.per_device_train_batch_size
         plan = {p: experience.samples_of(p) for p in self.pool.policies}
-        chunk_counts = {p: math.ceil(len(rows) / micro) for p, rows in plan.items()}
+        weights = {p: self.sample_weights(p, rows) for p, rows in plan.items()}
+        if any(w is not None for w in weights.values()) and self.loss_type not in _ROW_MEAN_LOSSES:
+            raise ValueError(f"per-sample loss weights need a per-sequence loss ({sorted(_ROW_MEAN_LOSSES)}), got "
+                             f"loss_type={self.loss_type!r}")
+        chunked = {p: _weighted_chunks(rows, weights[p], micro) for p, rows in plan.items()}
+        chunk_counts = {p: len(chunked[p]) for p in plan}
         totals = {p: (len(rows), sum(len(s.generation.completion_ids) for s in rows)) for p, rows in plan.items()}
         if world > 1:
             counts = torch.tensor([[chunk_counts[p], *totals[p]] for p in plan], dtype=torch.float64)
@@ -426,17 +446,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         total_loss = torch.zeros((), device=self.accelerator.device)
         sync_ctx = self.accelerator.no_sync(model) if world > 1 else contextlib.nullcontext()
         with sync_ctx:
-            for policy, rows in plan.items():
+            for policy in plan:
                 n_rows, n_tokens = totals[policy][0], totals[policy][1]
                 global_tokens = totals[policy][2] if world > 1 else n_tokens
-                chunks = list(_chunks(rows, micro))
+                chunks = chunked[policy]
                 for c in range(chunk_counts[policy]):
-                    chunk = chunks[c] if c < len(chunks) else None
+                    chunk, chunk_weight = chunks[c] if c < len(chunks) else (None, None)
                     batch = self._collate(policy, chunk) if chunk else self._dummy_batch(policy)
                     if chunk is None:
                         weight = 0.0
                     elif self.loss_type in _ROW_MEAN_LOSSES:
-                        weight = len(chunk) / n_rows
+                        weight = len(chunk) / n_rows if chunk_weight is None else chunk_weight
                     elif self.loss_type in _TOKEN_MEAN_LOSSES:
                         weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
                     elif self.loss_type in _TOKEN_SUM_LOSSES:
@@ -451,6 +471,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if world > 1:
             self._average_gradients_across_processes()
         return total_loss
+
+    def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
+        """Per-sample weights of one policy's loss (summing to 1 over ``rows``), or ``None`` for the plain mean over
+        its samples. A subclass whose objective weights samples unequally (MHGPO Eq. 6) overrides it; needs a
+        per-sequence ``loss_type``."""
+        return None
 
     def _average_gradients_across_processes(self) -> None:
         """Average the gradients of every optimizer group (policies and critics) over processes, in one collective."""
@@ -564,9 +590,11 @@ def write_summary(trainer: MultiAgentGRPOTrainer, output: TrainOutput) -> Path:
         "agents": {name: {"policy": s.policy, "model": s.model_name, "quantization": s.quantization}
                    for name, s in trainer.pool.specs.items()},
         "adapters": {p: str(Path(trainer.args.output_dir) / "adapters" / p) for p in trainer.pool.policies},
-        "config": {k: getattr(trainer.args, k) for k in ("num_generations", "num_turns", "joint_mode", "gamma",
+        "config": {k: getattr(trainer.args, k) for k in ("num_generations", "num_turns", "grouping", "joint_mode",
+                                                         "agent_order", "alpha", "drop_zero_std_groups", "gamma",
                                                          "episodes_per_step", "learning_rate", "beta", "epsilon",
-                                                         "temperature", "max_completion_length", "seed")},
+                                                         "temperature", "max_completion_length", "seed")
+                   if hasattr(trainer.args, k)},
     }
     path = Path(trainer.args.output_dir) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str))
@@ -580,3 +608,16 @@ def _mean(xs):
 def _chunks(rows, size):
     for i in range(0, len(rows), size):
         yield rows[i:i + size]
+
+
+def _weighted_chunks(rows, weights, size) -> list[tuple[list, float | None]]:
+    """Micro-batches of at most ``size`` rows with their total weight. With weights, the rows are first grouped by
+    equal weight, so that a row-mean loss times the chunk's total weight is exactly the weighted sum of its rows."""
+    if weights is None:
+        return [(chunk, None) for chunk in _chunks(rows, size)]
+    if len(weights) != len(rows):
+        raise ValueError(f"{len(weights)} sample weights for {len(rows)} samples")
+    classes: dict[float, list] = {}
+    for row, w in zip(rows, weights):
+        classes.setdefault(float(w), []).append(row)
+    return [(chunk, w * len(chunk)) for w, members in classes.items() for chunk in _chunks(members, size)]

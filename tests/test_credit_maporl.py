@@ -1,0 +1,223 @@
+"""MAPoRL's credit (trl_multiagent/credit/maporl.py) against hand-computed values on small debates."""
+
+import pytest
+import torch
+
+from trl_multiagent.credit.maporl import (
+    Incentives,
+    PenaltySettings,
+    answer_penalties,
+    best_response_threshold,
+    clipped_value_loss,
+    collaboration_incentives,
+    cumulative_rewards,
+    fill_after_early_stop,
+    gae,
+    immediate_rewards,
+    influence_aware_rewards,
+    majority_vote_accuracy,
+    peer_majority,
+    penalized_reward,
+    repeated_run,
+    text_after_boxed,
+    token_level_rewards,
+    transition_fractions,
+    verification_rewards,
+    whiten,
+)
+
+
+def close(got, expected):
+    """Equal shapes and approximately equal entries of two [agent][turn] matrices."""
+    return [len(r) for r in got] == [len(r) for r in expected] and \
+        [x for r in got for x in r] == pytest.approx([x for r in expected for x in r])
+
+
+# A 2-agent, 3-turn debate: agent1 scores 0, 1, 1; agent2 scores 1, 0, 1.
+SCORES = [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]]
+GAMMA = 0.5
+
+
+def test_immediate_reward_is_the_score():
+    assert immediate_rewards(SCORES) == SCORES
+    assert verification_rewards(SCORES, "immediate", GAMMA) == SCORES
+
+
+def test_cumulative_reward_by_hand():
+    # agent1: t1 = 0 + .5*1 + .25*1, t2 = 1 + .5*1, t3 = 1; agent2: t1 = 1 + 0 + .25, t2 = 0 + .5, t3 = 1
+    expected = [[0.75, 1.5, 1.0], [1.25, 0.5, 1.0]]
+    assert close(cumulative_rewards(SCORES, GAMMA), expected)
+    assert close(verification_rewards(SCORES, "cumulative", GAMMA), expected)
+
+
+def test_influence_aware_reward_by_hand():
+    # team means per turn: (0+1)/2 = 0.5, (1+0)/2 = 0.5, (1+1)/2 = 1
+    # t3: 1; t2: 0.5 + 0.5*1 = 1.0; t1: 0.5 + 0.5*0.5 + 0.25*1 = 1.0 -- the same for both agents
+    expected = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    assert close(influence_aware_rewards(SCORES, GAMMA), expected)
+    assert close(verification_rewards(SCORES, "influence", GAMMA), expected)
+    # three agents, two turns, gamma 0.9: team means 1/3 and 1/3; t2: 1/3; t1: 1/3 + 0.9/3 = 0.6333...
+    three = [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
+    assert close(influence_aware_rewards(three, 0.9), [[19 / 30, 1 / 3]] * 3)
+    # an agent's own answer moves its reward by 1/n at its turn: raise agent 1's first score from 0 to 1
+    lifted = influence_aware_rewards([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]], GAMMA)
+    assert lifted[0][0] - influence_aware_rewards(SCORES, GAMMA)[0][0] == pytest.approx(0.5)
+
+
+def test_reward_modes_reject_bad_input():
+    with pytest.raises(ValueError, match="Unknown reward mode"):
+        verification_rewards(SCORES, "final", GAMMA)
+    with pytest.raises(ValueError, match="score per turn"):
+        cumulative_rewards([[1.0, 0.0], [1.0]], GAMMA)
+
+
+def test_early_stop_keeps_the_agreed_answers():
+    assert fill_after_early_stop([[0.0, 1.0], [1.0, 1.0]], 3) == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    assert fill_after_early_stop([["5"], [None]], 2) == [["5", "5"], [None, None]]
+    with pytest.raises(ValueError, match="more than num_turns"):
+        fill_after_early_stop([[1, 2, 3]], 2)
+
+
+def test_majority_vote_tie_rule():
+    assert majority_vote_accuracy(["5", "5", "7"], [True, True, False]) == 1.0
+    assert majority_vote_accuracy(["7", "7", "5"], [False, False, True]) == 0.0
+    assert majority_vote_accuracy(["5", "7"], [True, False]) == 0.5  # tie of two: expected accuracy 1/2
+    assert majority_vote_accuracy(["5", "7", "8"], [True, False, False]) == pytest.approx(1 / 3)
+    assert majority_vote_accuracy(["7", "7", "5", "5"], [False, False, True, True]) == 0.5
+    assert majority_vote_accuracy([None, "5"], [False, True]) == 1.0  # no answer, no vote
+    assert majority_vote_accuracy([None, None], [False, False]) == 0.0
+    assert peer_majority(["5", "7", "5"], [True, False, True], 0) == 0.5  # agent 1's peers: 7 vs 5
+    assert peer_majority(["5", "7", "7"], [True, False, False], 0) == 0.0
+
+
+# The incentive debate: agent1 W, R, R; agent2 W, W, R (answers 3/4, 5/4, 5/5; the gold answer is 5).
+ANSWERS = [["3", "5", "5"], ["4", "4", "5"]]
+CORRECT = [[False, True, True], [False, False, True]]
+
+
+@pytest.mark.parametrize("name, expected", [
+    # agent1 revises W->R at turn 2 while its peer (the majority) was wrong at turn 1: alpha0 on agent1's turn 2
+    ("alpha0", [[0, 1, 0], [0, 0, 0]]),
+    # agent2 revises W->R at turn 3 while its peer was right at turn 2: alpha1 on agent2's turn 3
+    ("alpha1", [[0, 0, 0], [0, 0, 1]]),
+    # agent2's wrong turn-1 answer precedes its peer's W->R (turn 1 -> 2): beta0 on agent2's turn 1
+    ("beta0", [[0, 0, 0], [1, 0, 0]]),
+    # agent1's right turn-2 answer precedes its peer's W->R (turn 2 -> 3): beta1 on agent1's turn 2
+    ("beta1", [[0, 1, 0], [0, 0, 0]]),
+])
+def test_each_incentive_on_a_two_agent_three_turn_debate(name, expected):
+    got = collaboration_incentives(ANSWERS, CORRECT, Incentives(**{name: 1.0}))
+    assert close(got, expected)
+
+
+def test_incentives_add_up_and_right_to_wrong_earns_nothing():
+    both = collaboration_incentives(ANSWERS, CORRECT, Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8))
+    assert close(both, [[0, 1 + 8, 0], [4, 0, 2]])
+    # R -> W rows of Tables 1-2: agent1 right then wrong, majority right then wrong: no incentive at all
+    worse = collaboration_incentives([["5", "3", "3"], ["5", "3", "3"]], [[True, False, False], [True, False, False]],
+                                     Incentives(1, 1, 1, 1))
+    assert worse == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_incentive_with_a_tied_majority_is_its_expectation():
+    # three agents; at turn 1 agent3's peers tie (agent1 right "5", agent2 wrong "2"): majority right w.p. 1/2
+    answers = [["5", "5"], ["2", "2"], ["3", "5"]]
+    correct = [[True, True], [False, False], [False, True]]
+    got = collaboration_incentives(answers, correct, Incentives(alpha0=2.0, alpha1=4.0))
+    assert got[2] == pytest.approx([0.0, 0.5 * 2.0 + 0.5 * 4.0])
+    assert got[0] == [0.0, 0.0] and got[1] == [0.0, 0.0]
+
+
+def test_token_level_rewards_and_gae_by_hand():
+    rewards = token_level_rewards([-1.0, -2.0], [-1.5, -1.0], score=2.0, kl_coef=0.1)
+    assert rewards == pytest.approx([-0.05, 0.1 + 2.0])
+    # gamma .9, lambda .8: deltas .4 (last), 0 + .9*.6 - .4 = .14, 0 + .9*.4 - .5 = -.14
+    adv, ret = gae([0.0, 0.0, 1.0], [0.5, 0.4, 0.6], gamma=0.9, lam=0.8)
+    a2 = 0.4
+    a1 = 0.14 + 0.72 * a2
+    a0 = -0.14 + 0.72 * a1
+    assert adv == pytest.approx([a0, a1, a2])
+    assert ret == pytest.approx([a0 + 0.5, a1 + 0.4, a2 + 0.6])
+    # lambda = 1, gamma = 1, V = 0: every advantage is the sum of the rewards to go
+    assert gae([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], 1.0, 1.0)[0] == pytest.approx([6.0, 5.0, 3.0])
+
+
+def test_whiten_and_clipped_value_loss_by_hand():
+    white = whiten([[1.0, 3.0], [5.0]])  # mean 3, unbiased std 2
+    assert close(white, [[-1.0, 0.0], [1.0]])
+    values = torch.tensor([[1.0, 0.0, 9.0]])
+    old = torch.tensor([[0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # token 1: clipped .7, max((1-2)^2, (.7-2)^2) = 1.69; token 2: clipped .3, max(0, .09) = .09; token 3 masked
+    loss, frac = clipped_value_loss(values, old, returns, mask, clip=0.2)
+    assert loss.item() == pytest.approx(0.5 * (1.69 + 0.09) / 2)
+    assert frac.item() == pytest.approx(1.0)
+    loss, frac = clipped_value_loss(torch.tensor([[0.6]]), torch.tensor([[0.5]]), torch.tensor([[0.0]]),
+                                    torch.tensor([[1]]), clip=0.2)
+    assert loss.item() == pytest.approx(0.5 * 0.36) and frac.item() == 0.0
+
+
+SETTINGS = PenaltySettings(min_tokens=5)
+GOOD = list("some reasoning here then the box")
+
+
+def test_penalty_no_boxed_answer():
+    flags = answer_penalties("the answer is 5", GOOD, False, SETTINGS)
+    assert flags["no_boxed"] and not flags["post_boxed"]
+    assert not answer_penalties("so \\boxed{5}", GOOD, False, SETTINGS)["no_boxed"]
+
+
+def test_penalty_no_eos():
+    assert answer_penalties("so \\boxed{5}", GOOD, True, SETTINGS)["no_eos"]
+    assert not answer_penalties("so \\boxed{5}", GOOD, False, SETTINGS)["no_eos"]
+
+
+def test_penalty_too_short():
+    assert answer_penalties("\\boxed{5}", ["\\boxed{5}"], False, SETTINGS)["short"]
+    assert not answer_penalties("\\boxed{5}", GOOD, False, SETTINGS)["short"]
+    assert "short" not in answer_penalties("\\boxed{5}", ["x"], False, PenaltySettings(min_tokens=0))
+
+
+def test_penalty_repeated_token_runs_numbers_exempt():
+    assert repeated_run(["the", " cat"] * 4)  # a 2-gram four times in a row: more than three
+    assert not repeated_run(["the", " cat"] * 3)
+    assert repeated_run(["a"] * 4) and not repeated_run(["a"] * 3)
+    assert not repeated_run(["1"] * 8)  # numbers may repeat: 11111111
+    assert not repeated_run(["0", ".", "0"] * 5)
+    assert repeated_run(["x", "so", "so", "so", "so", "y"])
+    assert not repeated_run(["a", "b", "c", "d", "e", "a", "b", "c", "d", "e"], max_repeats=1, max_ngram=4)
+    assert repeated_run(["a", "b", "c", "d", "e", "a", "b", "c", "d", "e"], max_repeats=1, max_ngram=5)
+    assert answer_penalties("\\boxed{5}", ["la"] * 6, False, SETTINGS)["repetition"]
+
+
+def test_penalty_tokens_after_the_box():
+    assert text_after_boxed("x \\boxed{\\frac{1}{2}} done") == " done"
+    assert text_after_boxed("no box") is None
+    assert answer_penalties("so \\boxed{5}.", GOOD, False, SETTINGS)["post_boxed"]
+    assert answer_penalties("\\boxed{5} and more", GOOD, False, SETTINGS)["post_boxed"]
+    assert not answer_penalties("so $\\boxed{5}$\n", GOOD, False, SETTINGS)["post_boxed"]
+    assert not answer_penalties("\\[\\boxed{5}\\]", GOOD, False, SETTINGS)["post_boxed"]
+
+
+def test_penalized_reward_replaces_the_reward():
+    assert penalized_reward(1.5, {"no_boxed": False, "short": False}, -10.0) == 1.5
+    assert penalized_reward(1.5, {"no_boxed": True, "short": False}, -10.0) == -10.0
+    assert PenaltySettings(no_boxed=False, no_eos=False, min_tokens=0, repetition=False, post_boxed=False).enabled == ()
+
+
+def test_transition_fractions_by_hand():
+    # debate 1: agent1 W->R, agent2 W->W (both wrong at t1 with different answers);
+    # debate 2: agent1 R->W, agent2 R->R
+    correct = [[[False, True], [False, False]], [[True, False], [True, True]]]
+    answers = [[["3", "5"], ["4", "4"]], [["5", "2"], ["5", "5"]]]
+    (t1,) = transition_fractions(correct, answers)
+    assert (t1["RR"], t1["RW"], t1["WR"], t1["WW"]) == (0.25, 0.25, 0.25, 0.25)
+    # W->R of debate 1 agent1: its peer (agent2) was wrong at t1 -> "WRW"; R->W of debate 2 agent1: peer right -> "RWR"
+    assert (t1["WRW"], t1["WRR"], t1["RWR"], t1["RWW"]) == (0.25, 0.0, 0.25, 0.0)
+
+
+def test_observation_one_threshold():
+    assert best_response_threshold(0.4, 1.0, 3.0) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="r_C < r_I < R"):
+        best_response_threshold(1.0, 0.5, 3.0)

@@ -1,0 +1,199 @@
+"""DebatePPOTrainer (MAPoRL) on a tiny model: a training step, GAE targets, value-head gradients, the clipped value
+loss, per-turn heads, PPO epochs reusing one rollout, validation and the debate recipes."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_multiagent.agents import AgentSpec
+from trl_multiagent.environments import CollaborationGameEnv
+from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+
+AGENTS = ("agent1", "agent2")
+NO_PENALTIES = dict(penalize_no_boxed=False, penalize_no_eos=False, min_response_tokens=0, penalize_repetition=False,
+                    penalize_post_boxed=False)
+
+
+def _args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path), num_turns=2, episodes_per_step=4, max_completion_length=2,
+                per_device_train_batch_size=4, learning_rate=1e-3, critic_learning_rate=2e-3, critic_lora_r=4,
+                num_iterations=1, max_steps=1, reward_mode="cumulative", gamma=1.0, report_to=[], save_strategy="no",
+                disable_tqdm=True, gradient_checkpointing=False, logging_steps=1, lr_scheduler_type="constant",
+                seed=0, **NO_PENALTIES)
+    base.update(kw)
+    return DebatePPOConfig(**base)
+
+
+def _trainer(model, tmp_path, **kw):
+    agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in AGENTS]
+    return DebatePPOTrainer(agents, CollaborationGameEnv, _args(tmp_path, **kw),
+                            Dataset.from_dict({"task_id": list(range(16))}))
+
+
+def _tasks(n=4):
+    return [{"task_id": k} for k in range(n)]
+
+
+def _zero_grads(trainer):
+    for p in trainer.pool.parameters():
+        p.grad = None
+
+
+def test_rollout_gives_gae_targets_of_the_final_reward(tiny_text_model, tmp_path):
+    # kl_coef = 0, gamma = lambda = 1, zero-initialised value heads: every token's return is the answer's reward and
+    # its advantage is that reward minus the (zero) value of the state before it
+    trainer = _trainer(tiny_text_model, tmp_path, kl_coef=0.0, gae_gamma=1.0, gae_lambda=1.0,
+                       whiten_advantages=False)
+    assert sorted(trainer.pool.critics) == ["agent1_value", "agent2_value"]
+    experience = trainer.rollout(_tasks())
+    assert len(experience.samples) == 4 * 2 * 2  # 4 games x 2 turns x 2 agents
+    for s in experience.samples:
+        n = len(s.generation.completion_ids)
+        assert len(s.old_values) == len(s.old_logps) == len(s.token_advantages) == n
+        assert s.old_values == [0.0] * n
+        assert s.token_returns == pytest.approx([s.reward] * n)
+        assert s.token_advantages == pytest.approx([s.reward] * n)
+    # the cumulative reward of the game (gamma = 1): turn 1 earns its score plus the turn-2 score
+    by_key = {(s.episode, s.agent, s.turn): s for s in experience.samples}
+    for (episode, agent, turn), s in by_key.items():
+        if turn == 0:
+            assert s.reward == pytest.approx(s.score + by_key[(episode, agent, 1)].score)
+
+
+def test_value_loss_trains_only_the_critics_and_is_the_clipped_loss(tiny_text_model, tmp_path):
+    trainer = _trainer(tiny_text_model, tmp_path, cliprange_value=0.05, vf_coef=0.5)
+    experience = trainer.rollout(_tasks())
+    with torch.no_grad():  # move the values away from the rollout's (zero) values, past the clip
+        for head in trainer.pool.value_heads.values():
+            head.linear.weight.normal_(0, 0.5)
+            head.linear.bias.fill_(0.3)
+    _zero_grads(trainer)
+    total = trainer._value_update(trainer.pool, experience)
+
+    critic_params = {id(p) for c in trainer.pool.critics for p in trainer.pool.critic_parameters(c)}
+    for critic in trainer.pool.critics:
+        lora_b = [p for n, p in trainer.pool.named_parameters() if f".lora_B.{critic}." in n]
+        assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.pool.value_heads[critic].parameters())
+    others = [p for p in trainer.pool.parameters() if id(p) not in critic_params]
+    assert others and all(p.grad is None for p in others)  # no policy adapter, no base weight
+
+    # the same loss computed here from the critics' values, token by token: 0.5 * max((V - R)^2, (V_clip - R)^2)
+    expected = 0.0
+    for agent in AGENTS:
+        rows = [s for s in experience.samples if s.agent == agent]
+        terms = []
+        for s in rows:
+            batch = trainer._collate(trainer.pool.policy_of(agent), [s])
+            with torch.no_grad():
+                values = trainer._completion_values(agent, batch, [s])[0].tolist()
+            for v, old, ret in zip(values, s.old_values, s.token_returns):
+                clipped = old + max(-0.05, min(0.05, v - old))
+                terms.append(0.5 * max((v - ret) ** 2, (clipped - ret) ** 2))
+        expected += 0.5 * sum(terms) / len(terms)
+    assert total.item() == pytest.approx(expected, rel=1e-4)
+    assert trainer._metrics["train"]["value_clipfrac"][-1] > 0  # the clip was active
+
+
+def test_per_turn_value_heads_read_the_head_of_each_turn(tiny_text_model, tmp_path):
+    trainer = _trainer(tiny_text_model, tmp_path, value_head_per_turn=True, whiten_advantages=False)
+    assert all(trainer.pool.critics[c].spec.num_heads == 2 for c in trainer.pool.critics)
+    with torch.no_grad():
+        for head in trainer.pool.value_heads.values():
+            head.linear.weight.zero_()
+            head.linear.bias.copy_(torch.tensor([1.0, 2.0]))
+    experience = trainer.rollout(_tasks(2))
+    for s in experience.samples:
+        assert s.old_values == pytest.approx([float(s.turn + 1)] * len(s.old_values))
+
+
+def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_model, tmp_path):
+    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=3, max_steps=3)
+    rollouts = []
+    original = trainer.rollout
+    trainer.rollout = lambda tasks: rollouts.append(len(tasks)) or original(tasks)
+    before = {c: [p.detach().clone() for p in trainer.pool.critic_parameters(c)] for c in trainer.pool.critics}
+    trainer.train()
+    assert trainer.state.global_step == 3 and rollouts == [4]  # three PPO epochs on one rollout of 4 games
+    optimizer = trainer.optimizer
+    groups = {g.get("critic") or g.get("policy"): g for g in optimizer.param_groups}
+    assert groups["agent1_value"]["lr"] == 2e-3 and groups["agent1"]["lr"] == 1e-3
+    for name in (*AGENTS, "agent1_value", "agent2_value"):
+        first = groups[name]["params"][0]
+        assert int(optimizer.state[first]["step"]) == 3
+    for critic, old in before.items():
+        assert any(not torch.equal(a, b) for a, b in zip(old, trainer.pool.critic_parameters(critic)))
+    assert all(s.old_logps is not None for s in trainer._buffered_inputs.samples)
+    logged = [h for h in trainer.state.log_history if "value_loss" in h]
+    assert len(logged) == 3 and all(h["value_loss"] >= 0 for h in logged)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["algorithm"] == "MAPoRL"
+    assert (tmp_path / "adapters" / "agent1_value" / "value_head.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ validation
+@pytest.mark.parametrize("kwargs, message", [
+    ({"reward_mode": "final"}, "reward_mode must be one of"),
+    ({"loss_type": "sapo"}, "loss_type must be one of"),
+    ({"beta": 0.1}, "beta .* must be 0"),
+    ({"num_generations": 0}, "at least 1"),
+    ({"gae_lambda": 1.5}, r"gae_lambda must be in \[0, 1\]"),
+    ({"vf_coef": -1.0}, "vf_coef must be >= 0"),
+    ({"critic_lora_r": 0}, "critic_lora_r must be positive"),
+    ({"max_repeats": 0}, "max_repeats"),
+    ({"grouping": "agent_turn"}, "grouping and joint_mode"),
+])
+def test_config_validation(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _args(tmp_path, **kwargs)
+
+
+def test_bad_setups_fail_before_any_model_loads(tmp_path):
+    agents = [AgentSpec(a, model=str(tmp_path / "no-such-model")) for a in AGENTS]
+    data = Dataset.from_dict({"task_id": [0]})
+    with pytest.raises(ValueError, match="not a DebateEnv"):
+        DebatePPOTrainer(agents, CollaborationGameEnv, _args(tmp_path, alpha0=1.0), data)
+    with pytest.raises(FileNotFoundError, match="not a saved learned verifier"):
+        from trl_multiagent.environments import MathDebateEnv
+
+        DebatePPOTrainer(agents, MathDebateEnv, _args(tmp_path, verifier=str(tmp_path / "nothing")),
+                         Dataset.from_dict({"question": ["1+1?"], "answer": ["2"]}))
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+DEBATE_CONFIGS = ("math_debate", "nli_debate", "gsm8k_debate", "anli_debate", "debate_demo", "collaboration_game")
+
+
+def test_debate_recipes_parse(tmp_path):
+    from trl_multiagent.recipe import load_recipe
+
+    for name in DEBATE_CONFIGS:
+        path = Path("recipes/configs") / f"{name}.yaml"
+        recipe, config = load_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
+        assert recipe.trainer == "debate_ppo" and isinstance(config, DebatePPOConfig), name
+
+
+@pytest.mark.parametrize("name, dataset", [("gsm8k_debate", "openai/gsm8k"), ("anli_debate", "facebook/anli")])
+def test_hub_debate_recipes_fail_clearly_offline(tmp_path, monkeypatch, name, dataset):
+    import datasets
+
+    from trl_multiagent import recipe as recipe_module
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "no-cache", raising=False)
+    recipe, config = recipe_module.load_recipe(["--config", f"recipes/configs/{name}.yaml",
+                                                "--output_dir", str(tmp_path)])
+    assert recipe.dataset == dataset
+
+    class NeverBuilt:  # the data fails first: no model is ever loaded here
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the trainer was reached although the dataset cannot load offline")
+
+    monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {"debate_ppo": (DebatePPOConfig, NeverBuilt)})
+    with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
+        recipe_module.build_trainer(recipe, config)

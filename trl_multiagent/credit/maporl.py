@@ -1,0 +1,416 @@
+"""MAPoRL's credit: verifier rewards, collaboration incentives, App. G penalties, token rewards, GAE, majority vote.
+
+Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement Learning"
+(Park et al., arXiv 2502.18439): Sec. 2 (Observation 1), Sec. 3.1 (Def. 1), Sec. 3.2 (token rewards, GAE, PPO
+losses), Sec. 3.3 (Tables 1-2), Sec. 4.1 (majority vote and its tie rule), App. F (reward modes), App. G.2-G.3
+(penalties).
+
+Conventions: a debate of n agents over T turns is held as ``[agent][turn]`` lists (agent i's row, turn t's column,
+turns counted from 0 in code, from 1 in the paper). ``scores[i][t]`` is the verifier score ``s(q, y_{i,t})`` of
+agent i's answer at turn t. The text extraction of the paper lost most symbols; each function says which reading
+it implements where the prose leaves room.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+REWARD_MODES = ("immediate", "cumulative", "influence")
+
+
+# --------------------------------------------------------------------------------------------------- App. F, Def. 1
+def _check_matrix(scores: Sequence[Sequence[float]]) -> tuple[int, int]:
+    if not scores:
+        raise ValueError("scores needs one row per agent")
+    turns = {len(row) for row in scores}
+    if len(turns) != 1:
+        raise ValueError(f"every agent needs a score per turn; got rows of lengths {sorted(turns)}")
+    return len(scores), turns.pop()
+
+
+def immediate_rewards(scores: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Immediate verification reward (App. F): ``R_{i,t} = s(q, y_{i,t})``, the score of the answer itself."""
+    _check_matrix(scores)
+    return [[float(s) for s in row] for row in scores]
+
+
+def cumulative_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
+    """Cumulative verification reward (App. F, Eq. 1): ``R_{i,t} = sum_{t' >= t} gamma^(t'-t) s(q, y_{i,t'})``.
+
+    Agent i's own scores from turn t to the last turn T, discounted by ``gamma``.
+    """
+    _check_matrix(scores)
+    out = []
+    for row in scores:
+        acc, rewards = 0.0, [0.0] * len(row)
+        for t in reversed(range(len(row))):
+            acc = float(row[t]) + gamma * acc
+            rewards[t] = acc
+        out.append(rewards)
+    return out
+
+
+def influence_aware_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
+    """Influence-aware verification reward (Def. 1, App. F), as restated in ALGORITHMS.md section 5.
+
+    ``R_{i,t} = sum_{t' >= t} gamma^(t'-t) * (1/n) sum_j s(q, y_{j,t'})``
+
+    The verifier scores of all n agents are averaged at every turn from t on and discounted by ``gamma``: agent i's
+    answer y_{i,t} enters with weight 1/n at turn t and through its influence on everyone's later answers. The
+    turn-t average also holds the peers' simultaneous answers, which do not depend on y_{i,t}; in expectation they
+    add the same amount to every answer of that turn (the expectation over the other agents' answers in Def. 1).
+    One sample of that expectation is used, so the n agents of a debate get the same reward at a given turn.
+    """
+    n, turns = _check_matrix(scores)
+    team = [sum(float(scores[j][t]) for j in range(n)) / n for t in range(turns)]
+    returns, acc = [0.0] * turns, 0.0
+    for t in reversed(range(turns)):
+        acc = team[t] + gamma * acc
+        returns[t] = acc
+    return [list(returns) for _ in range(n)]
+
+
+def verification_rewards(scores: Sequence[Sequence[float]], mode: str, gamma: float) -> list[list[float]]:
+    """The reward of every answer under ``mode`` (``"immediate"``, ``"cumulative"`` or ``"influence"``; App. F)."""
+    if mode == "immediate":
+        return immediate_rewards(scores)
+    if mode == "cumulative":
+        return cumulative_rewards(scores, gamma)
+    if mode == "influence":
+        return influence_aware_rewards(scores, gamma)
+    raise ValueError(f"Unknown reward mode {mode!r}; expected one of {REWARD_MODES}")
+
+
+def fill_after_early_stop(rows: Sequence[Sequence], num_turns: int) -> list[list]:
+    """Extend each agent's row (scores, answers or correctness flags) to ``num_turns`` by repeating its last entry.
+
+    A debate stops early when all agents agree (Sec. 4.1 evaluation, App. G); the agreed answers then stand for
+    the remaining turns, so their scores count in the cumulative and influence-aware rewards as if the agents had
+    repeated them (without this, agreeing early would shorten the sums and reward disagreement).
+    """
+    out = []
+    for row in rows:
+        if not row:
+            raise ValueError("every agent needs at least one turn")
+        if len(row) > num_turns:
+            raise ValueError(f"a row has {len(row)} turns, more than num_turns={num_turns}")
+        out.append(list(row) + [row[-1]] * (num_turns - len(row)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- Sec. 4.1
+def majority_vote_accuracy(answers: Sequence[Hashable | None], correct: Sequence[bool | float]) -> float:
+    """Accuracy of the majority vote over one turn's answers, with the tie rule of Sec. 4.1.
+
+    ``answers[i]`` is agent i's answer as a canonical key (equal keys = the same answer; ``None`` = no answer, which
+    casts no vote) and ``correct[i]`` whether it is right. The answers with the most votes win; when several tie,
+    the score is the expected accuracy of picking one of the tied answers uniformly ("the expected accuracy of
+    selecting the first agent's answer"), i.e. the fraction of the tied answers that are right. No vote at all
+    scores 0.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} correctness flags")
+    votes: dict[Hashable, int] = {}
+    right: dict[Hashable, bool] = {}
+    for key, ok in zip(answers, correct):
+        if key is None:
+            continue
+        votes[key] = votes.get(key, 0) + 1
+        right[key] = right.get(key, False) or bool(ok)
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    tied = [k for k, v in votes.items() if v == top]
+    return sum(right[k] for k in tied) / len(tied)
+
+
+def peer_majority(answers: Sequence[Hashable | None], correct: Sequence[bool | float], agent: int) -> float:
+    """Tie-rule majority accuracy (:func:`majority_vote_accuracy`) of the answers of every agent but ``agent``.
+
+    This is "Majority (t)" of Tables 1-2 in our reading: the answers the agent reads (Table 1) or influences
+    (Table 2) are the others'; with two agents it is simply the other agent's correctness.
+    """
+    others = [i for i in range(len(answers)) if i != agent]
+    if not others:
+        raise ValueError("a peer majority needs at least two agents")
+    return majority_vote_accuracy([answers[i] for i in others], [correct[i] for i in others])
+
+
+# --------------------------------------------------------------------------------------------------- Tables 1-2
+@dataclass(frozen=True)
+class Incentives:
+    """The four collaboration incentives of Sec. 3.3 (Tables 1-2).
+
+    Attributes:
+        alpha0: own revision W -> R while the majority at t was wrong (critical reasoning).
+        alpha1: own revision W -> R while the majority at t was right (persuadability).
+        beta0: the majority went W -> R after the agent's wrong answer at t (a useful wrong answer).
+        beta1: the majority went W -> R after the agent's right answer at t (persuasiveness).
+    """
+
+    alpha0: float = 0.0
+    alpha1: float = 0.0
+    beta0: float = 0.0
+    beta1: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return any(v != 0.0 for v in (self.alpha0, self.alpha1, self.beta0, self.beta1))
+
+
+def collaboration_incentives(answers: Sequence[Sequence[Hashable | None]], correct: Sequence[Sequence[bool | float]],
+                             incentives: Incentives) -> list[list[float]]:
+    """The incentive added to each answer's reward (Sec. 3.3, Tables 1-2); ``[agent][turn]`` in, ``[agent][turn]`` out.
+
+    For every agent i and turn t < T (R = right, W = wrong; ``m_t`` = :func:`peer_majority` of the other agents at
+    turn t, in [0, 1]; a tie counts as right with the Sec. 4.1 expected accuracy):
+
+    * Table 1 (own revision), agent i W at t and R at t+1: ``alpha0 * (1 - m_t) + alpha1 * m_t`` is added to the
+      reward of the revised answer ``y_{i,t+1}``. The rows R -> W get nothing.
+    * Table 2 (influence), majority W at t and R at t+1: ``(1 - m_t) * m_{t+1} * (beta0 if i was W at t else
+      beta1)`` is added to the reward of the influencing answer ``y_{i,t}``. The rows R -> W get nothing.
+
+    With binary majorities (two agents, or three without ties) this is exactly the table lookup; with a tie the
+    majority's correctness is the probability that a uniform pick among the tied answers is right, and the
+    incentive is its expectation.
+    """
+    n = len(answers)
+    if n < 2 or len(correct) != n:
+        raise ValueError("incentives need answers and correctness flags of at least two agents")
+    turns = len(answers[0])
+    if any(len(row) != turns for row in answers) or any(len(row) != turns for row in correct):
+        raise ValueError("every agent needs an answer and a correctness flag per turn")
+    column = [[answers[i][t] for i in range(n)] for t in range(turns)]
+    right = [[bool(correct[i][t]) for i in range(n)] for t in range(turns)]
+    out = [[0.0] * turns for _ in range(n)]
+    for i in range(n):
+        for t in range(turns - 1):
+            m_t = peer_majority(column[t], right[t], i)
+            m_next = peer_majority(column[t + 1], right[t + 1], i)
+            if not right[t][i] and right[t + 1][i]:
+                out[i][t + 1] += incentives.alpha0 * (1.0 - m_t) + incentives.alpha1 * m_t
+            weight = (1.0 - m_t) * m_next
+            if weight:
+                out[i][t] += weight * (incentives.beta1 if right[t][i] else incentives.beta0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- App. G
+@dataclass(frozen=True)
+class PenaltySettings:
+    """The reward-hacking penalties of App. G.2-G.3; a triggered penalty sets the answer's reward to ``value``.
+
+    Attributes:
+        value: the penalised reward (the paper's "verifier score of -10").
+        no_boxed: penalise an answer without ``\\boxed{...}``.
+        no_eos: penalise a response cut at the length limit (no EOS token).
+        min_tokens: penalise responses shorter than this many tokens (the paper: 50); 0 disables.
+        repetition: penalise a run of one n-gram repeated more than ``max_repeats`` times in a row (numbers exempt).
+        max_repeats: the longest allowed run of one n-gram (the paper: three).
+        max_ngram: the longest n-gram checked (the paper saw 2-5 token repetitions).
+        post_boxed: penalise any text after the last ``\\boxed{...}`` (whitespace and closing math delimiters
+            ``$``, ``\\]``, ``\\)`` excepted).
+    """
+
+    value: float = -10.0
+    no_boxed: bool = True
+    no_eos: bool = True
+    min_tokens: int = 50
+    repetition: bool = True
+    max_repeats: int = 3
+    max_ngram: int = 5
+    post_boxed: bool = True
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        names = [("no_boxed", self.no_boxed), ("no_eos", self.no_eos), ("short", self.min_tokens > 0),
+                 ("repetition", self.repetition), ("post_boxed", self.post_boxed)]
+        return tuple(name for name, on in names if on)
+
+
+_NUMERIC_TOKEN = re.compile(r"^[\s\d.,:/+\-]*\d[\s\d.,:/+\-]*$")
+
+
+def repeated_run(tokens: Sequence[str], max_repeats: int = 3, max_ngram: int = 5) -> bool:
+    """Whether some n-gram (n <= ``max_ngram``) occurs more than ``max_repeats`` times in a row (App. G.3 "Token
+    Repetition"). N-grams that spell a number (digits and separators, at least one digit) are exempt: ``1111`` or ``0.000``
+    may be valid. ``tokens`` are the decoded tokens of one response."""
+    if max_repeats < 1 or max_ngram < 1:
+        raise ValueError("max_repeats and max_ngram must be positive")
+    length = len(tokens)
+    for n in range(1, max_ngram + 1):
+        need = (max_repeats + 1) * n
+        for start in range(0, length - need + 1):
+            gram = tokens[start:start + n]
+            if _NUMERIC_TOKEN.match("".join(gram)):
+                continue
+            if all(tokens[start + k * n:start + (k + 1) * n] == gram for k in range(1, max_repeats + 1)):
+                return True
+    return False
+
+
+_BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ALLOWED_AFTER_BOX = re.compile(r"^(?:\s|\$|\\\]|\\\))*$")
+
+
+def text_after_boxed(text: str) -> str | None:
+    """What follows the closing brace of the last complete ``\\boxed{...}``; ``None`` if there is none."""
+    end = None
+    for match in _BOXED_START.finditer(text):
+        depth = 0
+        for j in range(match.end() - 1, len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    end = j + 1
+                    break
+    return None if end is None else text[end:]
+
+
+def answer_penalties(text: str, tokens: Sequence[str], truncated: bool, settings: PenaltySettings) -> dict[str, bool]:
+    """Which App. G penalties one response triggers: ``{name: triggered}`` for every enabled check.
+
+    ``no_boxed`` (no ``\\boxed{}``), ``no_eos`` (cut at the length limit), ``short`` (fewer than ``min_tokens``
+    tokens), ``repetition`` (:func:`repeated_run`), ``post_boxed`` (text after the box, see :class:`PenaltySettings`).
+    """
+    after = text_after_boxed(text)
+    checks = {
+        "no_boxed": lambda: after is None,
+        "no_eos": lambda: bool(truncated),
+        "short": lambda: len(tokens) < settings.min_tokens,
+        "repetition": lambda: repeated_run(tokens, settings.max_repeats, settings.max_ngram),
+        "post_boxed": lambda: after is not None and not _ALLOWED_AFTER_BOX.match(after),
+    }
+    return {name: bool(checks[name]()) for name in settings.enabled}
+
+
+def penalized_reward(reward: float, triggered: dict[str, bool], value: float) -> float:
+    """App. G: an answer that triggers any penalty gets ``value`` as its reward; otherwise ``reward`` is kept.
+
+    Reading taken: the penalty replaces the penalised answer's own reward (the paper sets its "verifier score" to
+    -10); the [0, 1] verifier scores that other answers' cumulative and influence-aware rewards aggregate are left
+    as they are, so one agent's format failure is not charged to the others.
+    """
+    return float(value) if any(triggered.values()) else float(reward)
+
+
+# --------------------------------------------------------------------------------------------------- Sec. 3.2
+def token_level_rewards(logps: Sequence[float], ref_logps: Sequence[float], score: float,
+                        kl_coef: float) -> list[float]:
+    """Per-token reward of one response (Sec. 3.2): ``r_k = -kl_coef * (log pi(y_k) - log pi_ref(y_k))`` for every
+    token k, plus the answer's reward ``score`` on the last token."""
+    if len(logps) != len(ref_logps):
+        raise ValueError(f"{len(logps)} log-probs but {len(ref_logps)} reference log-probs")
+    if not logps:
+        raise ValueError("a response needs at least one token")
+    rewards = [-kl_coef * (float(lp) - float(rp)) for lp, rp in zip(logps, ref_logps)]
+    rewards[-1] += float(score)
+    return rewards
+
+
+def gae(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float,
+        last_value: float = 0.0) -> tuple[list[float], list[float]]:
+    """Generalized Advantage Estimation (Schulman et al. 2016; Sec. 3.2) over one response's tokens.
+
+    ``delta_k = r_k + gamma * V_{k+1} - V_k`` with ``V_K = last_value`` after the last token (0: the response is a
+    whole episode, its reward already holds the future turns), ``A_k = delta_k + gamma * lam * A_{k+1}``, and the
+    value targets ``R_k = A_k + V_k``. Returns ``(advantages, returns)``.
+    """
+    if len(rewards) != len(values):
+        raise ValueError(f"{len(rewards)} rewards but {len(values)} values")
+    advantages = [0.0] * len(rewards)
+    running, next_value = 0.0, float(last_value)
+    for k in reversed(range(len(rewards))):
+        delta = float(rewards[k]) + gamma * next_value - float(values[k])
+        running = delta + gamma * lam * running
+        advantages[k] = running
+        next_value = float(values[k])
+    return advantages, [a + float(v) for a, v in zip(advantages, values)]
+
+
+def whiten(rows: Sequence[Sequence[float]], eps: float = 1e-8) -> list[list[float]]:
+    """Normalise all tokens of ``rows`` together to mean 0 and standard deviation 1 (the usual PPO advantage
+    whitening); a single token or a constant set is only centred."""
+    flat = [float(x) for row in rows for x in row]
+    if not flat:
+        return [list(row) for row in rows]
+    mean = sum(flat) / len(flat)
+    var = sum((x - mean) ** 2 for x in flat) / max(len(flat) - 1, 1)
+    scale = 1.0 / math.sqrt(var + eps) if var > 0 else 1.0
+    return [[(float(x) - mean) * scale for x in row] for row in rows]
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss (Sec. 3.2), as a masked token mean.
+
+    ``V_clip = V_old + clamp(V - V_old, -clip, clip)``; per token ``0.5 * max((V - R)^2, (V_clip - R)^2)``.
+    Returns ``(loss, clip_fraction)`` where the fraction counts tokens whose clipped term was the larger one.
+    """
+    mask = mask.to(values.dtype)
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    plain_err = (values - returns) ** 2
+    clip_err = (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(plain_err, clip_err)
+    count = mask.sum().clamp(min=1.0)
+    loss = (per_token * mask).sum() / count
+    frac = ((clip_err > plain_err).to(values.dtype) * mask).sum() / count
+    return loss, frac
+
+
+# --------------------------------------------------------------------------------------------------- Sec. 4.3
+def transition_fractions(correct: Sequence[Sequence[Sequence[bool | float]]],
+                         answers: Sequence[Sequence[Sequence[Hashable | None]]] | None = None) -> list[dict[str, float]]:
+    """Fractions of answers changing correctness from turn t to t+1 (Sec. 4.3 and the columns of Tables 3-4).
+
+    ``correct[d][i][t]``: whether agent i's answer at turn t of debate d is right; ``answers[d][i][t]`` its canonical
+    answer key (``None``: no answer), used for the majorities. Every debate needs the same number of turns (fill
+    early-stopped debates first, :func:`fill_after_early_stop`). Returns one dict per transition t -> t+1 with
+    ``"RR"``, ``"RW"``, ``"WR"``, ``"WW"`` (answer at t, answer at t+1) over all (debate, agent) pairs, and the
+    Table 3-4 triples ``"RWR"``, ``"RWW"``, ``"WRW"``, ``"WRR"`` (answer t, answer t+1, majority of the OTHER agents
+    at t: :func:`peer_majority`, whose tie rule splits a tied majority between R and W by its expected accuracy).
+    Without ``answers`` every wrong answer counts as a different answer.
+    """
+    if not correct:
+        return []
+    turns = {len(row) for debate in correct for row in debate}
+    if len(turns) != 1:
+        raise ValueError("every agent of every debate needs the same number of turns")
+    num_turns = turns.pop()
+    out = []
+    for t in range(num_turns - 1):
+        counts = dict.fromkeys(("RR", "RW", "WR", "WW", "RWR", "RWW", "WRW", "WRR"), 0.0)
+        pairs = 0
+        for d, debate in enumerate(correct):
+            n = len(debate)
+            now = [bool(debate[i][t]) for i in range(n)]
+            if answers is not None:
+                keys = [answers[d][j][t] for j in range(n)]
+            else:
+                keys = ["right" if now[j] else ("wrong", j) for j in range(n)]
+            for i in range(n):
+                key = ("R" if now[i] else "W") + ("R" if debate[i][t + 1] else "W")
+                counts[key] += 1
+                pairs += 1
+                if n > 1 and key in ("RW", "WR"):
+                    m = peer_majority(keys, now, i)
+                    counts[key + "R"] += m
+                    counts[key + "W"] += 1 - m
+        out.append({k: v / pairs for k, v in counts.items()} if pairs else counts)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- Sec. 2
+def best_response_threshold(reward_collaborate: float, reward_independent: float, synergy: float) -> float:
+    """Observation 1 (Sec. 2.2, App. C), two turns and threshold 2: against a partner who collaborates with
+    probability q, collaborating first is optimal iff ``q > (r_I - r_C) / (R - r_I)``; this returns that bound."""
+    if not reward_collaborate < reward_independent < synergy:
+        raise ValueError("the game needs r_C < r_I < R")
+    return (reward_independent - reward_collaborate) / (synergy - reward_independent)

@@ -1,0 +1,147 @@
+"""MHGPO's credit: backward reward propagation through a pipeline, heterogeneous groups, per-agent loss weights.
+
+Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems" (Chen et al., MHGPO),
+Sec. "Multi-Agent Policy Optimization Framework", Eq. 4-7, and Figure 9.
+
+The outputs of one rollout form a DAG: an output ``o_k`` of agent ``A_k`` is consumed by the outputs of its direct
+successors (agents whose input contains ``o_k`` with no agent in between). Only the final outputs get a reward; it is
+carried backward (Eq. 4), each agent adds its own format reward (Eq. 4, second line), advantages are normalized
+inside groups whose members may have different inputs (Eq. 5), and the loss averages first within each agent and
+then over agents (Eq. 6).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+
+from ..metrics.qa import token_f1
+from .group import grouped_advantages
+
+Aggregation = str | Callable[[Sequence[float]], float]
+
+_AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
+    "mean": lambda xs: sum(xs) / len(xs),
+    "max": max,
+    "min": min,
+}
+
+#: The aggregation operators ``Aggr`` of Eq. 4 that can be named in a config (the paper uses ``"mean"``).
+AGGREGATIONS = tuple(_AGGREGATIONS)
+
+
+def resolve_aggregation(aggregate: Aggregation) -> Callable[[Sequence[float]], float]:
+    """``"mean"``, ``"max"``, ``"min"`` or a callable ``f(list of rewards) -> reward``."""
+    if callable(aggregate):
+        return aggregate
+    if aggregate not in _AGGREGATIONS:
+        raise ValueError(f"Unknown reward aggregation {aggregate!r}; expected one of {list(AGGREGATIONS)} or a "
+                         "callable")
+    return _AGGREGATIONS[aggregate]
+
+
+def propagate_rewards(consumers: Sequence[Sequence[int]], terminal_rewards: dict[int, float],
+                      aggregate: Aggregation = "mean") -> list[float]:
+    """Backward propagation of the shared reward through the outputs of a rollout (MHGPO Eq. 4, first line).
+
+    ``R_shared(o_k,i) = Aggr({R_shared(o_j,r) : o_j,r consumed o_k,i, A_j a direct successor of A_k})``; the final
+    outputs (no consumer) carry the reward of the system's answer.
+
+    Args:
+        consumers: ``consumers[i]`` lists the outputs that took output ``i`` as (part of) their input, all with a
+            larger index (outputs are numbered in an order where every input comes before its consumer). An output
+            consumed by several outputs, e.g. one Rewriter output feeding G forked Reranker outputs, lists them all.
+        terminal_rewards: the shared reward of every output without consumers (the final answers).
+        aggregate: ``Aggr`` of Eq. 4: ``"mean"`` (the paper), ``"max"``, ``"min"`` or a callable on the list of the
+            consumers' shared rewards.
+
+    Returns:
+        The shared reward of every output, in input order.
+    """
+    agg = resolve_aggregation(aggregate)
+    shared: list[float | None] = [None] * len(consumers)
+    for i in reversed(range(len(consumers))):
+        kids = list(consumers[i])
+        if any(not i < c < len(consumers) for c in kids):
+            raise ValueError(f"output {i} lists consumers {kids}; consumers must come after it (indices {i + 1}.."
+                             f"{len(consumers) - 1})")
+        if kids:
+            if i in terminal_rewards:
+                raise ValueError(f"output {i} has consumers {kids} and a terminal reward; only final outputs have one")
+            shared[i] = float(agg([shared[c] for c in kids]))
+        else:
+            if i not in terminal_rewards:
+                raise ValueError(f"output {i} has no consumer and no terminal reward")
+            shared[i] = float(terminal_rewards[i])
+    extra = set(terminal_rewards) - set(range(len(consumers)))
+    if extra:
+        raise ValueError(f"terminal rewards for unknown outputs {sorted(extra)}")
+    return [float(s) for s in shared]
+
+
+def final_rewards(shared: Sequence[float], specific: Sequence[float]) -> list[float]:
+    """``R_k,i = R_shared_k,i + R_spe_k(q_k,i, o_k,i)`` (MHGPO Eq. 4, second line): the agent-specific reward (a
+    format penalty in the paper) is added AFTER propagation, so it never leaks to upstream agents."""
+    if len(shared) != len(specific):
+        raise ValueError(f"{len(shared)} shared rewards but {len(specific)} agent-specific rewards")
+    return [float(a) + float(b) for a, b in zip(shared, specific)]
+
+
+def heterogeneous_group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable],
+                                   scale: str = "group") -> tuple[list[float], dict[str, float]]:
+    """MHGPO Eq. 5: ``A_k,i = (R_k,i - mean{R_l,j : m_l,j = m_k,i}) / std{R_l,j : m_l,j = m_k,i}``.
+
+    A group is every sample with the same group identifier ``m``, whatever its input: the members may come from
+    different prompts (a heterogeneous group, e.g. the G Answerer outputs behind G different Rewriter outputs) or
+    even different questions (Round-robin's groups of the agents before the fork point). The normalization itself is
+    the one every GRPO variant here uses (:func:`~trl_multiagent.credit.group.grouped_advantages`: unbiased
+    standard deviation plus ``STD_EPS``; a group of one gets advantage 0). The reward sits on the last token of the
+    output (Eq. 5, cases), so the advantage is one number per output, shared by all its tokens.
+    """
+    return grouped_advantages(list(rewards), list(group_ids), scale=scale)
+
+
+def agent_loss_weights(agents: Sequence[Hashable], questions: Sequence[Hashable]) -> list[float]:
+    """Per-sample loss weights of MHGPO Eq. 6: ``1/n sum_k 1/G_k sum_i (loss of o_k,i)``, averaged over questions.
+
+    For question q with n_q agents that produced samples, agent k's G_k,q samples each weigh
+    ``1 / (Q * n_q * G_k,q)`` (Q questions): every agent counts equally for a question however many samples it
+    produced (in Round-robin, an agent before the fork point has 1 sample, one at or after it has G), and every
+    question counts equally. The weights sum to 1. The per-token mean ``1/|o|`` of Eq. 6 is the loss's own
+    (``loss_type="grpo"``).
+    """
+    if len(agents) != len(questions):
+        raise ValueError(f"{len(agents)} agents but {len(questions)} questions")
+    if not agents:
+        return []
+    per_pair: dict[tuple, int] = defaultdict(int)
+    agents_of: dict[Hashable, set] = defaultdict(set)
+    for a, q in zip(agents, questions):
+        per_pair[(q, a)] += 1
+        agents_of[q].add(a)
+    n_questions = len(agents_of)
+    return [1.0 / (n_questions * len(agents_of[q]) * per_pair[(q, a)]) for a, q in zip(agents, questions)]
+
+
+def intra_group_similarity(texts: Sequence[str], group_ids: Sequence[Hashable],
+                           similarity: Callable[[str, str], float] = token_f1) -> float:
+    """MHGPO Figure 9: the mean pairwise similarity (token F1 by default) of the outputs inside a group, averaged
+    over the groups that have at least two members; NaN when none has.
+
+    It measures how close a heterogeneous group is to a homogeneous one: it rises during training as sampling
+    diversity falls, which is the paper's explanation of why heterogeneous groups work (Sec. "Question 4").
+    """
+    if len(texts) != len(group_ids):
+        raise ValueError(f"{len(texts)} texts but {len(group_ids)} group ids")
+    members: dict[Hashable, list[str]] = defaultdict(list)
+    for t, g in zip(texts, group_ids):
+        members[g].append(t)
+    per_group = []
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        pairs = list(itertools.combinations(group, 2))
+        per_group.append(sum(similarity(a, b) for a, b in pairs) / len(pairs))
+    return sum(per_group) / len(per_group) if per_group else math.nan

@@ -1,0 +1,217 @@
+"""The actor-critic rollout: ONE path per episode, stored as joint transitions (CoLLM Algorithm 1, lines 3-15).
+
+Each turn every agent samples one response to its own prompt (one batched ``generate`` call per agent covers every
+running episode), the joint action is executed on the episode's environment (no clones: nothing branches), and the
+joint transition ``(h_t, m_t, a_t, r_t, o_{t+1}, m_{t+1})`` goes into the buffer. The histories are not copied
+into each transition; :meth:`EpisodeBuffer.history` rebuilds ``h_{i,t}`` from the links between transitions.
+
+This is :class:`~trl_multiagent.rollout.JointTreeSampler` with K = 1, plus what a critic needs that the tree does
+not keep: every agent's observation text at every turn and the order of the transitions within an episode.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import GenerationConfig
+
+from ..agents import AgentPool
+from ..credit import discounted_returns
+from ..environments.base import Environment, Prompt
+from .experience import Experience, JointAction, Sample, rollout_stats
+
+
+@dataclass
+class Transition:
+    """One joint transition of an episode: what CoLLM Algorithm 1 stores in its buffer (line 14).
+
+    Attributes:
+        index: position in :attr:`EpisodeBuffer.transitions`.
+        episode, turn: where it happened.
+        observations: ``o_{i,t}``, every agent's prompt at this turn.
+        actions: ``a_{i,t}``, every agent's response text.
+        samples: every agent's training row (token ids, behaviour log-probs, advantage).
+        reward: the joint reward ``r_t``.
+        done: the episode ended after this transition (last turn or early stop): no bootstrap.
+        previous: index of the transition at ``t - 1`` of the same episode (``None`` at ``t = 0``).
+        next: index of the transition at ``t + 1`` (``None`` when ``done``).
+        ret: the Monte-Carlo return ``sum_{tau >= t} gamma^(tau - t) r_tau`` (logged; the critic's regression
+            target in expectation).
+        info: the environment's named scalars for this step.
+        old_values: each critic's value of this transition's history at rollout time (for value clipping).
+    """
+
+    index: int
+    episode: int
+    turn: int
+    observations: dict[str, Prompt]
+    actions: dict[str, str]
+    samples: dict[str, Sample]
+    reward: float
+    done: bool
+    previous: int | None = None
+    next: int | None = None
+    ret: float = 0.0
+    info: dict[str, float] = field(default_factory=dict)
+    old_values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeBuffer(Experience):
+    """:class:`Experience` of single-path episodes, with the joint transitions (the actor-critic buffer)."""
+
+    transitions: list[Transition] = field(default_factory=list)
+    num_turns: int = 1
+
+    def history(self, index: int, agent: str, max_turns: int | None = None) -> list[tuple[Prompt, str | None]]:
+        """``h_{i,t}`` of transition ``index``: ``[(o_{i,0}, a_{i,0}), ..., (o_{i,t}, None)]``.
+
+        ``max_turns`` keeps only that many earlier (observation, action) pairs before the current observation
+        (``None``: all of them; 0: the current observation alone).
+        """
+        chain = []
+        k: int | None = index
+        while k is not None:
+            chain.append(self.transitions[k])
+            k = self.transitions[k].previous
+        chain.reverse()
+        past = chain[:-1]
+        if max_turns is not None:
+            past = past[max(0, len(past) - max_turns):] if max_turns > 0 else []
+        return [(tr.observations[agent], tr.actions[agent]) for tr in past] + [(chain[-1].observations[agent], None)]
+
+    def last_reward(self, index: int) -> float | None:
+        """``r_{t-1}``, the reward of the previous turn of the same episode (``None`` at the first turn)."""
+        prev = self.transitions[index].previous
+        return None if prev is None else self.transitions[prev].reward
+
+    def final_infos(self) -> list[dict[str, float]]:
+        """The ``info`` of every episode's last transition, in episode order (final-state metrics)."""
+        last: dict[int, Transition] = {}
+        for tr in self.transitions:
+            if tr.done:
+                last[tr.episode] = tr
+        return [dict(last[e].info) for e in sorted(last)]
+
+
+class SinglePathSampler:
+    """One rollout per episode (no tree): CoLLM Algorithm 1, lines 3-15.
+
+    Args:
+        num_turns: H, the horizon; an episode ends earlier when the environment says ``done``.
+        gamma: discount of the Monte-Carlo returns kept for logging (the TD targets are the trainer's).
+    """
+
+    def __init__(self, num_turns: int, gamma: float = 1.0):
+        if num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {num_turns}")
+        self.num_turns, self.gamma = num_turns, gamma
+
+    def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
+                generation_config: GenerationConfig) -> EpisodeBuffer:
+        envs = [env_factory() for _ in tasks]
+        agents = list(pool.agent_names)
+        prompts: list[dict[str, Prompt]] = [dict(env.reset(task)) for env, task in zip(envs, tasks)]
+        for env, p in zip(envs, prompts):
+            if set(p) != set(agents):
+                raise ValueError(f"{type(env).__name__}.reset returned prompts for {sorted(p)}, expected {sorted(agents)}")
+        previous: dict[int, int] = {}
+        active = list(range(len(envs)))
+        transitions: list[Transition] = []
+        joints: list[JointAction] = []
+        samples: list[Sample] = []
+        num_generations = 0
+        for turn in range(self.num_turns):
+            if not active:
+                break
+            gens = {a: pool.generate(a, [prompts[e][a] for e in active], 1, generation_config) for a in agents}
+            num_generations += len(agents) * len(active)
+            results = self._step_all([envs[e] for e in active],
+                                     [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))])
+            still = []
+            for pos, e in enumerate(active):
+                result = results[pos]
+                done = bool(result.done) or turn + 1 >= self.num_turns
+                row = {a: Sample(agent=a, policy=pool.policy_of(a), episode=e, turn=turn, node=e,
+                                 generation=gens[a][pos][0], joint_ids=[len(joints)], group=(e, turn),
+                                 reward=float(result.team_reward))
+                       for a in agents}
+                joints.append(JointAction(id=len(joints), node=e, episode=e, turn=turn, sample_index=(0,) * len(agents),
+                                          reward=float(result.team_reward), done=done, info=dict(result.info),
+                                          local_rewards=result.local_rewards))
+                tr = Transition(index=len(transitions), episode=e, turn=turn, observations=dict(prompts[e]),
+                                actions={a: row[a].generation.text for a in agents}, samples=row,
+                                reward=float(result.team_reward), done=done, previous=previous.get(e),
+                                info=dict(result.info))
+                if tr.previous is not None:
+                    transitions[tr.previous].next = tr.index
+                transitions.append(tr)
+                samples.extend(row.values())
+                previous[e] = tr.index
+                if not done:
+                    if result.next_prompts is None or set(result.next_prompts) != set(agents):
+                        raise ValueError(f"{type(envs[e]).__name__}.step returned next prompts for "
+                                         f"{sorted(result.next_prompts or {})}, expected one per agent {sorted(agents)}")
+                    prompts[e] = dict(result.next_prompts)
+                    still.append(e)
+            active = still
+        self._returns(transitions, joints)
+        stats = rollout_stats(agents, samples, joints, {"num_groups": math.nan, "frac_zero_std_groups": math.nan},
+                              num_generations, len(tasks))
+        for key in ("frac_reward_zero_std", "num_groups"):  # no groups in a single-path rollout
+            stats.pop(key)
+        buffer = EpisodeBuffer(samples, joints, stats, transitions=transitions, num_turns=self.num_turns)
+        finals = buffer.final_infos()
+        for key in dict.fromkeys(k for info in finals for k in info):
+            values = [float(info[key]) for info in finals if key in info]
+            stats[f"final/{key}"] = sum(values) / len(values)
+        return buffer
+
+    def _returns(self, transitions: list[Transition], joints: list[JointAction]) -> None:
+        by_episode: dict[int, list[Transition]] = {}
+        for tr in transitions:
+            by_episode.setdefault(tr.episode, []).append(tr)
+        for chain in by_episode.values():
+            for tr, ret in zip(chain, discounted_returns([t.reward for t in chain], self.gamma)):
+                tr.ret = ret
+                joints[tr.samples[next(iter(tr.samples))].joint_ids[0]].ret = ret
+                for s in tr.samples.values():
+                    s.ret = ret
+
+    @staticmethod
+    def _step_all(envs: list[Environment], actions: list[dict[str, str]]):
+        """Step every running episode's environment; from a thread pool when the environment sets
+        ``concurrent_steps`` (its step waits on subprocesses, e.g. sandboxed tests)."""
+        if len(envs) > 1 and getattr(envs[0], "concurrent_steps", False):
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
+                return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
+        return [env.step(action) for env, action in zip(envs, actions)]
+
+
+def evaluate_episodes(pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
+                      num_turns: int, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy (T = 0) team episodes on ``tasks``, one path each, as the actor-critic agents act after training.
+
+    Returns the mean over episodes of every ``info`` value of the final state (e.g. ``iou`` and ``adjacency`` for
+    StrBuild), of the undiscounted ``return`` (with its 95% bootstrap interval ``return_ci95``) and of the number of
+    ``turns`` played, plus ``episodes`` and the per-episode returns.
+    """
+    from ..evaluation import bootstrap_interval
+
+    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
+    buffer = SinglePathSampler(num_turns=num_turns).rollout(pool, env_factory, list(tasks), greedy)
+    finals = buffer.final_infos()
+    returns = [tr.ret for tr in buffer.transitions if tr.turn == 0]
+    turns = [1 + max(tr.turn for tr in buffer.transitions if tr.episode == e) for e in range(len(tasks))]
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for info in finals for k in info):
+        values = [float(info[key]) for info in finals if key in info]
+        out[key] = sum(values) / len(values)
+    out.update({"return": sum(returns) / len(returns), "return_ci95": bootstrap_interval(returns),
+                "turns": sum(turns) / len(turns), "episodes": len(tasks), "per_episode_return": returns})
+    return out

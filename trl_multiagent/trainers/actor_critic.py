@@ -1,0 +1,481 @@
+"""ActorCriticTrainer: CoLLM-CC (one centralized critic) and CoLLM-DC (one critic per agent).
+
+Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic" (Liu, Chen, Amiri, Amato;
+arXiv 2601.21972), Sec. 4.2 (Eq. 2-5), Sec. 5, Algorithm 1 (CC), Appendix B Algorithm 2 (DC).
+
+One cycle, on top of :class:`~trl_multiagent.trainers.magrpo.MultiAgentGRPOTrainer`:
+
+1. rollout (Alg. 1 lines 3-15): :class:`~trl_multiagent.rollout.SinglePathSampler` plays ``episodes_per_step``
+   episodes, ONE path each (no tree); the behaviour log-probabilities ``pi_old(a_{i,t} | h_{i,t})`` come from one
+   teacher-forced pass per policy right after (the shared base's ``rollout``). The joint transitions form the
+   buffer.
+2. ``num_epochs`` (E) passes over the buffer, each cut into ``num_minibatches`` minibatches; every minibatch is one
+   optimizer step (Alg. 1 lines 16-25): the critic's value ``V`` of every transition's history and of its successor
+   history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
+   bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
+   minibatch's JOINT transitions (Eq. 5; Eq. 3 per agent for DC), and every agent's response at that transition
+   gets ``delta`` as its advantage in TRL's clipped-ratio loss (``GRPOTrainer._compute_loss``, Eq. 4 / Eq. 2).
+   Actors and critics are separate optimizer groups with their own learning rates, stepped together once.
+
+The centralized critic reads every agent's history and the global information ``m_t`` (turn, horizon, last reward
+and its maximum); a decentralized critic reads only its own agent's history (and ``m_t`` when
+``critic_global_info`` is set, as the paper does for comparability). The critics are value heads on LoRA adapters of
+the team's own bases (:mod:`trl_multiagent.critics`); they are used in training only (CTDE).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers.trainer_utils import TrainOutput
+
+from ..agents import AgentPool, AgentSpec
+from ..credit import td_targets, value_loss
+from ..critics import CriticSpec
+from ..environments.base import Environment, Prompt
+from ..rollout import EpisodeBuffer, Experience, SinglePathSampler
+from ..utils import release_freed_memory
+from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+CRITIC_MODES = ("centralized", "decentralized")
+
+
+@dataclass
+class ActorCriticConfig(MultiAgentGRPOConfig):
+    r"""Configuration of [`ActorCriticTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentGRPOConfig`] /
+    [`~trl.GRPOConfig`] field keeps its meaning; the tree-sampling fields (`num_generations`, `joint_mode`,
+    `grouping`) do not apply: each episode is one path.
+
+    Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_epochs`; minibatch = the buffer
+    (`episodes_per_step` episodes) cut into `num_minibatches` parts; actor learning rate alpha_pi = `learning_rate`
+    (or `AgentSpec.learning_rate`); critic learning rate alpha_V = `critic_learning_rate`; ratio clip ("advantage
+    clip" in the paper's Appendix C) = `epsilon`.
+
+    Parameters:
+        critic (`str`, defaults to `"centralized"`):
+            `"centralized"` (CoLLM-CC: one critic V(h_t, m_t) on the joint history) or `"decentralized"` (CoLLM-DC:
+            one critic V_i(h_{i,t}) per agent on its local history).
+        critic_agent (`str` or `None`, defaults to `None`):
+            CC: the agent whose base carries the critic's adapter (default: the environment's first agent).
+        critic_model (`str` or `None`, defaults to `None`):
+            A model of its own for the critic(s) (hub id, local path or embedded short name); `None`: the critic is
+            one more adapter on the base of its agent (no second base copy).
+        critic_quantization (`str` or `None`, defaults to `None`):
+            Quantization of `critic_model` (`None` or `"4bit"`).
+        critic_lora_r (`int`, defaults to `16`), critic_lora_alpha (`int`, defaults to `32`),
+        critic_lora_dropout (`float`, defaults to `0.0`):
+            LoRA settings of the critic's adapter.
+        critic_share_adapter (`bool`, defaults to `False`):
+            DC only: each critic reads its agent's policy adapter (only the value head is the critic's own), the
+            parameter-sharing variant of Appendix B; the value loss then also trains the policy adapter.
+        critic_learning_rate (`float`, defaults to `3e-6`):
+            Learning rate alpha_V of the critics (adapter and head), separate from the actors' `learning_rate`.
+        vf_coef (`float`, defaults to `1.0`):
+            Weight of the value loss (matters only when a critic shares the policy's adapter).
+        value_clip (`float` or `None`, defaults to `None`):
+            PPO-style value clipping around the critic's estimate at rollout time (not in the paper); `None`: off.
+        num_epochs (`int`, defaults to `1`):
+            E: passes over each rollout buffer. Each pass shuffles the buffer's joint transitions.
+        num_minibatches (`int`, defaults to `1`):
+            Minibatches per pass; each is one optimizer step, so a buffer gives `num_epochs * num_minibatches`
+            steps (`max_steps` counts these updates). At most `episodes_per_step` (no minibatch is ever empty).
+        critic_global_info (`bool` or `None`, defaults to `None`):
+            Give the critic(s) the global information m_t ("turn t of H; last reward r_{t-1} of at most
+            reward_max"). `None`: yes for the centralized critic, no for decentralized ones.
+        reward_max (`float` or `None`, defaults to `None`):
+            The largest reward of one turn, shown in m_t; `None`: the environment's `reward_max` attribute (an
+            error when it has none).
+        critic_history_turns (`int`, defaults to `-1`):
+            How many earlier (observation, response) turns a critic reads before the current observations; -1: all
+            of them. The current observations and m_t are always there.
+        critic_max_length (`int` or `None`, defaults to `4096`):
+            Longest critic input in tokens; longer ones lose their oldest tokens (m_t, at the start, stays).
+        critic_micro_batch_size (`int` or `None`, defaults to `None`):
+            Critic inputs per forward/backward pass of the value loss; `None`: `per_device_train_batch_size`.
+            Critic inputs (several agents' histories) are much longer than responses and the activation memory of
+            a pass grows with its batch times the square of its length on CPU, so long histories need a small
+            value here. The loss is the same mean over the minibatch whatever the micro-batch.
+
+    Defaults changed from [`MultiAgentGRPOConfig`]: `num_generations=1` (one path per episode),
+    `importance_sampling_level="sequence"` (one ratio per response: the paper's macro-action rho; TRL normalises its
+    log by the response length), `loss_type="grpo"` (mean over each response's tokens), `learning_rate=5e-6` (the
+    paper's actor rate).
+    """
+
+    critic: str = field(default="centralized", metadata={
+        "help": "'centralized' (CoLLM-CC: V(joint history, m_t)) or 'decentralized' (CoLLM-DC: V_i(local history))."})
+    critic_agent: str | None = field(default=None, metadata={
+        "help": "CC: the agent whose base carries the critic (default: the environment's first agent)."})
+    critic_model: str | None = field(default=None, metadata={
+        "help": "A model of the critic's own; None: an adapter on its agent's base (no second copy)."})
+    critic_quantization: str | None = field(default=None, metadata={
+        "help": "Quantization of critic_model: None or '4bit'."})
+    critic_lora_r: int = field(default=16, metadata={"help": "LoRA rank of the critic adapter."})
+    critic_lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha of the critic adapter."})
+    critic_lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout of the critic adapter."})
+    critic_share_adapter: bool = field(default=False, metadata={
+        "help": "DC only: critics read their agent's policy adapter (parameter sharing, Appendix B)."})
+    critic_learning_rate: float = field(default=3e-6, metadata={"help": "alpha_V: the critics' learning rate."})
+    vf_coef: float = field(default=1.0, metadata={"help": "Weight of the value loss."})
+    value_clip: float | None = field(default=None, metadata={
+        "help": "PPO-style value clipping around the rollout-time value (not in the paper); None: off."})
+    num_epochs: int = field(default=1, metadata={"help": "E: passes over each rollout buffer."})
+    num_minibatches: int = field(default=1, metadata={
+        "help": "Minibatches (optimizer steps) per pass over the buffer; at most episodes_per_step."})
+    critic_global_info: bool | None = field(default=None, metadata={
+        "help": "Give critics m_t (turn, horizon, last reward / max); None: CC yes, DC no."})
+    reward_max: float | None = field(default=None, metadata={
+        "help": "Largest reward of one turn, shown in m_t; None: the environment's reward_max."})
+    critic_history_turns: int = field(default=-1, metadata={
+        "help": "Earlier turns a critic reads before the current observations; -1: all."})
+    critic_max_length: int | None = field(default=4096, metadata={
+        "help": "Longest critic input in tokens (oldest tokens dropped first); None: no limit."})
+    critic_micro_batch_size: int | None = field(default=None, metadata={
+        "help": "Critic inputs per forward/backward pass of the value loss; None: per_device_train_batch_size."})
+    num_generations: int | None = field(default=1, metadata={"help": "Must be 1: one path per episode."})
+    importance_sampling_level: str = field(default="sequence", metadata={
+        "help": "'sequence': one clipped ratio per response (the paper's rho), or 'token'."})
+    loss_type: str = field(default="grpo", metadata={"help": "TRL loss aggregation; 'grpo' = mean per response."})
+    learning_rate: float = field(default=5e-6, metadata={"help": "alpha_pi: the actors' learning rate."})
+
+    def __post_init__(self):
+        if self.critic not in CRITIC_MODES:
+            raise ValueError(f"critic must be one of {CRITIC_MODES}, got {self.critic!r}")
+        if self.num_generations != 1:
+            raise ValueError(f"ActorCriticTrainer rolls out one path per episode: num_generations must be 1, got "
+                             f"{self.num_generations} (K > 1 is MAGRPO's tree; use MultiAgentGRPOTrainer)")
+        if self.grouping != "joint":
+            raise ValueError("grouping does not apply to the actor-critic trainer; leave it at 'joint'")
+        if self.num_iterations != 1:
+            raise ValueError("num_iterations is not used by the actor-critic trainer; set num_epochs (E) instead")
+        if self.critic_share_adapter and self.critic == "centralized":
+            raise ValueError("critic_share_adapter is the parameter-sharing variant of CoLLM-DC; the centralized "
+                             "critic reads all agents' histories and cannot share one agent's adapter")
+        if self.critic_share_adapter and self.critic_model is not None:
+            raise ValueError("critic_share_adapter reads the policy's own base; it cannot be combined with critic_model")
+        if self.critic_quantization not in (None, "4bit"):
+            raise ValueError(f"critic_quantization must be None or '4bit', got {self.critic_quantization!r}")
+        if self.critic_lora_r <= 0:
+            raise ValueError(f"critic_lora_r must be positive, got {self.critic_lora_r}")
+        if self.critic_learning_rate <= 0:
+            raise ValueError(f"critic_learning_rate must be positive, got {self.critic_learning_rate}")
+        if self.vf_coef <= 0:
+            raise ValueError(f"vf_coef must be positive, got {self.vf_coef}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"value_clip must be positive or None, got {self.value_clip}")
+        if self.num_epochs < 1:
+            raise ValueError(f"num_epochs must be at least 1, got {self.num_epochs}")
+        if self.num_minibatches < 1:
+            raise ValueError(f"num_minibatches must be at least 1, got {self.num_minibatches}")
+        if self.num_minibatches > self.episodes_per_step:
+            raise ValueError(f"num_minibatches ({self.num_minibatches}) must not exceed episodes_per_step "
+                             f"({self.episodes_per_step}): a buffer may hold one transition per episode")
+        if self.reward_max is not None and self.reward_max <= 0:
+            raise ValueError(f"reward_max must be positive or None, got {self.reward_max}")
+        if self.critic_history_turns < -1:
+            raise ValueError(f"critic_history_turns must be -1 (all) or >= 0, got {self.critic_history_turns}")
+        if self.critic_max_length is not None and self.critic_max_length < 16:
+            raise ValueError(f"critic_max_length must be at least 16 tokens or None, got {self.critic_max_length}")
+        if self.critic_micro_batch_size is not None and self.critic_micro_batch_size < 1:
+            raise ValueError(f"critic_micro_batch_size must be at least 1 or None, got {self.critic_micro_batch_size}")
+        if self.critic_global_info is None:
+            self.critic_global_info = self.critic == "centralized"
+        # TRL's GRPOConfig asks for at least 2 generations per prompt (its group baseline); here an episode is one
+        # path and the baseline is the critic. Pass its check, then restore the single path.
+        self.num_generations = 2
+        super().__post_init__()
+        self.num_generations = 1
+
+
+# ---------------------------------------------------------------------------------------------- critic inputs
+def global_info_text(turn: int, num_turns: int, last_reward: float | None, reward_max: float) -> str:
+    """m_t, the global information the paper gives its critics (App. E.3): turn, horizon, last reward, its maximum."""
+    last = "none yet" if last_reward is None else f"{last_reward:.3g}"
+    return (f"[global] This is turn {turn + 1} of a {num_turns}-turn episode. Reward of the previous turn: {last} "
+            f"(a turn earns at most {reward_max:g}).")
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt as plain text (chat messages joined as ``role: content`` lines)."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt)
+
+
+def history_text(agent: str, history: Sequence[tuple[Prompt, str | None]], current_turn: int) -> str:
+    """One agent's history ``h_{i,t}`` (its observations and its own responses, oldest first) as critic text."""
+    first = current_turn - len(history) + 1
+    lines = [f"[{agent}]"]
+    for k, (obs, action) in enumerate(history):
+        lines.append(f"({agent}, turn {first + k + 1}) observation:\n{prompt_text(obs)}")
+        if action is not None:
+            lines.append(f"({agent}, turn {first + k + 1}) response:\n{action}")
+    return "\n".join(lines)
+
+
+def critic_input_parts(buffer: EpisodeBuffer, index: int, agents: Sequence[str], history_turns: int | None,
+                       reward_max: float | None) -> tuple[str, str]:
+    """What a critic reads for transition ``index``, as ``(header, histories)``: the global information m_t (when
+    ``reward_max`` is given; else an empty header) and the histories of ``agents`` (all of them for CC, one for DC),
+    oldest first, so that the text ends with the current observations, where the value is read."""
+    tr = buffer.transitions[index]
+    header = "" if reward_max is None else \
+        global_info_text(tr.turn, buffer.num_turns, buffer.last_reward(index), reward_max) + "\n\n"
+    return header, "\n\n".join(history_text(a, buffer.history(index, a, history_turns), tr.turn) for a in agents)
+
+
+def critic_input_text(buffer: EpisodeBuffer, index: int, agents: Sequence[str], history_turns: int | None,
+                      reward_max: float | None) -> str:
+    """:func:`critic_input_parts` as one string."""
+    return "".join(critic_input_parts(buffer, index, agents, history_turns, reward_max))
+
+
+class ActorCriticTrainer(MultiAgentGRPOTrainer):
+    """Trainer for CoLLM-CC and CoLLM-DC (multi-agent actor-critic with LLM critics).
+
+    Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic", Liu et al. (arXiv 2601.21972),
+    Algorithm 1 (CC) and Algorithm 2 (DC), Eq. 2-5.
+
+    Args: those of [`MultiAgentGRPOTrainer`], with an [`ActorCriticConfig`]. Given an already built
+    [`AgentPool`], it must hold the critics this configuration asks for (build it with
+    ``AgentPool(specs, critics=ActorCriticTrainer.critic_specs(specs, args))``).
+
+    Critic names: CC ``critic``; DC ``critic_<agent>``. They are saved and loaded with the adapters
+    (``adapters/<critic>/``) and are not needed to run the trained agents.
+    """
+
+    _tag_names = ["trl", "trl-multiagent", "actor-critic", "collm-cc", "collm-dc"]
+    _name = "CoLLM"
+    _paper = {
+        "title": "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic",
+        "id": "2601.21972",
+        # docstyle-ignore
+        "citation": "@article{liu2026collm, title={{Learning Decentralized LLM Collaboration with Multi-Agent Actor "
+        "Critic}}, author={Shuo Liu and Tianle Chen and Ryan Amiri and Christopher Amato}, year=2026, "
+        "journal={arXiv preprint arXiv:2601.21972}}",
+    }
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec] | AgentPool,
+        environment: Callable[[], Environment],
+        args: ActorCriticConfig,
+        train_dataset: Dataset,
+        callbacks: list | None = None,
+    ):
+        if not isinstance(args, ActorCriticConfig):
+            raise TypeError(f"args must be an ActorCriticConfig, got {type(args).__name__}")
+        probe = environment()
+        reward_max = args.reward_max if args.reward_max is not None else getattr(probe, "reward_max", None)
+        if args.critic_global_info and reward_max is None:
+            raise ValueError(f"The critic's global information m_t shows the largest reward of a turn: set reward_max "
+                             f"in the config ({type(probe).__name__} has no reward_max attribute)")
+        self.reward_max = float(reward_max) if reward_max is not None else None
+        agent_names = list(probe.agents)
+        if isinstance(agents, AgentPool):
+            wanted = {c.name for c in self.critic_specs(list(agents.specs.values()), args, agent_names)}
+            missing = wanted - set(agents.critics)
+            if missing:
+                raise ValueError(f"The AgentPool lacks the critics {sorted(missing)} that critic={args.critic!r} needs; "
+                                 "build it with critics=ActorCriticTrainer.critic_specs(specs, args)")
+        self._critic_agents = agent_names
+        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
+        self._name = "CoLLM-CC" if args.critic == "centralized" else "CoLLM-DC"
+        self._schedule: list[list[list[int]]] = []
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    @staticmethod
+    def critic_specs(specs: Sequence[AgentSpec], args: ActorCriticConfig,
+                     agent_order: Sequence[str] | None = None) -> list[CriticSpec]:
+        """The critics of ``args.critic``: one ``critic`` on ``critic_agent``'s base (CC), or ``critic_<agent>`` per
+        agent (DC). ``agent_order`` is the environment's order of roles (default: the order of ``specs``)."""
+        order = list(agent_order) if agent_order is not None else [s.name for s in specs]
+        common = dict(model=args.critic_model, quantization=args.critic_quantization, lora_r=args.critic_lora_r,
+                      lora_alpha=args.critic_lora_alpha, lora_dropout=args.critic_lora_dropout)
+        if args.critic == "centralized":
+            return [CriticSpec("critic", agent=args.critic_agent or order[0], **common)]
+        return [CriticSpec(f"critic_{a}", agent=a, share_adapter=args.critic_share_adapter, **common) for a in order]
+
+    def build_critics(self, specs: Sequence[AgentSpec], args: ActorCriticConfig) -> list[CriticSpec]:
+        return self.critic_specs(specs, args, self._critic_agents)
+
+    def build_sampler(self, args: ActorCriticConfig) -> SinglePathSampler:
+        return SinglePathSampler(num_turns=args.num_turns, gamma=args.gamma)
+
+    def _init_grpo_state(self, args: ActorCriticConfig) -> None:
+        super()._init_grpo_state(args)
+        # One rollout serves E passes of M minibatches, one optimizer step each: the shared base re-rolls every
+        # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.
+        self.num_iterations = args.num_epochs * args.num_minibatches
+
+    @property
+    def critic_of(self) -> dict[str, str]:
+        """Which critic credits each agent: the one centralized critic, or the agent's own."""
+        if self.args.critic == "centralized":
+            return {a: "critic" for a in self.agent_order}
+        return {a: f"critic_{a}" for a in self.agent_order}
+
+    def critic_parts(self, buffer: EpisodeBuffer, index: int, critic: str) -> tuple[str, str]:
+        """What ``critic`` reads for transition ``index``, as ``(m_t header, histories)``: m_t and all agents'
+        histories (CC), or one agent's history (with m_t when ``critic_global_info`` is set) (DC)."""
+        agents = list(self.agent_order) if self.args.critic == "centralized" else \
+            [a for a, c in self.critic_of.items() if c == critic]
+        turns = None if self.args.critic_history_turns < 0 else self.args.critic_history_turns
+        return critic_input_parts(buffer, index, agents, turns,
+                                  self.reward_max if self.args.critic_global_info else None)
+
+    def critic_text(self, buffer: EpisodeBuffer, index: int, critic: str) -> str:
+        """:meth:`critic_parts` as one string."""
+        return "".join(self.critic_parts(buffer, index, critic))
+
+    # ------------------------------------------------------------------------------------------------ rollout
+    @torch.no_grad()
+    def rollout(self, tasks) -> EpisodeBuffer:
+        """Alg. 1 lines 3-15: single-path episodes with behaviour log-probs; then this buffer's minibatch schedule
+        (and, with ``value_clip``, every critic's value at rollout time)."""
+        buffer = super().rollout(tasks)
+        if self.args.value_clip is not None:
+            for critic in dict.fromkeys(self.critic_of.values()):
+                values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in buffer.transitions],
+                                      grad=False)
+                for tr, v in zip(buffer.transitions, values.tolist()):
+                    tr.old_values[critic] = v
+        rng = random.Random(f"{self.args.seed}/{self.state.global_step}/{self.accelerator.process_index}")
+        m = self.args.num_minibatches
+        self._schedule = []
+        for _ in range(self.args.num_epochs):
+            order = list(range(len(buffer.transitions)))
+            rng.shuffle(order)
+            self._schedule.append([order[k::m] for k in range(m)])
+        return buffer
+
+    # ------------------------------------------------------------------------------------------------ update
+    def update(self, model, experience: Experience) -> torch.Tensor:
+        """One minibatch (Alg. 1 lines 17-24): the critics' TD loss, backward once per critic over the minibatch's
+        joint transitions; the TD errors become every agent's advantage; then the actors' clipped-ratio losses."""
+        if not isinstance(experience, EpisodeBuffer):
+            raise TypeError("ActorCriticTrainer.update needs the EpisodeBuffer of its own rollout")
+        phase = self.state.global_step % self.num_iterations
+        epoch, part = divmod(phase, self.args.num_minibatches)
+        if epoch >= len(self._schedule):  # resumed mid-cycle on a fresh buffer: start its schedule over
+            epoch, part = 0, 0
+        transitions = [experience.transitions[k] for k in self._schedule[epoch][part]]
+        critic_loss, deltas = self._critic_update(experience, transitions)
+        rows = []
+        for tr in transitions:
+            for agent, sample in tr.samples.items():
+                sample.advantage = deltas[self.critic_of[agent]][tr.index]
+                rows.append(sample)
+        actor_loss = super().update(model, Experience(rows, [], {}))
+        self._metrics["train"]["advantage_abs"].append(sum(abs(s.advantage) for s in rows) / max(len(rows), 1))
+        return actor_loss + critic_loss
+
+    def _critic_update(self, buffer: EpisodeBuffer, transitions) -> tuple[torch.Tensor, dict[str, dict[int, float]]]:
+        """Eq. 3 / Eq. 5 on one minibatch: ``mean (y - V(h))^2`` per critic, with ``y = r + gamma * V(h')``
+        (``V(h')`` under no_grad, no bootstrap where ``done``); backward once per critic. Returns the summed loss
+        and each critic's TD errors by transition index."""
+        micro = self.args.critic_micro_batch_size or self.args.per_device_train_batch_size
+        total = torch.zeros((), device=self.accelerator.device)
+        deltas: dict[str, dict[int, float]] = {}
+        n = len(transitions)
+        for critic in dict.fromkeys(self.critic_of.values()):
+            nexts = [tr.next for tr in transitions if not tr.done]
+            next_values = dict(zip(nexts, self._values(
+                critic, [self.critic_parts(buffer, k, critic) for k in nexts], grad=False).tolist())) if nexts else {}
+            values_all, targets_all, losses = [], [], []
+            for start in range(0, n, micro):
+                chunk = transitions[start:start + micro]
+                values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in chunk], grad=True)
+                targets = td_targets([tr.reward for tr in chunk], [next_values.get(tr.next, 0.0) for tr in chunk],
+                                     [tr.done for tr in chunk], self.args.gamma).to(values)
+                old = None
+                if self.args.value_clip is not None:
+                    old = torch.tensor([tr.old_values[critic] for tr in chunk], dtype=values.dtype,
+                                       device=values.device)
+                loss = value_loss(values, targets, old, self.args.value_clip) * (len(chunk) / n)
+                self.accelerator.backward(loss * self.args.vf_coef)
+                losses.append(loss.detach())
+                values_all.append(values.detach())
+                targets_all.append(targets.detach())
+            values = torch.cat(values_all)
+            targets = torch.cat(targets_all)
+            delta = targets - values
+            deltas[critic] = {tr.index: d for tr, d in zip(transitions, delta.tolist())}
+            loss = torch.stack(losses).sum()
+            total = total + loss * self.args.vf_coef
+            returns = torch.tensor([tr.ret for tr in transitions], dtype=values.dtype, device=values.device)
+            stats = {"value_loss": loss.item(), "value": values.mean().item(), "target": targets.mean().item(),
+                     "td_error": delta.mean().item(), "td_error_abs": delta.abs().mean().item(),
+                     "value_error_vs_return": (values - returns).abs().mean().item()}
+            for key, value in stats.items():
+                self._metrics["train"][f"{critic}/{key}"].append(value)
+            release_freed_memory()
+        return total, deltas
+
+    def _critic_ids(self, critic: str, header: str, body: str) -> list[int]:
+        """Token ids of a critic input; beyond ``critic_max_length``, the oldest history tokens go (m_t stays)."""
+        tok = self.pool.tokenizer_of(critic)
+        ids = tok(header + body)["input_ids"]
+        limit = self.args.critic_max_length
+        if limit is None or len(ids) <= limit:
+            return ids
+        head = tok(header)["input_ids"] if header else []
+        if len(head) >= limit:
+            raise ValueError(f"critic_max_length={limit} is shorter than the critic's global information m_t")
+        return head + ids[len(ids) - (limit - len(head)):]
+
+    def _values(self, critic: str, texts: list[tuple[str, str]], grad: bool) -> torch.Tensor:
+        """``V(h)`` of each ``(header, histories)`` input: the critic's value at its last token, in micro-batches
+        (``grad``: keep the graph; only for one micro-batch at a time)."""
+        if not texts:
+            return torch.zeros(0, device=self.accelerator.device)
+        tok = self.pool.tokenizer_of(critic)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        out = []
+        micro = len(texts) if grad else self.args.per_device_train_batch_size
+        for start in range(0, len(texts), micro):
+            rows = [self._critic_ids(critic, *t) for t in texts[start:start + micro]]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, r in enumerate(rows):  # left padding: the last column is every row's last token
+                ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+                mask[i, width - len(r):] = 1
+            device = self.accelerator.device
+            with torch.set_grad_enabled(grad):
+                out.append(self.pool.values(critic, ids.to(device), mask.to(device))[:, -1])
+        return torch.cat(out)
+
+    def _clip_grad_norm(self, model):
+        """Clip the actors' gradients (jointly, as the shared base does) and each critic's separately, so that a
+        large TD error does not shrink the actors' step. Returns the actors' norm (logged as ``grad_norm``)."""
+        max_norm = self.args.max_grad_norm
+        policy_params = [p for pol in self.pool.policies for p in self.pool.policy_parameters(pol)]
+        norm = self.accelerator.clip_grad_norm_(policy_params, max_norm)
+        for critic in self.pool.critics:
+            params = [p for p in self.pool.critic_parameters(critic) if p.grad is not None]
+            if params:
+                critic_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                self._metrics["train"][f"{critic}/grad_norm"].append(float(critic_norm))
+        return norm
+
+    # ------------------------------------------------------------------------------------------------ outputs
+    def train(self, *args, **kwargs) -> TrainOutput:
+        """Train (see [`MultiAgentGRPOTrainer.train`]), then add the actor-critic settings to ``summary.json``."""
+        output = super().train(*args, **kwargs)
+        path = Path(self.args.output_dir) / "summary.json"
+        if self.args.should_save and path.exists():
+            summary = json.loads(path.read_text())
+            summary["actor_critic"] = {k: getattr(self.args, k) for k in (
+                "critic", "critic_share_adapter", "critic_global_info", "num_epochs", "num_minibatches",
+                "critic_learning_rate", "value_clip", "vf_coef", "critic_history_turns", "critic_max_length")}
+            summary["actor_critic"]["reward_max"] = self.reward_max
+            summary["critics"] = sorted(self.pool.critics)
+            path.write_text(json.dumps(summary, indent=2, default=str))
+        return output

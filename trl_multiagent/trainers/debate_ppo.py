@@ -1,0 +1,392 @@
+"""DebatePPOTrainer: MAPoRL, multi-agent PPO on collaborative debates.
+
+Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement Learning"
+(Park et al., arXiv 2502.18439), Sec. 3 (Def. 1, the multi-agent PPO loss, Tables 1-2), App. E-G.
+
+One training step, top to bottom:
+
+1. rollout (every ``num_iterations`` steps): the :class:`~trl_multiagent.rollout.DebateSampler` plays the debates and
+   gives every answer its reward (verifier score -> reward mode -> incentives -> penalties); then, per agent, one
+   teacher-forced pass each gives the behaviour log-probs (adapter on), the reference log-probs (adapter off) and the
+   critic's per-token values; the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the answer's reward on its
+   last token go through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and value targets;
+2. update: the clipped value loss of every agent's critic, then TRL's clipped policy loss (``_compute_loss`` with
+   ``(B, T)`` advantages) for every policy with its adapter active;
+3. one optimizer step (one param group per policy and per critic). The same rollout serves ``num_iterations`` steps:
+   the PPO epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..agents import AgentPool, AgentSpec
+from ..credit.maporl import (
+    REWARD_MODES,
+    Incentives,
+    PenaltySettings,
+    clipped_value_loss,
+    gae,
+    token_level_rewards,
+    whiten,
+)
+from ..critics import CriticSpec
+from ..environments.base import Environment
+from ..environments.debate import DebateEnv
+from ..rollout import Experience
+from ..rollout.debate import DebateSample, DebateSampler
+from ..utils import release_freed_memory
+from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, _chunks
+
+logger = logging.getLogger(__name__)
+
+_CLIPPED_LOSSES = ("bnpo", "grpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class DebatePPOConfig(MultiAgentGRPOConfig):
+    r"""Configuration of [`DebatePPOTrainer`] (MAPoRL). Every [`MultiAgentGRPOConfig`] / [`~trl.GRPOConfig`] field keeps
+    its meaning; the fields below are added or get new defaults.
+
+    Paper quantities -> fields: n agents = the `AgentSpec` list (the environment's `num_agents`); T turns =
+    `num_turns`; gamma of Def. 1 / App. F = `gamma`; alpha0, alpha1, beta0, beta1 of Tables 1-2 = `alpha0`, `alpha1`,
+    `beta0`, `beta1`; the KL coefficient of the token reward = `kl_coef`; the value-loss coefficient = `vf_coef`;
+    GAE's discount and lambda = `gae_gamma`, `gae_lambda`; the PPO clip = `epsilon`; the value clip =
+    `cliprange_value`; PPO epochs per rollout = `num_iterations`; sampling temperature = `temperature`.
+
+    Parameters:
+        num_turns (`int`, defaults to `3`):
+            T, debate turns (a debate ends earlier when all agents agree).
+        num_generations (`int`, defaults to `1`):
+            Independent debates rolled out per task.
+        gamma (`float`, defaults to `0.3`):
+            Discount of later turns' verifier scores in the cumulative and influence-aware rewards (App. F; 0.3 is the
+            official code's `rule_discount`).
+        reward_mode (`str`, defaults to `"influence"`):
+            `"immediate"` (App. F), `"cumulative"` (App. F Eq. 1) or `"influence"` (Def. 1).
+        alpha0, alpha1, beta0, beta1 (`float`, default `0.0`):
+            The collaboration incentives of Tables 1-2 (critical reasoning, persuadability, useful wrong answer,
+            persuasiveness).
+        verifier (`str`, defaults to `"rule"`):
+            `"rule"`: the environment's gold-answer check scores each answer 1 or 0; otherwise the directory of a
+            learned verifier saved by `trl_multiagent.verifier.LearnedVerifier.save` (App. E).
+        kl_coef (`float`, defaults to `0.002`):
+            Coefficient of the per-token KL penalty `-kl_coef * (log pi - log pi_ref)` in the token rewards (the
+            reference is the base with the adapter off). `beta` (TRL's KL loss term) must stay 0.
+        vf_coef (`float`, defaults to `0.1`):
+            Weight of the clipped value loss.
+        cliprange_value (`float`, defaults to `0.2`):
+            Clip of the value prediction around the rollout's value in the value loss.
+        gae_gamma (`float`, defaults to `1.0`):
+            Discount between the tokens of one answer in GAE.
+        gae_lambda (`float`, defaults to `0.95`):
+            GAE's lambda.
+        whiten_advantages (`bool`, defaults to `True`):
+            Normalise each policy's token advantages to mean 0 and standard deviation 1 per rollout.
+        value_head_per_turn (`bool`, defaults to `False`):
+            Give every agent's critic one value head per turn (`CriticSpec.num_heads = num_turns`).
+        critic_share_adapter (`bool`, defaults to `False`):
+            The critic reads the hidden states through the agent's policy adapter (only the head is its own) instead
+            of its own adapter.
+        critic_lora_r (`int` or `None`, defaults to `None`):
+            LoRA rank of the critics' adapters (`None`: the agent's `lora_r`).
+        critic_learning_rate (`float` or `None`, defaults to `None`):
+            Learning rate of the critics (`None`: `learning_rate`).
+        penalty_value (`float`, defaults to `-10.0`):
+            The reward of an answer that triggers an App. G penalty (the paper's verifier score of -10).
+        penalize_no_boxed, penalize_no_eos, penalize_repetition, penalize_post_boxed (`bool`, default `True`):
+            Switch each App. G penalty on or off: no `\boxed{}` answer, no EOS (cut at `max_completion_length`), a
+            token n-gram repeated more than `max_repeats` times in a row (numbers exempt), text after the box.
+        min_response_tokens (`int`, defaults to `50`):
+            Answers shorter than this many tokens are penalised (App. G.3); 0 disables.
+        max_repeats (`int`, defaults to `3`), max_repeat_ngram (`int`, defaults to `5`):
+            The repetition check: the longest allowed run and the longest n-gram checked.
+
+    Notes:
+        `loss_type` defaults to `"bnpo"` (the policy loss is a mean over all tokens, as PPO's); `grpo`, `dr_grpo` and
+        `dapo` also work. `num_iterations` defaults to 4 (the paper's four PPO epochs per rollout); every PPO epoch
+        is one optimizer step over the whole rollout, in micro-batches of `per_device_train_batch_size`.
+    """
+
+    num_turns: int = field(default=3, metadata={"help": "T: debate turns (earlier end when all agents agree)."})
+    num_generations: int | None = field(default=1, metadata={"help": "Independent debates per task."})
+    gamma: float = field(default=0.3, metadata={"help": "Discount of later turns' scores in the reward modes."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (the paper: 0.7)."})
+    num_iterations: int = field(default=4, metadata={"help": "PPO epochs (optimizer steps) per rollout."})
+    loss_type: str = field(default="bnpo", metadata={"help": "Policy-loss aggregation: bnpo (token mean), grpo, "
+                                                             "dr_grpo or dapo."})
+    reward_mode: str = field(default="influence", metadata={
+        "help": "'immediate', 'cumulative' (App. F Eq. 1) or 'influence' (Def. 1)."})
+    alpha0: float = field(default=0.0, metadata={"help": "Table 1: own W->R revision, majority wrong at t."})
+    alpha1: float = field(default=0.0, metadata={"help": "Table 1: own W->R revision, majority right at t."})
+    beta0: float = field(default=0.0, metadata={"help": "Table 2: majority W->R after the agent's wrong answer."})
+    beta1: float = field(default=0.0, metadata={"help": "Table 2: majority W->R after the agent's right answer."})
+    verifier: str = field(default="rule", metadata={
+        "help": "'rule' (gold-answer check) or the directory of a saved learned verifier (App. E)."})
+    kl_coef: float = field(default=0.002, metadata={"help": "Per-token KL penalty in the token rewards."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the clipped value loss."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around the rollout's values."})
+    gae_gamma: float = field(default=1.0, metadata={"help": "GAE discount between the tokens of one answer."})
+    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
+    whiten_advantages: bool = field(default=True, metadata={"help": "Normalise each policy's token advantages."})
+    value_head_per_turn: bool = field(default=False, metadata={"help": "One value head per turn in every critic."})
+    critic_share_adapter: bool = field(default=False, metadata={
+        "help": "Critics read through the policy's adapter (own head only)."})
+    critic_lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the critics (None: agent's)."})
+    critic_learning_rate: float | None = field(default=None, metadata={
+        "help": "Learning rate of the critics (None: learning_rate)."})
+    penalty_value: float = field(default=-10.0, metadata={"help": "Reward of an answer hit by an App. G penalty."})
+    penalize_no_boxed: bool = field(default=True, metadata={"help": "Penalise answers without \\boxed{}."})
+    penalize_no_eos: bool = field(default=True, metadata={"help": "Penalise answers cut at the length limit."})
+    min_response_tokens: int = field(default=50, metadata={"help": "Penalise shorter answers (0 disables)."})
+    penalize_repetition: bool = field(default=True, metadata={"help": "Penalise repeated token runs."})
+    max_repeats: int = field(default=3, metadata={"help": "Longest allowed run of one n-gram."})
+    max_repeat_ngram: int = field(default=5, metadata={"help": "Longest n-gram the repetition check looks at."})
+    penalize_post_boxed: bool = field(default=True, metadata={"help": "Penalise text after the final \\boxed{}."})
+
+    def __post_init__(self):
+        if self.reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
+        if self.loss_type not in _CLIPPED_LOSSES:
+            raise ValueError(f"loss_type must be one of {_CLIPPED_LOSSES} for DebatePPOTrainer (a clipped PPO "
+                             f"surrogate), got {self.loss_type!r}")
+        if self.beta != 0.0:
+            raise ValueError("MAPoRL puts the KL penalty into the per-token rewards (kl_coef); beta (TRL's KL loss "
+                             "term) must be 0")
+        if self.grouping != "joint" or self.joint_mode != "aligned":
+            raise ValueError("grouping and joint_mode belong to the GRPO trainers; DebatePPOTrainer runs debates "
+                             "(leave them at their defaults)")
+        if self.num_generations is None or self.num_generations < 1:
+            raise ValueError(f"num_generations (debates per task) must be at least 1, got {self.num_generations}")
+        for name in ("kl_coef", "vf_coef", "cliprange_value"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("gae_gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.critic_lora_r is not None and self.critic_lora_r <= 0:
+            raise ValueError(f"critic_lora_r must be positive, got {self.critic_lora_r}")
+        if self.critic_learning_rate is not None and self.critic_learning_rate <= 0:
+            raise ValueError(f"critic_learning_rate must be positive, got {self.critic_learning_rate}")
+        if self.min_response_tokens < 0 or self.max_repeats < 1 or self.max_repeat_ngram < 1:
+            raise ValueError("min_response_tokens must be >= 0, max_repeats and max_repeat_ngram >= 1")
+        if not self.verifier:
+            raise ValueError("verifier must be 'rule' or the directory of a saved learned verifier")
+        # GRPOConfig insists on >= 2 generations per prompt (its group statistics); a debate batch has no groups, so
+        # satisfy the check and keep the number of debates per task asked for.
+        debates = self.num_generations
+        self.num_generations = max(2, debates)
+        super().__post_init__()
+        self.num_generations = debates
+
+    @property
+    def incentives(self) -> Incentives:
+        return Incentives(self.alpha0, self.alpha1, self.beta0, self.beta1)
+
+    @property
+    def penalty_settings(self) -> PenaltySettings | None:
+        """The App. G checks as configured; ``None`` when every one is off."""
+        settings = PenaltySettings(value=self.penalty_value, no_boxed=self.penalize_no_boxed,
+                                   no_eos=self.penalize_no_eos, min_tokens=self.min_response_tokens,
+                                   repetition=self.penalize_repetition, max_repeats=self.max_repeats,
+                                   max_ngram=self.max_repeat_ngram, post_boxed=self.penalize_post_boxed)
+        return settings if settings.enabled else None
+
+
+class DebatePPOTrainer(MultiAgentGRPOTrainer):
+    """Trainer for MAPoRL: multi-agent PPO with GAE on collaborative debates, verifier rewards and incentives.
+
+    Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement
+    Learning", Park et al. (arXiv 2502.18439), Sec. 3, Tables 1-2, App. E-G.
+
+    Every agent acts with its own policy (a (Q)LoRA adapter; agents on one base share that base, agents naming other
+    models bring their own) and has its own critic ``<agent>_value``: a value head on an adapter of the agent's base
+    (:mod:`trl_multiagent.critics`; one head per turn with ``value_head_per_turn``). The critic reads the same
+    sequence as the policy (the agent's prompt with the debate so far, then its answer; App. G Remark 4).
+
+    Args:
+        agents: the team ([`AgentSpec`] list, or an [`AgentPool`] that already holds the critics ``<agent>_value``).
+        environment: factory of the debate environment (e.g. `MathDebateEnv`, `NLIDebateEnv`), or any environment
+            whose steps give every agent a local reward (e.g. `CollaborationGameEnv`).
+        args: a [`DebatePPOConfig`].
+        train_dataset: one row per task.
+        callbacks: extra `transformers.TrainerCallback` objects.
+    """
+
+    _tag_names = ["trl", "trl-multiagent", "maporl", "ppo"]
+    _name = "MAPoRL"
+    _paper = {
+        "title": "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement "
+                 "Learning",
+        "id": "2502.18439",
+        # docstyle-ignore
+        "citation": "@article{park2025maporl, title={{MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large "
+        "Language Models with Reinforcement Learning}}, author={Chanwoo Park and Seungju Han and Xingzhi Guo and "
+        "Asuman Ozdaglar and Kaiqing Zhang and Joo-Kyung Kim}, year=2025, journal={arXiv preprint arXiv:2502.18439}}",
+    }
+
+    def __init__(self, agents: Sequence[AgentSpec] | AgentPool, environment: Callable[[], Environment],
+                 args: DebatePPOConfig, train_dataset, callbacks: list | None = None):
+        if not isinstance(args, DebatePPOConfig):
+            raise TypeError(f"args must be a DebatePPOConfig, got {type(args).__name__}")
+        probe = environment()
+        if (args.incentives.active or args.verifier != "rule") and not isinstance(probe, DebateEnv):
+            raise ValueError(f"{type(probe).__name__} is not a DebateEnv: collaboration incentives and a learned "
+                             "verifier need a debate environment (its gold answers and questions)")
+        if args.verifier != "rule":
+            from ..verifier import LearnedVerifier
+
+            LearnedVerifier.check_saved(args.verifier)
+        if isinstance(agents, AgentPool):
+            missing = [self.critic_name(a) for a in agents.agent_names if self.critic_name(a) not in agents.critics]
+            if missing:
+                raise ValueError(f"The AgentPool lacks the critics {missing}; build it with "
+                                 "critics=DebatePPOTrainer.build_critics(...) or pass AgentSpecs")
+            heads = args.num_turns if args.value_head_per_turn else 1
+            wrong = [c for c in (self.critic_name(a) for a in agents.agent_names)
+                     if agents.critics[c].spec.num_heads < heads]
+            if wrong:
+                raise ValueError(f"Critics {wrong} have fewer than {heads} value heads (value_head_per_turn)")
+        self.verifier_model = None
+        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    @staticmethod
+    def critic_name(agent: str) -> str:
+        """The critic (value model) of ``agent``."""
+        return f"{agent}_value"
+
+    def build_critics(self, specs: Sequence[AgentSpec], args: DebatePPOConfig) -> list[CriticSpec]:
+        """One critic per agent on that agent's base: its own LoRA adapter (or the policy's with
+        ``critic_share_adapter``) and one value head, or one per turn with ``value_head_per_turn``."""
+        critics = []
+        for spec in specs:
+            rank = args.critic_lora_r or spec.lora_r
+            critics.append(CriticSpec(self.critic_name(spec.name), agent=spec.name,
+                                      share_adapter=args.critic_share_adapter, lora_r=rank, lora_alpha=2 * rank,
+                                      lora_dropout=spec.lora_dropout, lora_target_modules=spec.lora_target_modules,
+                                      num_heads=args.num_turns if args.value_head_per_turn else 1))
+        return critics
+
+    def build_sampler(self, args: DebatePPOConfig) -> DebateSampler:
+        """The debate sampler with the configured reward mode, incentives, penalties and verifier."""
+        scorer = None
+        if args.verifier != "rule":
+            from ..verifier import LearnedVerifier
+
+            self.verifier_model = LearnedVerifier.load(args.verifier, dtype=args.model_dtype)
+            scorer = self.verifier_model.score
+        return DebateSampler(num_turns=args.num_turns, num_debates=args.num_generations, reward_mode=args.reward_mode,
+                             gamma=args.gamma, incentives=args.incentives, penalties=args.penalty_settings,
+                             scorer=scorer)
+
+    # ------------------------------------------------------------------------------------------------ rollout
+    @torch.no_grad()
+    def rollout(self, tasks) -> Experience:
+        """Play the debates, then per agent: behaviour and reference log-probs, values, token rewards and GAE."""
+        start = time.perf_counter()
+        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        self._metrics["train"]["rollout_time"].append(time.perf_counter() - start)
+        kls, values, returns = [], [], []
+        micro = self.args.per_device_train_batch_size
+        for agent in self.pool.agent_names:
+            policy = self.pool.policy_of(agent)
+            rows = [s for s in experience.samples if s.agent == agent]
+            for chunk in _chunks(rows, micro):
+                batch = self._collate(policy, chunk)
+                logps = self._logps(functools.partial(self.pool, policy), batch)
+                with self.pool.reference(policy) as ref_model:
+                    ref_logps = self._logps(ref_model, batch)
+                chunk_values = self._completion_values(agent, batch, chunk)
+                for s, lp, rp, v, m in zip(chunk, logps, ref_logps, chunk_values, batch["completion_mask"]):
+                    keep = m.bool()
+                    s.old_logps = lp[keep].tolist()
+                    ref = rp[keep].tolist()
+                    s.old_values = v[keep].tolist()
+                    rewards = token_level_rewards(s.old_logps, ref, s.reward, self.args.kl_coef)
+                    s.token_advantages, s.token_returns = gae(rewards, s.old_values, self.args.gae_gamma,
+                                                              self.args.gae_lambda)
+                    kls.append(sum(a - b for a, b in zip(s.old_logps, ref)))
+                    values.extend(s.old_values)
+                    returns.extend(s.token_returns)
+        if self.args.whiten_advantages:
+            for policy in self.pool.policies:
+                rows = [s for s in experience.samples if s.policy == policy]
+                for s, adv in zip(rows, whiten([s.token_advantages for s in rows])):
+                    s.token_advantages = adv
+        stats = dict(experience.stats)
+        stats.update({"kl": _mean(kls), "value_mean": _mean(values), "returns_mean": _mean(returns)})
+        for key, value in self._gather_stats(stats).items():
+            self._metrics["train"][key].append(value)
+        release_freed_memory()
+        return experience
+
+    def _completion_values(self, agent: str, batch: dict[str, torch.Tensor],
+                           samples: Sequence[DebateSample]) -> torch.Tensor:
+        """``(B, C)``: the critic's value of the state before each completion token (the last prompt token's hidden
+        state for the first one), with the head of each sample's turn when the critic has one per turn."""
+        critic = self.critic_name(agent)
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        head = torch.tensor([s.turn for s in samples]) if self.args.value_head_per_turn else None
+        values = self.pool.values(critic, input_ids, attention_mask, head=head)
+        start = batch["prompt_ids"].size(1) - 1
+        return values[:, start:start + batch["completion_ids"].size(1)].float()
+
+    def _collate(self, policy: str, samples) -> dict[str, torch.Tensor]:
+        """The base batch, with the per-token advantages, value targets and rollout values once GAE has run."""
+        batch = super()._collate(policy, samples)
+        if samples and all(getattr(s, "token_advantages", None) is not None for s in samples):
+            width = batch["completion_ids"].size(1)
+            for key, attr in (("advantages", "token_advantages"), ("returns", "token_returns"),
+                              ("old_values", "old_values")):
+                values = torch.zeros((len(samples), width), dtype=torch.float32)
+                for i, s in enumerate(samples):
+                    row = getattr(s, attr)
+                    values[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+                batch[key] = values.to(self.accelerator.device)
+        return batch
+
+    # ------------------------------------------------------------------------------------------------ update
+    def update(self, model, experience: Experience) -> torch.Tensor:
+        """Clipped value loss for every critic, then the clipped policy loss for every policy (the base's update)."""
+        value_loss = self._value_update(model, experience)
+        return super().update(model, experience) + value_loss
+
+    def _value_update(self, model, experience: Experience) -> torch.Tensor:
+        micro = self.args.per_device_train_batch_size
+        total = torch.zeros((), device=self.accelerator.device)
+        losses, fracs = [], []
+        sync_ctx = self.accelerator.no_sync(model) if self.accelerator.num_processes > 1 else contextlib.nullcontext()
+        with sync_ctx:
+            for agent in self.pool.agent_names:
+                rows = [s for s in experience.samples if s.agent == agent]
+                n_tokens = sum(len(s.generation.completion_ids) for s in rows)
+                for chunk in _chunks(rows, micro):
+                    batch = self._collate(self.pool.policy_of(agent), chunk)
+                    predicted = self._completion_values(agent, batch, chunk)
+                    loss, frac = clipped_value_loss(predicted, batch["old_values"], batch["returns"],
+                                                    batch["completion_mask"], self.args.cliprange_value)
+                    weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
+                    scaled = self.args.vf_coef * loss * weight
+                    self.accelerator.backward(scaled)
+                    total = total + scaled.detach()
+                    losses.append(loss.item())
+                    fracs.append(frac.item())
+                release_freed_memory()
+        self._metrics["train"]["value_loss"].append(_mean(losses))
+        self._metrics["train"]["value_clipfrac"].append(_mean(fracs))
+        return total
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else math.nan

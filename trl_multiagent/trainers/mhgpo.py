@@ -1,0 +1,192 @@
+"""HeterogeneousGroupTrainer: MHGPO, critic-free RL for a pipeline of LLM agents that share one policy.
+
+Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems" (Chen et al., MHGPO),
+Sec. "Method: MHGPO", Eq. 4-7, Algorithms 1-5.
+
+What differs from the shared base (:class:`~trl_multiagent.trainers.magrpo.MultiAgentGRPOTrainer`):
+
+- the environment is a :class:`~trl_multiagent.environments.pipeline.PipelineEnvironment` (a DAG of agents and tool
+  steps) and the sampler is :class:`~trl_multiagent.rollout.pipeline.PipelineSampler` (IS / FoF / RR);
+- credit: rewards of the final answers propagated backward (Eq. 4), agent-specific format rewards added, advantages
+  normalized in heterogeneous groups (Eq. 5) — :mod:`trl_multiagent.credit.mhgpo`;
+- loss: TRL's per-sequence clipped objective (``loss_type="grpo"``, the ``1/|o|`` of Eq. 6) with every sample weighted
+  so that each agent counts equally per question (the ``1/n sum_k 1/G_k`` of Eq. 6), through the base's
+  ``sample_weights`` hook; KL to the adapter-off reference with ``beta`` (Eq. 6-7);
+- one policy shared by all agents by default (parameter sharing; roles come from the prompts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from datasets import Dataset
+
+from ..agents import AgentPool, AgentSpec
+from ..credit.mhgpo import AGGREGATIONS, agent_loss_weights
+from ..environments.pipeline import PipelineEnvironment
+from ..rollout import Sample
+from ..rollout.pipeline import STRATEGIES, PipelineSampler
+from .magrpo import _ROW_MEAN_LOSSES, MultiAgentGRPOConfig, MultiAgentGRPOTrainer, validate_team_against_environment
+
+logger = logging.getLogger(__name__)
+
+#: The policy (adapter) name all agents act with when ``share_policy`` is on and the specs name no policy.
+SHARED_POLICY = "shared"
+
+
+@dataclass
+class HeterogeneousGroupConfig(MultiAgentGRPOConfig):
+    r"""Configuration of [`HeterogeneousGroupTrainer`] (MHGPO). Every [`MultiAgentGRPOConfig`] / [`~trl.GRPOConfig`]
+    field keeps its meaning; `num_turns` must stay 1 (a pipeline runs once per question) and `grouping` `"joint"`.
+
+    Paper quantities -> fields: G (group size, `rollout.n`) = `num_generations`; the sampling function H = `sampling`;
+    p_i (Round-robin fork probabilities) = `fork_probabilities`; Aggr (Eq. 4) = `reward_aggregation`; epsilon (clip)
+    = `epsilon`; beta (KL) = `beta`; learning rate = `learning_rate`; top-p = `top_p`; batch size (questions per
+    step) = `episodes_per_step`.
+
+    Parameters:
+        sampling (`str`, defaults to `"fork_on_first"`):
+            Group rollout strategy: `"independent"` (IS: fork G at every agent in turn, keep only that agent's
+            homogeneous group), `"fork_on_first"` (FoF: fork G at the entry agent; heterogeneous groups downstream) or
+            `"round_robin"` (RR: fork at an agent drawn per question with `fork_probabilities`; the agents before it
+            are grouped across the questions with the same fork agent).
+        fork_probabilities (`list[float]` or `None`, defaults to `None`):
+            Round-robin only: the probability p_i that agent i is the fork point, one per agent in the environment's
+            `agents` order, non-negative, summing to 1 (the paper: `[0.7, 0.1, 0.2]` for Rewriter, Reranker,
+            Answerer). `None`: uniform.
+        reward_aggregation (`str`, defaults to `"mean"`):
+            Aggr of Eq. 4, how an output's shared reward combines the rewards of the outputs that consumed it:
+            `"mean"` (the paper), `"max"` or `"min"`.
+        agent_loss_weighting (`bool`, defaults to `True`):
+            Weight the loss as Eq. 6: every agent's samples of a question together weigh 1/n of that question,
+            however many there are. `False`: a plain mean over the policy's samples.
+        share_policy (`bool`, defaults to `True`):
+            Parameter sharing: agents whose `AgentSpec` names no policy of its own all act with one policy
+            (`"shared"`). `False` keeps the specs' policies (one adapter per agent unless they name a common one).
+    """
+
+    sampling: str = field(default="fork_on_first", metadata={
+        "help": "Group rollout strategy: 'independent' (IS), 'fork_on_first' (FoF) or 'round_robin' (RR)."})
+    fork_probabilities: list[float] | None = field(default=None, metadata={
+        "help": "RR: probability that each agent (environment order) is the fork point; None = uniform."})
+    reward_aggregation: str = field(default="mean", metadata={
+        "help": "Aggr of Eq. 4 for backward reward propagation: 'mean', 'max' or 'min'."})
+    agent_loss_weighting: bool = field(default=True, metadata={
+        "help": "Eq. 6: average the loss within each agent, then over agents (per question)."})
+    share_policy: bool = field(default=True, metadata={
+        "help": "All agents that name no policy act with one shared policy (MHGPO's parameter sharing)."})
+    loss_type: str = field(default="grpo", metadata={
+        "help": "TRL loss type; 'grpo' is Eq. 6 (per-sequence token mean, then the mean over samples)."})
+    beta: float = field(default=0.001, metadata={"help": "KL coefficient (Table 2 of the paper: 0.001)."})
+
+    def __post_init__(self):
+        if self.sampling not in STRATEGIES:
+            raise ValueError(f"sampling must be one of {list(STRATEGIES)}, got {self.sampling!r}")
+        if self.fork_probabilities is not None:
+            if self.sampling != "round_robin":
+                raise ValueError(f"fork_probabilities are used by sampling='round_robin' only (sampling is "
+                                 f"{self.sampling!r})")
+            probs = [float(p) for p in self.fork_probabilities]
+            if not probs or any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+                raise ValueError(f"fork_probabilities must be non-negative and sum to 1, got {self.fork_probabilities}")
+            self.fork_probabilities = probs
+        if self.reward_aggregation not in AGGREGATIONS:
+            raise ValueError(f"reward_aggregation must be one of {list(AGGREGATIONS)}, got {self.reward_aggregation!r}")
+        if self.num_turns != 1:
+            raise ValueError(f"num_turns must be 1 for MHGPO (a pipeline runs once per question), got {self.num_turns}")
+        if self.grouping != "joint":
+            raise ValueError("grouping is not used by MHGPO (its groups come from `sampling`); leave it 'joint'")
+        if self.agent_loss_weighting and self.loss_type not in _ROW_MEAN_LOSSES:
+            raise ValueError(f"agent_loss_weighting (Eq. 6) needs a per-sequence loss_type "
+                             f"{sorted(_ROW_MEAN_LOSSES)}, got {self.loss_type!r}; or set agent_loss_weighting=False")
+        super().__post_init__()
+
+
+class HeterogeneousGroupTrainer(MultiAgentGRPOTrainer):
+    """Trainer for MHGPO (Multi-Agent Heterogeneous Group Policy Optimization) over a pipeline of agents.
+
+    Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems", Chen et al.,
+    Eq. 4-7, Algorithms 1-5.
+
+    Args:
+        agents: the team, as a list of [`AgentSpec`] (one per pipeline agent; with `share_policy`, those naming no
+            policy share one) or an already built [`AgentPool`].
+        environment: a zero-argument factory returning a [`PipelineEnvironment`] (one instance serves every task).
+        args: a [`HeterogeneousGroupConfig`].
+        train_dataset: one row per question.
+        callbacks: extra `transformers.TrainerCallback` objects.
+    """
+
+    _tag_names = ["trl", "trl-multiagent", "mhgpo"]
+    _name = "MHGPO"
+    _paper = {
+        "title": "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems",
+        "id": "2506.02718",
+        # docstyle-ignore
+        "citation": "@article{chen2025mhgpo, title={{Heterogeneous Group-Based Reinforcement Learning for LLM-based "
+        "Multi-Agent Systems}}, author={Guanzhong Chen and Shaoxiong Yang and Chao Li and Wei Liu and Jian Luan and "
+        "Zenglin Xu}, year=2025, journal={arXiv preprint arXiv:2506.02718}}",
+    }
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec] | AgentPool,
+        environment: Callable[[], PipelineEnvironment],
+        args: HeterogeneousGroupConfig,
+        train_dataset: Dataset,
+        callbacks: list | None = None,
+    ):
+        if not isinstance(args, HeterogeneousGroupConfig):
+            raise TypeError(f"args must be a HeterogeneousGroupConfig, got {type(args).__name__}")
+        if args.share_policy:
+            agents = share_one_policy(agents)
+        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
+
+    def validate_environment(self, probe, agent_names: Sequence[str], train_dataset: Dataset,
+                             args: HeterogeneousGroupConfig) -> None:
+        """A pipeline environment with a valid graph, the team = its agents, the dataset's columns, and one fork
+        probability per agent; all before any model loads."""
+        if not isinstance(probe, PipelineEnvironment):
+            raise TypeError(f"MHGPO trains pipelines: environment() must return a PipelineEnvironment, got "
+                            f"{type(probe).__name__}")
+        probe.graph()
+        validate_team_against_environment(agent_names, probe)
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: it needs one row per question")
+        probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+        if args.fork_probabilities is not None and len(args.fork_probabilities) != len(probe.agents):
+            raise ValueError(f"fork_probabilities has {len(args.fork_probabilities)} entries for the "
+                             f"{len(probe.agents)} agents {list(probe.agents)}")
+
+    def build_sampler(self, args: HeterogeneousGroupConfig) -> PipelineSampler:
+        """IS / FoF / RR over the pipeline, with Eq. 4 propagation and Eq. 5 groups (``self.agent_order`` is the
+        environment's ``agents``, the order of ``fork_probabilities``)."""
+        probs = None
+        if args.fork_probabilities is not None:
+            probs = dict(zip(self.agent_order, args.fork_probabilities))
+        # RR's fork draws use Python's `random`, which the trainer seeds per process (set_seed(seed, device_specific)).
+        return PipelineSampler(num_samples=args.num_generations, strategy=args.sampling, fork_probabilities=probs,
+                               aggregate=args.reward_aggregation, scale_rewards=args.scale_rewards)
+
+    def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
+        """Eq. 6: ``1/(Q * n_q * G_k,q)`` per sample (:func:`~trl_multiagent.credit.mhgpo.agent_loss_weights`)."""
+        if not self.args.agent_loss_weighting or not rows:
+            return None
+        return agent_loss_weights([s.agent for s in rows], [s.episode for s in rows])
+
+
+def share_one_policy(agents: Sequence[AgentSpec] | AgentPool) -> list[AgentSpec] | AgentPool:
+    """Parameter sharing: every spec that names no policy of its own (``policy == name``) acts with ``"shared"``.
+
+    Specs that name other policies keep them. A pool is already built: it must then hold a single policy.
+    """
+    if isinstance(agents, AgentPool):
+        if len(agents.policies) != 1:
+            raise ValueError(f"share_policy is on but the given AgentPool has {len(agents.policies)} policies "
+                             f"{list(agents.policies)}; build it with one policy or set share_policy=False")
+        return agents
+    specs = list(agents)
+    return [dataclasses.replace(s, policy=SHARED_POLICY) if s.policy == s.name else s for s in specs]
