@@ -21,25 +21,12 @@ from trl_multiagent.recipe import (  # noqa: E402
     RecipeError,
     build_trainer,
     finish_distributed,
+    held_out_tasks,
     load_recipe,
-    resolve_environment,
 )
 from trl_multiagent.rollout import evaluate_episodes  # noqa: E402
 
 logger = logging.getLogger("recipes.actor_critic")
-
-
-def held_out_tasks(env_cls, num_tasks: int, seed: int):
-    """The environment's held-out split (``eval`` for generated tasks, ``test`` for HumanEval-based ones)."""
-    make = getattr(env_cls, "make_dataset", None)
-    if make is None:
-        raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no held-out split to evaluate on")
-    for split in ("eval", "test"):
-        try:
-            return make(num_tasks=num_tasks, seed=seed, split=split)
-        except (ValueError, KeyError, TypeError):
-            continue
-    raise RecipeError(f"{env_cls.__name__}.make_dataset has no 'eval' or 'test' split")
 
 
 def main(argv=None) -> int:
@@ -48,9 +35,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         recipe, config = load_recipe(argv)
+        tasks = list(held_out_tasks(recipe, config, recipe.eval_num_problems or 8))
         trainer = build_trainer(recipe, config)
-        tasks = list(held_out_tasks(resolve_environment(recipe.environment), recipe.eval_num_problems or 8,
-                                    config.seed))
     except RecipeError as exc:
         logger.error("%s", exc)
         return 2

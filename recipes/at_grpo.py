@@ -20,21 +20,11 @@ from trl_multiagent.recipe import (  # noqa: E402
     RecipeError,
     build_trainer,
     finish_distributed,
+    held_out_tasks,
     load_recipe,
-    resolve_environment,
 )
 
 logger = logging.getLogger("recipes.at_grpo")
-
-
-def held_out_tasks(env_cls, num_tasks: int, seed: int):
-    """The environment's held-out split (``eval`` for generated games, ``test`` for HumanEval-based tasks)."""
-    for split in ("eval", "test"):
-        try:
-            return env_cls.make_dataset(num_tasks=num_tasks, seed=seed, split=split)
-        except (ValueError, KeyError):
-            continue
-    raise RecipeError(f"{env_cls.__name__}.make_dataset has no 'eval' or 'test' split")
 
 
 def main(argv=None) -> int:
@@ -42,9 +32,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         recipe, config = load_recipe(argv)
+        tasks = list(held_out_tasks(recipe, config, recipe.eval_num_problems or 32))
         trainer = build_trainer(recipe, config)
-        tasks = list(held_out_tasks(resolve_environment(recipe.environment), recipe.eval_num_problems or 32,
-                                    config.seed))
     except RecipeError as exc:
         logger.error("%s", exc)
         return 2

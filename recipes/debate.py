@@ -8,14 +8,13 @@ the expected accuracy of a uniform pick among the tied answers), the transition 
 wrong, wrong -> right, ...), and every agent's accuracy answering alone (turn 1). For any other environment (the
 collaborate-or-act-alone game) they are the means of the environment's per-turn ``info`` values and rewards.
 
-The held-out tasks: the environment's generated ``test`` split for ``dataset: generated``; for a hub dataset, the
-split named like ``dataset_split`` with ``train`` replaced by ``test`` (GSM8K ``test``, ANLI ``test_r1``).
+The held-out tasks (:func:`trl_multiagent.recipe.held_out_tasks`): the environment's generated ``test`` split for
+``dataset: generated``; for a hub dataset, its ``eval_dataset_split`` (GSM8K ``test``, ANLI ``test_r1``).
 
 Writes ``summary.json`` to the ``output_dir``: the training summary plus ``evaluation.before`` /
 ``evaluation.after``, the command and the wall time.
 """
 
-import dataclasses
 import json
 import logging
 import math
@@ -32,30 +31,14 @@ from trl_multiagent.debate_evaluation import evaluate_debate  # noqa: E402
 from trl_multiagent.environments import DebateEnv  # noqa: E402
 from trl_multiagent.recipe import (  # noqa: E402
     RecipeError,
-    build_dataset,
     build_trainer,
     finish_distributed,
+    held_out_tasks,
     load_recipe,
-    resolve_environment,
 )
 from trl_multiagent.rollout import DebateSampler  # noqa: E402
 
 logger = logging.getLogger("recipes.debate")
-
-
-def held_out_tasks(recipe, env_cls, config, num_tasks: int) -> list[dict]:
-    """The held-out tasks (see the module docstring), at most ``num_tasks`` of them."""
-    if recipe.dataset == "generated":
-        make = getattr(env_cls, "make_dataset", None)
-        if make is None:
-            raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no held-out split to evaluate on")
-        return list(make(num_tasks=num_tasks, seed=config.seed, split="test"))
-    split = recipe.dataset_split.replace("train", "test")
-    if split == recipe.dataset_split:
-        raise RecipeError(f"dataset_split {recipe.dataset_split!r} names no training split; cannot tell the "
-                          "held-out split")
-    data = build_dataset(dataclasses.replace(recipe, dataset_split=split), env_cls, config)
-    return list(data.select(range(min(num_tasks, len(data)))))
 
 
 def game_metrics(trainer, tasks, num_turns: int, max_new_tokens: int, temperature: float) -> dict:
@@ -84,8 +67,7 @@ def main(argv=None) -> int:
         recipe, config = load_recipe(argv)
         if recipe.trainer != "debate_ppo":
             raise RecipeError(f"recipes/debate.py runs the debate_ppo trainer, got trainer: {recipe.trainer}")
-        env_cls = resolve_environment(recipe.environment)
-        tasks = held_out_tasks(recipe, env_cls, config, recipe.eval_num_problems or 32)
+        tasks = list(held_out_tasks(recipe, config, recipe.eval_num_problems or 32))
         trainer = build_trainer(recipe, config)
     except RecipeError as exc:
         logger.error("%s", exc)

@@ -4,12 +4,11 @@ accuracy, exact match and token F1 of its answers on held-out questions before a
     accelerate launch recipes/mhgpo.py --config recipes/configs/search_qa_mhgpo_fof.yaml [--field value ...]
 
 Held-out questions: for ``dataset: generated``, the environment's ``eval`` split (a separate random stream); for a
-hub dataset, its ``validation`` split through the same ``dataset_transform``. ``eval_num_problems`` of them (64 when
+hub dataset, its ``eval_dataset_split`` (``validation`` in the hub configs) through the same ``dataset_transform``. ``eval_num_problems`` of them (64 when
 0), answered with greedy decoding, ``eval_max_new_tokens`` tokens per agent. Writes ``summary.json`` (training summary
 plus ``evaluation.before`` / ``evaluation.after`` and the command) to the ``output_dir``.
 """
 
-import dataclasses
 import json
 import logging
 import sys
@@ -23,28 +22,16 @@ from transformers import GenerationConfig  # noqa: E402
 
 from trl_multiagent.recipe import (  # noqa: E402
     RecipeError,
-    build_dataset,
     build_trainer,
     finish_distributed,
+    held_out_tasks,
     load_recipe,
-    resolve_environment,
 )
 from trl_multiagent.rollout.pipeline import evaluate_pipeline  # noqa: E402
 
 logger = logging.getLogger("recipes.mhgpo")
 
-#: The split of a hub dataset used as held-out questions.
-HUB_EVAL_SPLIT = "validation"
 DEFAULT_EVAL_QUESTIONS = 64
-
-
-def held_out_questions(recipe, config):
-    env_cls = resolve_environment(recipe.environment)
-    n = recipe.eval_num_problems or DEFAULT_EVAL_QUESTIONS
-    if recipe.dataset == "generated":
-        return env_cls.make_dataset(num_tasks=n, seed=config.seed, split="eval")
-    data = build_dataset(dataclasses.replace(recipe, dataset_split=HUB_EVAL_SPLIT), env_cls, config)
-    return data.select(range(min(n, len(data))))
 
 
 def main(argv=None) -> int:
@@ -55,8 +42,8 @@ def main(argv=None) -> int:
         recipe, config = load_recipe(argv)
         if recipe.trainer != "mhgpo":
             raise RecipeError(f"recipes/mhgpo.py runs trainer 'mhgpo', the recipe names {recipe.trainer!r}")
+        tasks = list(held_out_tasks(recipe, config, recipe.eval_num_problems or DEFAULT_EVAL_QUESTIONS))
         trainer = build_trainer(recipe, config)
-        tasks = list(held_out_questions(recipe, config))
     except RecipeError as exc:
         logger.error("%s", exc)
         return 2

@@ -1,11 +1,21 @@
 """Bad input gets one clear error before any model loads."""
 
+import json
+from pathlib import Path
+
 import pytest
 from datasets import Dataset
 
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+from trl_multiagent.recipe import (
+    RecipeError,
+    build_dataset,
+    build_trainer,
+    held_out_tasks,
+    load_recipe,
+    resolve_environment,
+)
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 NOWHERE = "/nonexistent/model/dir-that-would-fail-to-load"
@@ -116,3 +126,68 @@ def test_sequential_at_grpo_needs_partial_actions_before_loading(tmp_path):
                               MatrixGameEnv, args, Dataset.from_dict({"x": [1]}))
     with pytest.raises(ValueError, match="grouping"):
         _args(tmp_path, grouping="by_vibes")
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_loads_and_names_its_held_out_split(path, tmp_path):
+    recipe, config = load_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
+    assert config.output_dir == str(tmp_path)
+    # a team trained on a hub dataset is evaluated on a split the config names (the coding recipe has its own)
+    if recipe.dataset != "generated" and recipe.environment != "humaneval_aux_main":
+        assert recipe.eval_dataset_split, f"{path.name} trains on {recipe.dataset} but names no eval_dataset_split"
+
+
+def test_held_out_tasks_of_generated_environments_are_their_eval_or_test_split(tmp_path):
+    recipe, config = load_recipe(["--environment", "plan_path", "--output_dir", str(tmp_path)])
+    held_out = held_out_tasks(recipe, config, 5)
+    assert len(held_out) == 5 and all("/eval/" in t for t in held_out["task_id"])
+    train = build_dataset(recipe, resolve_environment("plan_path"), config)
+    assert not set(map(tuple, train["grid"])) & set(map(tuple, held_out["grid"]))
+    recipe, config = load_recipe(["--environment", "math_debate", "--output_dir", str(tmp_path)])
+    held_out = held_out_tasks(recipe, config, 3)
+    train_questions = set(build_dataset(recipe, resolve_environment("math_debate"), config)["question"])
+    assert len(held_out) == 3 and not train_questions & set(held_out["question"])
+
+
+def test_held_out_tasks_of_hub_and_file_datasets_need_a_named_split(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    recipe, config = load_recipe(["--environment", "math_debate", "--dataset", "someone/not-a-local-dataset",
+                                  "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="needs eval_dataset_split"):
+        held_out_tasks(recipe, config, 4)
+    recipe.eval_dataset_split = "test"
+    with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
+        held_out_tasks(recipe, config, 4)
+    recipe.eval_dataset_split = "generated"  # explicit: the environment's generated held-out problems
+    assert len(held_out_tasks(recipe, config, 4)) == 4
+    # a file has no splits: the held-out tasks come from another file, never from the training file itself
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    train_file, eval_file = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train_file.write_text("\n".join(json.dumps(r) for r in rows[:4]))
+    eval_file.write_text("\n".join(json.dumps(r) for r in rows[4:]))
+    recipe, config = load_recipe(["--environment", "math_debate", "--dataset", str(train_file),
+                                  "--eval_dataset_split", "test", "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="must be another data file"):
+        held_out_tasks(recipe, config, 4)
+    recipe.eval_dataset_split = str(eval_file)
+    assert held_out_tasks(recipe, config, 4)["question"] == ["What is 4 + 1?", "What is 5 + 1?"]
+
+
+@pytest.mark.parametrize("script,config", [
+    ("at_grpo", "gsm8k_at_grpo"), ("actor_critic", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
+    ("mhgpo", "hotpotqa_mhgpo_rr")])
+def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(script, config, tmp_path, caplog):
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(f"recipe_{script}", root / "recipes" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--config", str(root / "recipes" / "configs" / f"{config}.yaml"), "--output_dir", str(tmp_path),
+            "--eval_dataset_split", "", "--model", NOWHERE]  # a model that would fail differently if it were loaded
+    assert module.main(argv) == 2
+    assert "needs eval_dataset_split" in caplog.text

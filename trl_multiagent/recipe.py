@@ -55,6 +55,10 @@ class RecipeArguments:
         dataset: ``"generated"`` (the environment generates ``num_tasks`` tasks), a local ``.json``/``.jsonl``/
             ``.csv``/``.parquet`` file, or a hub dataset id (needs a reachable hub).
         dataset_split: split of a hub dataset.
+        eval_dataset_split: held-out split of a hub dataset, used by the recipes' before/after evaluation (e.g.
+            ``"test"``, ``"validation"``; for a file dataset: another data file), or ``"generated"`` to evaluate on
+            the environment's generated held-out tasks. Generated datasets always use the environment's own
+            held-out split.
         dataset_config: configuration (subset) name of a hub dataset.
         dataset_transform: optional ``"module:function"`` mapped over the dataset's rows (e.g. to give MBPP the
             columns of HumanEval).
@@ -79,6 +83,7 @@ class RecipeArguments:
     lora_alpha: int = 32
     dataset: str = "generated"
     dataset_split: str = "train"
+    eval_dataset_split: str | None = None
     dataset_config: str | None = None
     dataset_transform: str | None = None
     num_tasks: int = 256
@@ -363,6 +368,10 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
     return specs
 
 
+#: Suffixes of the local data files a recipe's ``dataset`` may name.
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+
+
 def build_dataset(recipe: RecipeArguments, env_cls, config):
     from datasets import Dataset
 
@@ -385,7 +394,7 @@ def _load_data(recipe: RecipeArguments):
     from datasets import load_dataset
 
     path = Path(recipe.dataset)
-    if path.suffix in (".json", ".jsonl", ".csv", ".parquet"):
+    if path.suffix in DATA_FILE_SUFFIXES:
         if not path.is_file():
             raise RecipeError(f"Dataset file {path} does not exist")
         kind = {"jsonl": "json"}.get(path.suffix[1:], path.suffix[1:])
@@ -397,6 +406,45 @@ def _load_data(recipe: RecipeArguments):
             f"Could not load the dataset {recipe.dataset!r} ({type(exc).__name__}: {exc}). Hub datasets need a "
             "reachable Hugging Face Hub; offline, use dataset: generated or a local .jsonl/.csv/.parquet file."
         ) from exc
+
+
+#: The names the environments give their held-out split of generated tasks (each accepts exactly one of them).
+HELD_OUT_SPLITS = ("eval", "test")
+
+
+def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int):
+    """The held-out tasks of a recipe's before/after evaluation, at most ``num_tasks`` of them, as a ``Dataset``.
+
+    For ``dataset: generated`` (or ``eval_dataset_split: generated``) they are the environment's generated held-out
+    split: ``eval`` or ``test``, whichever its ``make_dataset`` accepts; each environment draws it from a seed stream
+    that never yields a training task (tested per environment). For a hub or file dataset they are the rows of
+    ``eval_dataset_split``, loaded and transformed like the training data; the field is required there, so that a
+    hub-trained team is never silently scored on something else. Call it before :func:`build_trainer`: a missing or
+    unavailable held-out split is then reported before any model loads.
+    """
+    env_cls = resolve_environment(recipe.environment)
+    if recipe.dataset == "generated" or recipe.eval_dataset_split == "generated":
+        make = getattr(env_cls, "make_dataset", None)
+        if make is None:
+            raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no generated held-out tasks")
+        for split in HELD_OUT_SPLITS:
+            try:
+                return make(num_tasks=num_tasks, seed=config.seed, split=split)
+            except ValueError:
+                continue
+        raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS}")
+    if not recipe.eval_dataset_split:
+        raise RecipeError(f"dataset {recipe.dataset!r} needs eval_dataset_split: its held-out split (e.g. 'test' or "
+                          "'validation'), or 'generated' for the environment's generated held-out tasks")
+    if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:  # a file has no splits: the held-out tasks are another file
+        if Path(recipe.eval_dataset_split).suffix not in DATA_FILE_SUFFIXES:
+            raise RecipeError(f"dataset {recipe.dataset!r} is a file: eval_dataset_split must be another data file "
+                              f"({', '.join(DATA_FILE_SUFFIXES)}) or 'generated', got {recipe.eval_dataset_split!r}")
+        held_out = dataclasses.replace(recipe, dataset=recipe.eval_dataset_split)
+    else:
+        held_out = dataclasses.replace(recipe, dataset_split=recipe.eval_dataset_split)
+    data = build_dataset(held_out, env_cls, config)
+    return data.select(range(min(num_tasks, len(data))))
 
 
 def build_trainer(recipe: RecipeArguments, config, callbacks=None):
