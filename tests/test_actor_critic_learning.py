@@ -12,11 +12,9 @@ P(A | A or B) after its turn-2 prompt.
 
 import itertools
 
-import torch
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.tiny import build_tokenizer
+from tests.tiny import prob_first_choice, save_tiny
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer
@@ -48,28 +46,12 @@ class SparseFinalGame(Environment):
 
 
 def _model(path) -> str:
-    """A tiny random Llama whose outputs depend on the context (a larger init than ``tests/tiny.py``, whose models
-    respond almost only to the last token)."""
-    tok = build_tokenizer(CHARS)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=False, initializer_range=0.1)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    """A tiny random Llama whose outputs depend on the context (``initializer_range`` 0.1)."""
+    return save_tiny(path, CHARS, seed=0, max_positions=512, initializer_range=0.1)
 
 
 def _prob_a(trainer, agent, prompt) -> float:
-    pool = trainer.pool
-    ids = torch.tensor([pool.encode_prompt(agent, prompt)])
-    with torch.no_grad():
-        logits = pool(pool.policy_of(agent), input_ids=ids).logits[0, -1]
-    tok = pool.tokenizer_of(agent)
-    a, b = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
-    return torch.softmax(logits[[a, b]], dim=0)[0].item()
+    return prob_first_choice(trainer.pool, agent, prompt)
 
 
 def _exact(trainer):

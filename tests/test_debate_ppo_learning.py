@@ -11,11 +11,9 @@ policies' probabilities.
 
 import functools
 
-import torch
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.tiny import build_tokenizer
+from tests.tiny import prob_first_choice, save_tiny
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.credit.maporl import best_response_threshold
 from trl_multiagent.environments import CollaborationGameEnv
@@ -27,25 +25,13 @@ REWARD_C = 0.6
 
 
 def _model(path, seed) -> str:
-    """A tiny random Llama whose outputs depend on the context (a larger init than ``tests/tiny.py``)."""
-    tok = build_tokenizer(CHARS)
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=False, initializer_range=0.1)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    """A tiny random Llama whose outputs depend on the context (``initializer_range`` 0.1)."""
+    return save_tiny(path, CHARS, seed=seed, max_positions=512, initializer_range=0.1)
 
 
 def _prob_collaborate_first(trainer, agent) -> float:
     prompt = trainer.environment_factory().reset({"task_id": "probe"})[agent]
-    ids = torch.tensor([trainer.pool.encode_prompt(agent, prompt)])
-    with torch.no_grad():
-        logits = trainer.pool(trainer.pool.policy_of(agent), input_ids=ids).logits[0, -1]
-    return torch.softmax(logits[[A, B]], dim=0)[0].item()
+    return prob_first_choice(trainer.pool, agent, prompt)
 
 
 def _train(model, out, seed, partner):

@@ -5,9 +5,9 @@ token, restricted to A or B (the other tokens are suppressed), so before trainin
 """
 
 import pytest
-import torch
 from datasets import Dataset
 
+from tests.tiny import prob_first_choice
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
@@ -18,14 +18,7 @@ STEPS = 25
 
 def prob_a(trainer, agent):
     """P(A | A or B) of an agent's next token after its prompt (its adapter active)."""
-    pool = trainer.pool
-    prompt = MatrixGameEnv().reset({})[agent]
-    ids = torch.tensor([pool.encode_prompt(agent, prompt)])
-    with torch.no_grad():
-        logits = pool(pool.policy_of(agent), input_ids=ids).logits[0, -1]
-    tok = pool.tokenizer_of(agent)
-    a, b = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
-    return torch.softmax(logits[[a, b]], dim=0)[0].item()
+    return prob_first_choice(trainer.pool, agent, MatrixGameEnv().reset({})[agent])
 
 
 def greedy_joint_action(trainer):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from tests.tiny import build_model, build_tokenizer
+from tests.tiny import build_model, build_tokenizer, prob_first_choice
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.pipeline import PipelineEnvironment
 from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
@@ -50,13 +50,7 @@ class TwoStageGame(PipelineEnvironment):
 
 
 def prob_a(trainer, prompt):
-    pool = trainer.pool
-    ids = torch.tensor([pool.encode_prompt("first", prompt)])
-    with torch.no_grad():
-        logits = pool(pool.policy_of("first"), input_ids=ids).logits[0, -1]
-    tok = pool.tokenizer_of("first")
-    a, b = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
-    return torch.softmax(logits[[a, b]], dim=0)[0].item()
+    return prob_first_choice(trainer.pool, "first", prompt)
 
 
 def expected_end_reward(trainer):
