@@ -6,7 +6,8 @@
 (a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
     ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
     completion length, same batch, measured side by side in one process in alternating blocks
-    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15.
+    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15. Both run with glibc's default allocator
+    (ours with ``cpu_malloc_mmap_threshold=0``): the setting is process-wide and would act on TRL's steps as well.
 (b) Memory: peak resident memory of a fresh subprocess per configuration (``VmHWM``, checked against ``ru_maxrss``)
     for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy. Target:
     4 agents on a shared base within 1.15x of one agent's peak. The trainers run with their default
@@ -265,7 +266,8 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda task: task["prompt"]}, bench_reward)  # noqa: E731
     ours = MultiAgentGRPOTrainer(
         [AgentSpec("solo", model=model_path, lora_r=r, lora_alpha=alpha, lora_dropout=0.0)], env,
-        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype="float32", **common),
+        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype="float32",
+                             cpu_malloc_mmap_threshold=0, **common),  # process-wide: keep TRL's allocator as shipped
         data,
     )
     ours_build = time.perf_counter() - t0
@@ -611,7 +613,9 @@ def write_markdown(report: dict, path: Path) -> None:
             f"max_completion_length), one prompt per step, beta=0, no gradient checkpointing, bf16 off, "
             f"{sp['torch_threads']} torch thread(s). {s['steps']} steps per trainer, alternating TRL / ours in blocks "
             f"of {s['block_steps']} step(s) in one process; the first {s['warmup_steps']} step(s) of each dropped as "
-            "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step).",
+            "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step). "
+            "Both trainers use glibc's default allocator (ours with `cpu_malloc_mmap_threshold: 0`; the pinned "
+            "threshold is process-wide and would act on TRL's steps as well).",
             "",
             "| median seconds | TRL GRPOTrainer | MultiAgentGRPOTrainer | ours / TRL |",
             "|---|---|---|---|",

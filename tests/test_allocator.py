@@ -60,3 +60,40 @@ def test_threshold_validation(tmp_path, monkeypatch):
     assert set_cpu_mmap_threshold(131072) is False  # the user's environment variable wins
     with pytest.raises(ValueError, match="cpu_malloc_mmap_threshold"):
         MultiAgentGRPOConfig(output_dir=str(tmp_path), cpu_malloc_mmap_threshold=-5, report_to=[])
+
+
+RELAX_PROBE = r"""
+import ctypes, sys
+sys.path.insert(0, {root!r})
+from trl_multiagent.utils import generation_mmap_threshold, set_cpu_mmap_threshold
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.mallinfo2.restype = MallInfo2
+
+def mapped_after_malloc(size):
+    before = libc.mallinfo2().hblkhd
+    libc.malloc(size)
+    return libc.mallinfo2().hblkhd - before >= size
+
+print(set_cpu_mmap_threshold(131072))
+print(mapped_after_malloc(2 << 20))             # pinned: a 2 MiB block is its own mapping
+with generation_mmap_threshold():
+    print(mapped_after_malloc(2 << 20))         # while generating: from the heap
+    print(mapped_after_malloc(40 << 20))        # above 32 MiB: still mapped
+print(mapped_after_malloc(2 << 20))             # the pinned threshold is back
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt and mallinfo2 are glibc's")
+def test_generation_relaxes_the_pinned_threshold_and_restores_it():
+    from pathlib import Path
+
+    code = RELAX_PROBE.format(root=str(Path(__file__).resolve().parents[1]))
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["True", "True", "False", "True", "True"]

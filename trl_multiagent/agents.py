@@ -35,7 +35,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
 from .models import DEFAULT_MODEL, load_base_model, load_tokenizer, resolve_model
-from .utils import release_freed_memory
+from .utils import generation_mmap_threshold, release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -408,8 +408,9 @@ class AgentPool(nn.Module):
         was_training = base.training
         base.eval()
         try:
-            out = base.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                generation_config=config)
+            with generation_mmap_threshold():
+                out = base.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                    generation_config=config)
         finally:
             base.train(was_training)
         completions = out[:, width:].cpu().tolist()

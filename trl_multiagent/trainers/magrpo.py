@@ -79,8 +79,9 @@ class MultiAgentGRPOConfig(GRPOConfig):
         cpu_malloc_mmap_threshold (`int`, defaults to `131072`):
             On CPU, pin glibc's mmap threshold to this many bytes for the training process, so that freed activation
             buffers go back to the OS instead of fragmenting the heap (a team of n policies on one shared base then
-            stays close to one agent's peak memory; see `utils.set_cpu_mmap_threshold`). `0` keeps glibc's dynamic
-            default; ignored on CUDA and when the environment variable `MALLOC_MMAP_THRESHOLD_` is set.
+            stays close to one agent's peak memory; see `utils.set_cpu_mmap_threshold`). Generation runs with a
+            32 MiB threshold and restores this one after (`utils.generation_mmap_threshold`). `0` keeps glibc's
+            dynamic default; ignored on CUDA and when the environment variable `MALLOC_MMAP_THRESHOLD_` is set.
 
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
