@@ -91,11 +91,11 @@ def test_shared_policy_is_one_adapter(tiny_text_model):
 
 def test_team_validation_errors_before_loading():
     with pytest.raises(ValueError, match="unique"):
-        check_team([AgentSpec("a"), AgentSpec("a")])
+        check_team([AgentSpec("ann"), AgentSpec("ann")])
     with pytest.raises(ValueError, match="share policy"):
-        check_team([AgentSpec("a", policy="p", lora_r=4), AgentSpec("b", policy="p", lora_r=8)])
+        check_team([AgentSpec("ann", policy="p", lora_r=4), AgentSpec("bob", policy="p", lora_r=8)])
     with pytest.raises(ValueError, match="quantization"):
-        AgentSpec("a", quantization="3bit")
+        AgentSpec("ann", quantization="3bit")
     with pytest.raises(ValueError, match="Agent name"):
         AgentSpec("bad name")
 
@@ -125,3 +125,51 @@ def test_qlora_shared_4bit_base(tiny_text_model):
     assert n4 == sum(isinstance(m, bnb.nn.Linear4bit) for m in single.modules()) > 0
     _make_b_nonzero(pool)
     _assert_only_policy_changes(pool, "agent1", ["agent0", "agent2"])
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "lm_head"], ".*(q_proj|lm_head)", ["model.lm_head"]])
+def test_lora_on_the_output_layer_is_refused_before_loading(targets):
+    with pytest.raises(ValueError, match=r"output layer '(model\.)?lm_head'.*never be trained"):
+        AgentSpec("ann", model="/nonexistent/model", lora_target_modules=targets)
+    from trl_multiagent.critics import CriticSpec
+
+    with pytest.raises(ValueError, match="output layer"):
+        CriticSpec("critic", agent="ann", lora_target_modules=targets)
+
+
+def test_an_adapted_output_layer_that_slips_past_the_names_is_refused_after_loading(tiny_ab_model, monkeypatch):
+    import trl_multiagent.agents as agents_module
+
+    monkeypatch.setattr(agents_module, "check_lora_targets", lambda owner, targets: None)
+    spec = AgentSpec("ann", model=tiny_ab_model, lora_target_modules=["q_proj", "lm_head"])
+    with pytest.raises(ValueError, match="LoRA on the output layer"):
+        AgentPool([spec])
+
+
+def test_policy_names_inside_peft_prefix_are_refused():
+    with pytest.raises(ValueError, match="prefix 'lora_'"):
+        AgentSpec("a")
+    assert AgentSpec("a", policy="shared").policy == "shared"
+
+
+def test_generate_many_answers_every_request_in_order(tiny_text_model, second_tiny_model):
+    from trl_multiagent.agents import GenerationRequest
+
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4),
+                      AgentSpec("main", model=tiny_text_model, lora_r=4),
+                      AgentSpec("other", model=second_tiny_model, lora_r=4)])
+    _make_b_nonzero(pool)
+    greedy = GenerationConfig(max_new_tokens=4, do_sample=False)
+    requests = [GenerationRequest("main", "abc"), GenerationRequest("aux", "abc", num_samples=2),
+                GenerationRequest("main", "abc", use_adapter=False), GenerationRequest("other", "de"),
+                GenerationRequest("aux", "xyz")]
+    out = pool.generate_many(requests, greedy)
+    assert [len(g) for g in out] == [1, 2, 1, 1, 1]
+    # each answer is what the agent alone gives for that prompt: its adapter on, or off for use_adapter=False
+    assert out[0][0].completion_ids == pool.generate("main", ["abc"], 1, greedy)[0][0].completion_ids
+    assert out[1][1].completion_ids == pool.generate("aux", ["abc"], 1, greedy)[0][0].completion_ids
+    assert out[4][0].completion_ids == pool.generate("aux", ["xyz"], 1, greedy)[0][0].completion_ids
+    assert out[3][0].completion_ids == pool.generate("other", ["de"], 1, greedy)[0][0].completion_ids
+    with pool.reference("main"):
+        base_answer = pool.generate("main", ["abc"], 1, greedy)[0][0].completion_ids
+    assert out[2][0].completion_ids == base_answer != out[0][0].completion_ids

@@ -46,3 +46,54 @@ def test_run_writes_metrics_summary_and_adapters(tiny_ab_model, tmp_path):
     assert set(summary["agents"]) == {"agent1", "agent2"}
     for policy in ("agent1", "agent2"):
         assert (tmp_path / "adapters" / policy / "adapter_model.safetensors").is_file()
+
+
+def test_max_grad_norm_bounds_each_policy_separately(tiny_ab_model, tmp_path):
+    """One agent's 100x larger gradient does not shrink the other's step: the other's update equals the update it
+    gets when it trains alone (plain SGD, so the step is proportional to the clipped gradient)."""
+    import torch
+
+    from trl_multiagent.agents import Generation
+    from trl_multiagent.rollout import Experience, Sample
+
+    trainer = _trainer(tiny_ab_model, tmp_path, max_steps=1, max_grad_norm=0.01, optim="sgd")
+    pool = trainer.pool
+    with torch.no_grad():
+        for n, p in pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    lora = {n: p for n, p in pool.named_parameters() if "lora_" in n}
+    start = {n: p.detach().clone() for n, p in lora.items()}
+    tok = pool.tokenizer_of("agent1")
+    a, b = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
+
+    def samples(agent, advantage):
+        prompt = pool.encode_prompt(agent, "AB")
+        return [Sample(agent=agent, policy=agent, episode=0, turn=0, node=0, joint_ids=[],
+                       generation=Generation(list(prompt), [t], ""), advantage=s * advantage)
+                for t, s in ((a, 1.0), (b, -1.0))]
+
+    optimizer = trainer.create_optimizer()
+
+    def one_step(rows):
+        with torch.no_grad():
+            for n, p in lora.items():
+                p.copy_(start[n])
+        optimizer.zero_grad(set_to_none=True)
+        trainer.update(pool, Experience(rows, [], {}))
+        trainer._clip_grad_norm(pool)
+        optimizer.step()
+        return {n: p.detach().clone() for n, p in lora.items()}
+
+    together = one_step(samples("agent1", 100.0) + samples("agent2", 1.0))
+    norms = trainer._metrics["train"]
+    assert norms["policy/agent2/grad_norm"][-1] > 0.01  # clipping is active for agent2 too
+    assert norms["policy/agent1/grad_norm"][-1] > 50 * norms["policy/agent2/grad_norm"][-1]
+    alone = one_step(samples("agent2", 1.0))
+    moved = [n for n in lora if ".agent2" in n and not torch.equal(alone[n], start[n])]
+    assert moved
+    for n in lora:
+        if ".agent2" in n:
+            assert torch.allclose(together[n], alone[n], atol=1e-7), n
+        else:
+            assert torch.equal(alone[n], start[n])

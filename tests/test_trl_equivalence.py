@@ -1,4 +1,5 @@
-"""With one agent and one turn, MultiAgentGRPOTrainer's advantages, loss and gradients equal TRL GRPOTrainer's."""
+"""With one agent and one turn, MultiAgentGRPOTrainer's advantages, loss and gradients equal TRL GRPOTrainer's for
+TRL's own loss types (selected by name; MAGRPO's default whole-response objective is tested in test_losses.py)."""
 
 import pytest
 import torch
@@ -27,9 +28,10 @@ def _score(text: str) -> float:
     return float(sum(map(ord, text)) % 5)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, beta):
+@pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("dapo", 0.05), ("grpo", 0.05)])
+def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, loss_type, beta):
     common = dict(num_generations=K, max_completion_length=6, learning_rate=1e-3, beta=beta, temperature=1.0,
+                  loss_type=loss_type, use_bias_correction_kl=True,
                   report_to=[], bf16=False, gradient_checkpointing=False, disable_tqdm=True, seed=0,
                   per_device_train_batch_size=K)
     lora = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear")

@@ -33,10 +33,10 @@ def test_agents_must_match_environment_roles(tmp_path):
 
 
 def test_dataset_missing_columns(tmp_path):
-    env = lambda: FunctionEnvironment(["a"], {"a": lambda t: t["question"]}, lambda completions: 0.0,  # noqa: E731
+    env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["question"]}, lambda completions: 0.0,  # noqa: E731
                                       required_columns=["question"])
     with pytest.raises(ValueError, match=r"lacks the column\(s\) \['question'\]"):
-        MultiAgentGRPOTrainer([AgentSpec("a", model=NOWHERE)], env, _args(tmp_path),
+        MultiAgentGRPOTrainer([AgentSpec("solo", model=NOWHERE)], env, _args(tmp_path),
                               Dataset.from_dict({"prompt": ["hi"]}))
 
 

@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
-from .models import DEFAULT_MODEL, load_base_model, load_tokenizer, resolve_model
+from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .utils import generation_mmap_threshold, release_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -79,12 +80,16 @@ class AgentSpec:
             self.policy = self.name
         if not _NAME_RE.match(self.policy) or self.policy in ("default", "ref"):
             raise ValueError(f"Policy name {self.policy!r} is not allowed (letters, digits, '_', '-'; not 'default'/'ref')")
+        if self.policy in "lora_":
+            raise ValueError(f"Policy name {self.policy!r} (agent {self.name!r}) is part of PEFT's parameter prefix "
+                             "'lora_', so PEFT could re-initialise its weights when loading them; choose a longer name")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"Agent {self.name!r}: quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.lora_r <= 0:
             raise ValueError(f"Agent {self.name!r}: lora_r must be positive, got {self.lora_r}")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"Agent {self.name!r}: learning_rate must be positive, got {self.learning_rate}")
+        check_lora_targets(f"Agent {self.name!r}", self.lora_target_modules)
 
     @property
     def model_name(self) -> str:
@@ -104,6 +109,18 @@ class Generation:
     completion_ids: list[int]
     text: str
     truncated: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt of one agent to sample ``num_samples`` responses for, in a team-level :meth:`AgentPool.generate_many`
+    call. ``use_adapter=False`` samples from the agent's base model with its adapter switched off (the untrained
+    model: the inference-time baselines)."""
+
+    agent: str
+    prompt: Prompt
+    num_samples: int = 1
+    use_adapter: bool = True
 
 
 @dataclass
@@ -214,6 +231,11 @@ class AgentPool(nn.Module):
         else:
             self.bases[key].add_adapter(adapter, config)
         self._adapter_base[adapter] = key
+        head = self.bases[key].get_base_model().get_output_embeddings()
+        if isinstance(head, BaseTunerLayer):
+            raise ValueError(f"Adapter {adapter!r} puts LoRA on the output layer of {source[0]}; log-probs for the "
+                             "loss are computed from the LM head's base weight, so it would never be trained. Leave "
+                             "the output layer out of lora_target_modules.")
         return key
 
     def _adapter_parameters(self, adapter: str) -> list[nn.Parameter]:
@@ -373,6 +395,28 @@ class AgentPool(nn.Module):
 
     # ----------------------------------------------------------------------------------------------- generation
     @torch.no_grad()
+    def generate_many(self, requests: Sequence[GenerationRequest], generation_config: GenerationConfig,
+                      max_batch_sequences: int | None = None) -> list[list[Generation]]:
+        """Sample every request of a team's step at once; returns one list of ``num_samples`` generations per request,
+        in request order. This is the one entry point samplers and evaluation use: the pool decides how requests
+        share forward passes (requests of one agent and adapter setting go into one batched call)."""
+        out: list[list[Generation] | None] = [None] * len(requests)
+        buckets: dict[tuple[str, bool, int], list[int]] = {}
+        for i, req in enumerate(requests):
+            if req.agent not in self.specs:
+                raise KeyError(f"Unknown agent {req.agent!r}; the team is {self.agent_names}")
+            buckets.setdefault((req.agent, req.use_adapter, req.num_samples), []).append(i)
+        for (agent, use_adapter, num_samples), idxs in buckets.items():
+            prompts = [requests[i].prompt for i in idxs]
+            with contextlib.ExitStack() as stack:
+                if not use_adapter:
+                    stack.enter_context(self.activate(self.policy_of(agent)).disable_adapter())
+                gens = self.generate(agent, prompts, num_samples, generation_config, max_batch_sequences)
+            for i, g in zip(idxs, gens):
+                out[i] = g
+        return out  # type: ignore[return-value]
+
+    @torch.no_grad()
     def generate(self, agent: str, prompts: Sequence[Prompt], num_samples: int,
                  generation_config: GenerationConfig, max_batch_sequences: int | None = None) -> list[list[Generation]]:
         """Sample ``num_samples`` responses of ``agent`` for every prompt, batched.
@@ -403,8 +447,12 @@ class AgentPool(nn.Module):
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids):] = 1
         eos_ids = self.eos_token_ids(agent)
+        # K samples of a prompt are K rows of the batch (as num_return_sequences would make them, and also valid for
+        # greedy decoding)
+        input_ids = input_ids.repeat_interleave(num_samples, dim=0)
+        attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
         config = GenerationConfig(**{**generation_config.to_dict(), "eos_token_id": eos_ids, "pad_token_id": pad_id,
-                                     "num_return_sequences": num_samples})
+                                     "num_return_sequences": 1})
         was_training = base.training
         base.eval()
         try:

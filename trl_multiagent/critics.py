@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .models import check_lora_targets
+
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
@@ -63,6 +65,7 @@ class CriticSpec:
             raise ValueError(f"Critic {self.name!r}: lora_r and num_heads must be positive")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"Critic {self.name!r}: learning_rate must be positive, got {self.learning_rate}")
+        check_lora_targets(f"Critic {self.name!r}", self.lora_target_modules)
 
 
 class ValueHead(nn.Module):

@@ -49,6 +49,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -642,6 +643,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(path)
     return 0
+
+
+#: Names of the output layer (LM head) in the model families transformers ships.
+OUTPUT_LAYER_NAMES = ("lm_head", "embed_out", "output_layer")
+
+
+def check_lora_targets(owner: str, targets: str | list[str] | tuple[str, ...]) -> None:
+    """Refuse LoRA on the output layer: the trainers compute log-probs from the LM head's base weight directly
+    (TRL's fused head), so such an adapter would be used when generating but never trained.
+
+    ``targets`` as PEFT reads them: a list of module-name suffixes, or one string that is a regular expression
+    matched against full module names (``"all-linear"`` leaves the output layer out)."""
+    if isinstance(targets, str):
+        hit = [] if targets == "all-linear" else [n for n in OUTPUT_LAYER_NAMES if re.fullmatch(targets, n)]
+    else:
+        hit = [t for t in targets if t.split(".")[-1] in OUTPUT_LAYER_NAMES]
+    if hit:
+        raise ValueError(f"{owner}: lora_target_modules {targets!r} puts LoRA on the output layer {hit[0]!r}, which "
+                         "is not supported: log-probs for the loss are computed from the LM head's base weight "
+                         "(TRL's fused head), so an adapter there would change generation but never be trained. "
+                         "Leave it out (\"all-linear\" already does).")
 
 
 if __name__ == "__main__":

@@ -102,10 +102,11 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             a pass grows with its batch times the square of its length on CPU, so long histories need a small
             value here. The loss is the same mean over the minibatch whatever the micro-batch.
 
-    Defaults changed from [`MultiAgentGRPOConfig`]: `num_generations=1` (one path per episode),
-    `importance_sampling_level="sequence"` (one ratio per response: the paper's macro-action rho; TRL normalises its
-    log by the response length), `loss_type="grpo"` (mean over each response's tokens), `learning_rate=5e-6` (the
-    paper's actor rate).
+    Defaults changed from [`MultiAgentGRPOConfig`]: `num_generations=1` (one path per episode), `learning_rate=5e-6`
+    (the paper's actor rate). The actor's objective is `loss_type="response"` (Eq. 2 / Eq. 4): the ratio
+    rho = pi(a|h) / pi_old(a|h) of whole-response probabilities (exp of the SUM of the token log-ratios), times the TD
+    error, with the gradient of the summed token log-probs (:func:`~trl_multiagent.losses.response_policy_loss`,
+    shared with MAGRPO); its clip (`epsilon`) is the paper's "advantage clip" of Appendix C.
     """
 
     critic: str = field(default="centralized", metadata={
@@ -139,9 +140,6 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     critic_micro_batch_size: int | None = field(default=None, metadata={
         "help": "Critic inputs per forward/backward pass of the value loss; None: per_device_train_batch_size."})
     num_generations: int | None = field(default=1, metadata={"help": "Must be 1: one path per episode."})
-    importance_sampling_level: str = field(default="sequence", metadata={
-        "help": "'sequence': one clipped ratio per response (the paper's rho), or 'token'."})
-    loss_type: str = field(default="grpo", metadata={"help": "TRL loss aggregation; 'grpo' = mean per response."})
     learning_rate: float = field(default=5e-6, metadata={"help": "alpha_pi: the actors' learning rate."})
 
     def __post_init__(self):
@@ -451,19 +449,6 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             with torch.set_grad_enabled(grad):
                 out.append(self.pool.values(critic, ids.to(device), mask.to(device))[:, -1])
         return torch.cat(out)
-
-    def _clip_grad_norm(self, model):
-        """Clip the actors' gradients (jointly, as the shared base does) and each critic's separately, so that a
-        large TD error does not shrink the actors' step. Returns the actors' norm (logged as ``grad_norm``)."""
-        max_norm = self.args.max_grad_norm
-        policy_params = [p for pol in self.pool.policies for p in self.pool.policy_parameters(pol)]
-        norm = self.accelerator.clip_grad_norm_(policy_params, max_norm)
-        for critic in self.pool.critics:
-            params = [p for p in self.pool.critic_parameters(critic) if p.grad is not None]
-            if params:
-                critic_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                self._metrics["train"][f"{critic}/grad_norm"].append(float(critic_norm))
-        return norm
 
     # ------------------------------------------------------------------------------------------------ outputs
     def train(self, *args, **kwargs) -> TrainOutput:

@@ -39,6 +39,7 @@ from trl.trainer.utils import RepeatSampler, identity
 
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
+from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..rollout import AgentTurnSampler, Experience, JointTreeSampler, Sample
 from ..utils import release_freed_memory, set_cpu_mmap_threshold
 from .callbacks import MetricsFileCallback
@@ -49,6 +50,25 @@ logger = logging.getLogger(__name__)
 _ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
 _TOKEN_MEAN_LOSSES = {"bnpo"}
 _TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
+
+
+#: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+
+
+def check_loss_settings(config) -> None:
+    """``loss_type`` names a known objective, and the whole-response objective gets no per-token option it ignores."""
+    if config.loss_type != RESPONSE_LOSS and config.loss_type not in TRL_LOSS_TYPES:
+        raise ValueError(f"loss_type must be {RESPONSE_LOSS!r} or one of TRL's {list(TRL_LOSS_TYPES)}, got "
+                         f"{config.loss_type!r}")
+    if config.loss_type == RESPONSE_LOSS:
+        per_token = {"entropy_coef": config.entropy_coef != 0.0, "use_adaptive_entropy": config.use_adaptive_entropy,
+                     "top_entropy_quantile": config.top_entropy_quantile < 1.0,
+                     "off_policy_mask_threshold": config.off_policy_mask_threshold is not None}
+        used = [name for name, on in per_token.items() if on]
+        if used:
+            raise ValueError(f"{used[0]} is a per-token option of TRL's losses; the whole-response objective "
+                             f"(loss_type={RESPONSE_LOSS!r}) does not use it. Unset it or choose a TRL loss_type.")
 
 
 @dataclass
@@ -106,6 +126,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
         "help": "CPU only: pin glibc's mmap threshold (bytes) so freed activations return to the OS; 0 = glibc's "
                 "dynamic default."})
     num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent at every node."})
+    loss_type: str | None = field(default=None, metadata={
+        "help": "Policy objective. 'response': MAGRPO Eq. 2, a clipped ratio of whole-response probabilities and the "
+                "gradient of the summed token log-probs, averaged over the responses (trl_multiagent.losses); or "
+                "one of TRL's loss types ('grpo', 'bnpo', 'dr_grpo', 'dapo', ...). None: 'response' for MAGRPO, "
+                "'grpo' (GRPO's per-response token mean) for AT-GRPO."})
+    use_bias_correction_kl: bool = field(default=False, metadata={
+        "help": "TRL's importance-sampling correction of the KL term (TRL's default is True); the papers' KL is "
+                "the plain estimator, so it is off here."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
@@ -114,6 +142,9 @@ class MultiAgentGRPOConfig(GRPOConfig):
         cuda = torch.cuda.is_available()
         if self.bf16 is None:
             self.bf16 = cuda
+        if self.loss_type is None:
+            self.loss_type = "grpo" if self.grouping == "agent_turn" else RESPONSE_LOSS
+        check_loss_settings(self)
         if self.num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
         if self.grouping not in ("joint", "agent_turn"):
@@ -296,6 +327,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._last_world_entropy = math.inf
         self._entropy_window_stats = None
         self.max_completion_length = args.max_completion_length
+        self.current_gradient_accumulation_steps = 1  # gradient_accumulation_steps is always 1 here
         self.num_generations = args.num_generations
         self.temperature = args.temperature
         self.shuffle_dataset = args.shuffle_dataset
@@ -416,21 +448,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return logps
 
     def update(self, model, experience: Experience) -> torch.Tensor:
-        """Eq. 2 for every policy: TRL's clipped-ratio loss on that policy's samples, its adapter active.
+        """The policy objective for every policy, its adapter active, on that policy's samples of the step.
 
-        Gradients of a micro-batch are weighted so that each policy's loss is the mean over ALL its samples of the
-        step; policies' parameters are disjoint, so their losses are simply summed. Across processes, gradients are
-        averaged once at the end (every process runs the same number of loss calls, so TRL's metric collectives
-        stay aligned).
+        ``loss_type="response"``: MAGRPO Eq. 2 (:func:`~trl_multiagent.losses.response_policy_loss`); otherwise TRL's
+        own loss (``GRPOTrainer._compute_loss``). Each policy's loss is the (weighted) mean over ALL its samples of
+        the step, computed in micro-batches whose gradients add up to it; policies' parameters are disjoint, so their
+        losses are simply summed. Across processes, gradients are averaged once at the end (every process runs the
+        same number of loss calls, so TRL's metric collectives stay aligned).
         """
         world = self.accelerator.num_processes
         micro = self.args.per_device_train_batch_size
+        response = self.loss_type == RESPONSE_LOSS
         plan = {p: experience.samples_of(p) for p in self.pool.policies}
         weights = {p: self.sample_weights(p, rows) for p, rows in plan.items()}
-        if any(w is not None for w in weights.values()) and self.loss_type not in _ROW_MEAN_LOSSES:
-            raise ValueError(f"per-sample loss weights need a per-sequence loss ({sorted(_ROW_MEAN_LOSSES)}), got "
-                             f"loss_type={self.loss_type!r}")
-        chunked = {p: _weighted_chunks(rows, weights[p], micro) for p, rows in plan.items()}
+        if any(w is not None for w in weights.values()) and not response and self.loss_type not in _ROW_MEAN_LOSSES:
+            raise ValueError(f"per-sample loss weights need a per-response loss ({sorted(_ROW_MEAN_LOSSES)} or "
+                             f"{RESPONSE_LOSS!r}), got loss_type={self.loss_type!r}")
+        chunked = {p: _weighted_chunks(rows, weights[p], micro, equal_within=not response) for p, rows in plan.items()}
         chunk_counts = {p: len(chunked[p]) for p in plan}
         totals = {p: (len(rows), sum(len(s.generation.completion_ids) for s in rows)) for p, rows in plan.items()}
         if world > 1:
@@ -448,30 +482,72 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         sync_ctx = self.accelerator.no_sync(model) if world > 1 else contextlib.nullcontext()
         with sync_ctx:
             for policy in plan:
-                n_rows, n_tokens = totals[policy][0], totals[policy][1]
+                n_tokens = totals[policy][1]
                 global_tokens = totals[policy][2] if world > 1 else n_tokens
                 chunks = chunked[policy]
                 for c in range(chunk_counts[policy]):
-                    chunk, chunk_weight = chunks[c] if c < len(chunks) else (None, None)
+                    chunk, row_weights = chunks[c] if c < len(chunks) else (None, None)
                     batch = self._collate(policy, chunk) if chunk else self._dummy_batch(policy)
-                    if chunk is None:
-                        weight = 0.0
-                    elif self.loss_type in _ROW_MEAN_LOSSES:
-                        weight = len(chunk) / n_rows if chunk_weight is None else chunk_weight
-                    elif self.loss_type in _TOKEN_MEAN_LOSSES:
-                        weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
-                    elif self.loss_type in _TOKEN_SUM_LOSSES:
-                        weight = 1.0
-                        batch["num_items_in_batch"] = torch.tensor(float(global_tokens))
+                    if response:
+                        w = torch.tensor(row_weights if chunk else [0.0], dtype=torch.float32)
+                        loss = self._response_loss(model, policy, batch, w.to(self.accelerator.device))
                     else:
-                        raise ValueError(f"loss_type {self.loss_type!r} is not supported by {type(self).__name__}")
-                    loss = self._compute_loss(functools.partial(model, policy), batch) * weight
+                        if chunk is None:
+                            weight = 0.0
+                        elif self.loss_type in _ROW_MEAN_LOSSES:
+                            weight = sum(row_weights)  # equal weights within a chunk: row mean x chunk weight
+                        elif self.loss_type in _TOKEN_MEAN_LOSSES:
+                            weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
+                        elif self.loss_type in _TOKEN_SUM_LOSSES:
+                            weight = 1.0
+                            batch["num_items_in_batch"] = torch.tensor(float(global_tokens))
+                        else:
+                            raise ValueError(f"loss_type {self.loss_type!r} is not supported by {type(self).__name__}")
+                        loss = self._compute_loss(functools.partial(model, policy), batch) * weight
                     self.accelerator.backward(loss)
                     total_loss = total_loss + loss.detach()
                 release_freed_memory()
         if world > 1:
             self._average_gradients_across_processes()
         return total_loss
+
+    def _response_loss(self, model, policy: str, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+        """MAGRPO Eq. 2 on one micro-batch of ``policy``'s responses (``weights``: each response's share of the
+        policy's loss), through the one log-prob path; logs entropy, clipped fraction and KL like TRL's loss."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            functools.partial(model, policy), input_ids, attention_mask, batch["completion_ids"].size(1),
+            compute_entropy=True)
+        old = batch.get("old_per_token_logps")
+        loss, stats = response_policy_loss(
+            logps, logps.detach() if old is None else old, batch["completion_mask"], batch["advantages"],
+            self.epsilon_low, self.epsilon_high, ref_per_token_logps=batch.get("ref_per_token_logps"),
+            beta=self.beta, weights=weights, delta=self.args.delta)
+        if float(weights.sum()) > 0:  # not a zero-weight batch that only keeps processes in step
+            mask = batch["completion_mask"].to(entropies.dtype)
+            metrics = self._metrics["train"]
+            metrics["entropy"].append(((entropies * mask).sum() / mask.sum().clamp(min=1.0)).item())
+            metrics["clip_ratio/region_mean"].append(stats["clipped"].mean().item())
+            if self.beta != 0.0:
+                metrics["kl"].append(stats["kl"].mean().item())
+        return loss
+
+    def _clip_grad_norm(self, model):
+        """Clip each policy's and each critic's gradient to ``max_grad_norm`` separately, so that one agent's large
+        gradient never shrinks another agent's step. Logs every group's norm before clipping
+        (``policy/<name>/grad_norm``, ``critic/<name>/grad_norm``) and returns the norm of all of them together
+        (TRL's ``grad_norm``)."""
+        self.accelerator.unscale_gradients()
+        norms = []
+        for group in self.pool.trainable_groups():
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+            self._metrics["train"][f"{group['kind']}/{group['name']}/grad_norm"].append(float(norm))
+            norms.append(norm.detach().float())
+        return torch.stack(norms).pow(2).sum().sqrt() if norms else torch.zeros(())
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
         """Per-sample weights of one policy's loss (summing to 1 over ``rows``), or ``None`` for the plain mean over
@@ -611,14 +687,17 @@ def _chunks(rows, size):
         yield rows[i:i + size]
 
 
-def _weighted_chunks(rows, weights, size) -> list[tuple[list, float | None]]:
-    """Micro-batches of at most ``size`` rows with their total weight. With weights, the rows are first grouped by
-    equal weight, so that a row-mean loss times the chunk's total weight is exactly the weighted sum of its rows."""
+def _weighted_chunks(rows, weights, size, equal_within: bool) -> list[tuple[list, list[float]]]:
+    """Micro-batches of at most ``size`` rows, each with its rows' shares of the policy's loss (``1/len(rows)`` each
+    without ``weights``). ``equal_within``: group rows of equal weight first, so that a row-mean loss times the
+    chunk's total weight is exactly the weighted sum of its rows (TRL's per-response losses)."""
     if weights is None:
-        return [(chunk, None) for chunk in _chunks(rows, size)]
+        weights = [1.0 / len(rows)] * len(rows) if rows else []
     if len(weights) != len(rows):
         raise ValueError(f"{len(weights)} sample weights for {len(rows)} samples")
+    if not equal_within:
+        return [(rows[i:i + size], [float(w) for w in weights[i:i + size]]) for i in range(0, len(rows), size)]
     classes: dict[float, list] = {}
     for row, w in zip(rows, weights):
         classes.setdefault(float(w), []).append(row)
-    return [(chunk, w * len(chunk)) for w, members in classes.items() for chunk in _chunks(members, size)]
+    return [(chunk, [w] * len(chunk)) for w, members in classes.items() for chunk in _chunks(members, size)]

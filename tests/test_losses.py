@@ -1,0 +1,189 @@
+"""The papers' objectives, checked against hand-computed losses and gradients on responses of unequal length.
+
+- MAGRPO Eq. 2 / CoLLM Eq. 2, 4 (``loss_type="response"``): whole-response ratio, summed token log-probs.
+- MHGPO Eq. 6-7 (TRL's ``"grpo"`` with the per-agent weights): per-token ratio, 1/|o|, 1/G_k, 1/n.
+- AT-GRPO (TRL's ``"grpo"``): GRPO's per-response token mean, then the mean over responses.
+"""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_multiagent.agents import AgentSpec, Generation
+from trl_multiagent.environments import FunctionEnvironment
+from trl_multiagent.losses import response_policy_loss
+from trl_multiagent.rollout import Experience, Sample
+from trl_multiagent.trainers import (
+    ActorCriticConfig,
+    HeterogeneousGroupConfig,
+    MultiAgentGRPOConfig,
+    MultiAgentGRPOTrainer,
+)
+
+TEMPERATURE = 0.5
+
+
+# ------------------------------------------------------------------------------------------- the pure function
+def test_response_loss_by_hand_ratio_clipped_and_summed_gradient():
+    # response 0: 2 tokens, response 1: 3 tokens (padding in row 0 must not count)
+    lp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.2, -2.1, 0.0], [-0.5, -0.6, -0.4]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, stats = response_policy_loss(lp, old, mask, adv, epsilon_low=0.2, epsilon_high=0.2)
+    # row 0: log rho = -3.0 - (-3.3) = 0.3, rho = 1.3499 > 1.2 with A > 0 -> clipped: -min(1.35, 1.2) = -1.2, no grad
+    # row 1: log rho = -1.5 - (-1.5) = 0, rho = 1: -(1 * -2) = 2; d/d lp_t = -A * rho = 2 for EVERY token (a sum)
+    assert loss.item() == pytest.approx((-1.2 + 2.0) / 2)
+    assert stats["ratio"].tolist() == pytest.approx([math.exp(0.3), 1.0])
+    assert stats["clipped"].tolist() == [1.0, 0.0]
+    loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+
+
+def test_response_loss_negative_advantage_is_not_clipped_above_and_kl_is_a_token_sum():
+    lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.1, -1.1], [-2.0, 0.0]])
+    ref = torch.tensor([[-1.5, -0.5], [-2.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    adv = torch.tensor([-1.0, 0.5])
+    loss, stats = response_policy_loss(lp, old, mask, adv, 0.2, 0.2, ref_per_token_logps=ref, beta=0.1)
+    rho0 = math.exp(0.2)  # 1.2214 > 1.2 but A < 0: min(rho * A, 1.2 * A) = rho * A (pessimistic side, not clipped)
+    kl0 = (math.exp(-0.5) - (-0.5) - 1) + (math.exp(0.5) - 0.5 - 1)  # r = ref - lp = -0.5, +0.5; summed
+    expected = ((rho0 * 1.0 + 0.1 * kl0) + (-0.5 + 0.0)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats["kl"].tolist() == pytest.approx([kl0, 0.0])
+    loss.backward()
+    # d/d lp_t of rho0 * 1.0 = rho0 per token; of 0.1 * (e^{ref-lp} - (ref - lp) - 1) = 0.1 * (1 - e^{ref-lp})
+    g0 = [(rho0 + 0.1 * (1 - math.exp(-0.5))) / 2, (rho0 + 0.1 * (1 - math.exp(0.5))) / 2]
+    g1 = [-0.5 / 2, 0.0]
+    assert torch.allclose(lp.grad, torch.tensor([g0, g1]), rtol=1e-6)
+
+
+def test_response_loss_weights_split_a_batch_into_micro_batches():
+    torch.manual_seed(0)
+    lp = torch.randn(4, 5, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
+    adv = torch.tensor([0.5, -1.0, 2.0, 0.1])
+    whole, _ = response_policy_loss(lp, lp.detach(), mask, adv, 0.2, 0.2)
+    parts = sum(response_policy_loss(lp[i:i + 2], lp.detach()[i:i + 2], mask[i:i + 2], adv[i:i + 2], 0.2, 0.2,
+                                     weights=torch.full((2,), 0.25))[0] for i in (0, 2))
+    assert parts.item() == pytest.approx(whole.item())
+
+
+# ------------------------------------------------------------------------------------------- through the trainers
+def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo",), **kw):
+    env = lambda: FunctionEnvironment(list(agents), {a: (lambda t: t["prompt"]) for a in agents},  # noqa: E731
+                                      lambda completions, **_: 0.0)
+    args = config_cls(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=2,
+                      temperature=TEMPERATURE, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
+                      per_device_train_batch_size=2, **kw)
+    specs = [AgentSpec(a, model=model_dir, lora_r=4, lora_alpha=8) for a in agents]
+    trainer = MultiAgentGRPOTrainer(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+    with torch.no_grad():  # non-zero B so the adapter changes the log-probs
+        for n, p in trainer.pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    return trainer
+
+
+def _samples(trainer, agent, completions, advantages, episodes=None):
+    prompt = trainer.pool.encode_prompt(agent, "ab")
+    episodes = episodes or [0] * len(completions)
+    return [Sample(agent=agent, policy=trainer.pool.policy_of(agent), episode=e, turn=0, node=0, joint_ids=[],
+                   generation=Generation(list(prompt), list(c), ""), advantage=a)
+            for c, a, e in zip(completions, advantages, episodes)]
+
+
+def _token_logps(trainer, sample):
+    """log pi(a_t | ...) of every completion token from a plain forward of the adapted model (no fused head)."""
+    base = trainer.pool.activate(sample.policy)
+    p, c = sample.generation.prompt_ids, sample.generation.completion_ids
+    ids = torch.tensor([p + c])
+    logits = base(input_ids=ids).logits[0, len(p) - 1:len(p) + len(c) - 1] / TEMPERATURE
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None])[:, 0]
+
+
+def _grads(trainer, policy):
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainer.pool.policy_parameters(policy)]
+
+
+def _check(trainer, samples, surrogate_terms, expected_loss):
+    """update() gives ``expected_loss`` and the gradients of ``sum(surrogate_terms)`` (built by hand)."""
+    trainer.pool.train()
+    trainer.pool.zero_grad()
+    loss = trainer.update(trainer.pool, Experience(samples, [], {}))
+    assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+    ours = {p: _grads(trainer, p) for p in trainer.pool.policies}
+    trainer.pool.zero_grad()
+    sum(surrogate_terms).backward()
+    for p in trainer.pool.policies:
+        for mine, hand in zip(ours[p], _grads(trainer, p)):
+            assert torch.allclose(mine, hand, atol=1e-6)
+    assert any(g.abs().sum() > 0 for p in ours for g in ours[p])
+
+
+def test_magrpo_default_is_the_whole_response_objective(tiny_text_model, tmp_path):
+    trainer = _trainer(tiny_text_model, tmp_path)
+    assert trainer.args.loss_type == "response" and trainer.args.use_bias_correction_kl is False
+    tok = trainer.pool.tokenizer_of("solo")
+    ids = tok.convert_tokens_to_ids
+    # unequal lengths: 1 and 3 tokens; with one update per rollout rho = 1, so the loss is -mean(A) and its
+    # gradient is -(1/B) sum_b A_b * grad sum_t log pi(a_bt)  (a SUM over each response's tokens)
+    samples = _samples(trainer, "solo", [[ids("c")], [ids("d"), ids("e"), ids("f")]], [1.5, -0.5])
+    terms = [-s.advantage * _token_logps(trainer, s).sum() / 2 for s in samples]
+    _check(trainer, samples, terms, expected_loss=-(1.5 - 0.5) / 2)
+
+
+def test_actor_critic_actor_uses_the_same_whole_response_objective(tiny_text_model, tmp_path):
+    config = ActorCriticConfig(output_dir=str(tmp_path), report_to=[])
+    assert config.loss_type == "response"
+    trainer = _trainer(tiny_text_model, tmp_path)  # the actor's loss path is the shared update
+    assert trainer._response_loss.__func__ is MultiAgentGRPOTrainer._response_loss
+
+
+def test_at_grpo_default_is_grpos_per_response_token_mean(tiny_text_model, tmp_path):
+    trainer = _trainer(tiny_text_model, tmp_path, grouping="agent_turn", agent_order="parallel")
+    assert trainer.args.loss_type == "grpo"
+    ids = trainer.pool.tokenizer_of("solo").convert_tokens_to_ids
+    samples = _samples(trainer, "solo", [[ids("c"), ids("d")], [ids("e")]], [1.0, -2.0])
+    # per-token ratio = 1: loss = -(1/B) sum_b A_b; gradient -(1/B) sum_b A_b * (1/|o_b|) sum_t grad log pi(a_bt)
+    terms = [-s.advantage * _token_logps(trainer, s).mean() / 2 for s in samples]
+    _check(trainer, samples, terms, expected_loss=-(1.0 - 2.0) / 2)
+
+
+def test_mhgpo_objective_weights_agents_groups_and_tokens(tiny_text_model, tmp_path):
+    from tests.test_mhgpo_learning import TwoStageGame
+    from trl_multiagent.trainers import HeterogeneousGroupTrainer
+
+    args = HeterogeneousGroupConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, beta=0.1,
+                                    temperature=TEMPERATURE, gradient_checkpointing=False, save_strategy="no",
+                                    disable_tqdm=True, per_device_train_batch_size=2)
+    assert args.loss_type == "grpo" and args.agent_loss_weighting
+    specs = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("first", "second")]
+    trainer = HeterogeneousGroupTrainer(specs, TwoStageGame, args, Dataset.from_dict({"task_id": [0, 1]}))
+    with torch.no_grad():
+        for n, p in trainer.pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    ids = trainer.pool.tokenizer_of("first").convert_tokens_to_ids
+    # one question; the first agent has a group of 2 samples, the second a group of 1 (groups differ in size):
+    # Eq. 6 weighs each sample 1/n * 1/G_k: 1/2 * 1/2 for the first agent's, 1/2 * 1/1 for the second's; within a
+    # response, 1/|o| of the per-token terms -rho_t * A + beta * KL_t (Eq. 7's estimator, no importance correction)
+    first = _samples(trainer, "first", [[ids("c"), ids("d"), ids("e")], [ids("f")]], [1.0, -1.0])
+    second = _samples(trainer, "second", [[ids("g"), ids("h")]], [0.7])
+    weights = [0.25, 0.25, 0.5]
+    samples = first + second
+    terms, expected = [], 0.0
+    for w, s in zip(weights, samples):
+        with torch.no_grad(), trainer.pool.reference(s.policy):
+            ref = _token_logps(trainer, s)
+        s.ref_logps = ref.tolist()
+        lp = _token_logps(trainer, s)
+        rho = torch.exp(lp - lp.detach())
+        kl = torch.exp(ref - lp) - (ref - lp) - 1
+        term = w * (-rho * s.advantage + 0.1 * kl).mean()
+        terms.append(term)
+        expected += term.item()
+    _check(trainer, samples, terms, expected_loss=expected)
