@@ -645,6 +645,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def context_length(name: str | None) -> int | None:
+    """The longest sequence (prompt + completion) a model accepts, read from its config without loading weights;
+    ``None`` when the config cannot be read here (e.g. a hub id offline: loading reports that) or names no limit."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model(name))
+    except Exception:  # noqa: BLE001 - any failure here is reported, better worded, when the model loads
+        return None
+    text = config.get_text_config()
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(text, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 #: Names of the output layer (LM head) in the model families transformers ships.
 OUTPUT_LAYER_NAMES = ("lm_head", "embed_out", "output_layer")
 

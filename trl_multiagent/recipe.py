@@ -98,15 +98,9 @@ _STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs",
 
 
 def _trainer_registry() -> dict[str, tuple[type, type]]:
-    from .trainers.actor_critic import ActorCriticConfig, ActorCriticTrainer
-    from .trainers.debate_ppo import DebatePPOConfig, DebatePPOTrainer
-    from .trainers.magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-    from .trainers.mhgpo import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
+    from .trainers import TRAINERS
 
-    return {"magrpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
-            "debate_ppo": (DebatePPOConfig, DebatePPOTrainer),
-            "mhgpo": (HeterogeneousGroupConfig, HeterogeneousGroupTrainer),
-            "actor_critic": (ActorCriticConfig, ActorCriticTrainer)}
+    return TRAINERS
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:

@@ -40,9 +40,11 @@ from trl.trainer.utils import RepeatSampler, identity
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..losses import RESPONSE_LOSS, response_policy_loss
+from ..models import context_length
 from ..rollout import AgentTurnSampler, Experience, JointTreeSampler, Sample
 from ..utils import release_freed_memory, set_cpu_mmap_threshold
 from .callbacks import MetricsFileCallback
+from .outputs import check_checkpoint, check_output_dir, write_run_status
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,29 @@ def check_loss_settings(config) -> None:
         if used:
             raise ValueError(f"{used[0]} is a per-token option of TRL's losses; the whole-response objective "
                              f"(loss_type={RESPONSE_LOSS!r}) does not use it. Unset it or choose a TRL loss_type.")
+
+
+def check_common_values(config) -> None:
+    """Values every multi-agent config needs in range, checked before GRPOConfig's own checks (some of which would
+    otherwise fail with a ZeroDivisionError or only when the model samples)."""
+    def need(ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
+
+    need(isinstance(config.num_generations, int) and config.num_generations >= 2, "num_generations",
+         "an integer >= 2 (K: a group of one sample has advantage 0, so it teaches nothing)")
+    need(config.per_device_train_batch_size >= 1, "per_device_train_batch_size", "at least 1 (samples per micro-batch)")
+    need(config.temperature > 0, "temperature", "> 0 (training samples; use a small value for near-greedy)")
+    need(config.top_p is None or 0 < config.top_p <= 1, "top_p", "in (0, 1]")
+    need(config.top_k is None or config.top_k >= 0, "top_k", ">= 0 (0 disables it)")
+    need(config.max_completion_length is not None and config.max_completion_length >= 1, "max_completion_length",
+         "at least 1 token")
+    need(config.learning_rate > 0, "learning_rate", "> 0")
+    need(config.beta >= 0, "beta", ">= 0")
+    need(config.epsilon >= 0 and (config.epsilon_high is None or config.epsilon_high >= 0), "epsilon", ">= 0")
+    need(config.num_iterations >= 1, "num_iterations", "at least 1")
+    need(config.max_grad_norm is None or config.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)")
+    need(config.logging_steps > 0, "logging_steps", "> 0")
 
 
 @dataclass
@@ -137,6 +162,9 @@ class MultiAgentGRPOConfig(GRPOConfig):
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
+                "holds another run's results (unless it resumes from one of its checkpoints)."})
 
     def __post_init__(self):
         cuda = torch.cuda.is_available()
@@ -145,6 +173,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
         if self.loss_type is None:
             self.loss_type = "grpo" if self.grouping == "agent_turn" else RESPONSE_LOSS
         check_loss_settings(self)
+        check_common_values(self)
         if self.num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
         if self.grouping not in ("joint", "agent_turn"):
@@ -235,6 +264,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self._paper = {"title": "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"}
         probe = environment()
         self.validate_environment(probe, [s.name for s in specs], train_dataset, args)
+        check_context_length(specs, args.max_completion_length)
+        check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
+        check_checkpoint(args.resume_from_checkpoint, args.output_dir, sorted({s.policy for s in specs}),
+                         [c.name for c in self.build_critics(specs, args)])
 
         if set_cpu_mmap_threshold(args.cpu_malloc_mmap_threshold):
             logger.info("glibc mmap threshold pinned to %d bytes (cpu_malloc_mmap_threshold)",
@@ -629,13 +662,27 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         logger.info("Loading adapters from %s", resume_from_checkpoint)
         self.pool.load_adapters(resume_from_checkpoint)
 
-    def train(self, *args, **kwargs) -> TrainOutput:
-        """Train, then write the final adapters and ``<output_dir>/summary.json``."""
-        output = super().train(*args, **kwargs)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs) -> TrainOutput:
+        """Train, then write the final adapters and ``<output_dir>/summary.json``. ``run_status.json`` marks the
+        output directory ``running`` meanwhile and ``finished`` at the end."""
+        check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies), list(self.pool.critics))
+        if self.args.should_save:
+            write_run_status(self.args.output_dir, "running")
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
         self.save_model(self.args.output_dir)
         if self.args.should_save:
             write_summary(self, output)
+            write_run_status(self.args.output_dir, "finished")
         return output
+
+
+def check_context_length(specs: Sequence[AgentSpec], max_completion_length: int) -> None:
+    """``max_completion_length`` fits the context of every agent's model (read from its config, no weights)."""
+    for model in dict.fromkeys(s.model_name for s in specs):
+        limit = context_length(model)
+        if limit is not None and max_completion_length >= limit:
+            raise ValueError(f"max_completion_length={max_completion_length} does not fit the context of {model} "
+                             f"({limit} tokens, prompt included); lower it")
 
 
 def validate_team_against_environment(agent_names: Sequence[str], env: Environment) -> None:

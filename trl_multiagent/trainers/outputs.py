@@ -1,0 +1,127 @@
+"""What a run leaves in its ``output_dir``, and the rules that keep it from being lost.
+
+A run marks its directory with ``run_status.json`` (``running`` while it trains, ``finished`` at the end, with the
+process id and host). Before any model loads, a trainer refuses an ``output_dir`` that is an existing file, or that
+holds the results of another run (a status file, ``summary.json``, ``adapters/`` or ``checkpoint-*``), unless the run
+resumes from one of its checkpoints or ``overwrite_output_dir`` is set; a directory whose run is still alive is
+refused even then. A checkpoint to resume from is checked (its files exist and parse) before anything loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from safetensors import safe_open
+
+RUN_STATUS_FILE = "run_status.json"
+#: Files and folders that mean a directory holds (part of) a run's results.
+RESULT_MARKERS = (RUN_STATUS_FILE, "summary.json", "adapters")
+
+
+class OutputDirError(ValueError):
+    """An ``output_dir`` or a checkpoint that a run must not use as it is."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_run_status(output_dir: str | Path) -> dict | None:
+    path = Path(output_dir) / RUN_STATUS_FILE
+    if not path.is_file():
+        return None
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"status": "unreadable"}
+    return status if isinstance(status, dict) else {"status": "unreadable"}
+
+
+def run_is_alive(status: dict | None) -> bool:
+    """The status file belongs to a run that is still running on this host."""
+    return bool(status and status.get("status") == "running" and status.get("host") == socket.gethostname()
+                and isinstance(status.get("pid"), int) and status["pid"] != os.getpid() and _pid_alive(status["pid"]))
+
+
+def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: bool) -> None:
+    """Refuse an ``output_dir`` whose contents a new run would overwrite (see the module docstring)."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"output_dir {str(path)!r} is an existing file, not a directory; choose another "
+                             "output_dir")
+    if not path.is_dir():
+        return
+    status = read_run_status(path)
+    if run_is_alive(status):
+        raise OutputDirError(f"output_dir {str(path)!r} belongs to a run that is still running (pid {status['pid']}); "
+                             "wait for it to end or choose another output_dir")
+    if resume_from_checkpoint or overwrite:
+        return
+    found = [m for m in RESULT_MARKERS if (path / m).exists()] + sorted(p.name for p in path.glob("checkpoint-*"))
+    if found:
+        what = "a finished run" if status and status.get("status") == "finished" else "the results of another run"
+        raise OutputDirError(
+            f"output_dir {str(path)!r} already holds {what} ({', '.join(found[:4])}); it is never overwritten "
+            "silently. Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one), "
+            "choose another --output_dir, or pass --overwrite_output_dir true to replace it.")
+
+
+def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -> None:
+    """A checkpoint to resume from exists and its files parse: trainer state, team layout, every adapter (and critic
+    head), optimizer state. ``checkpoint`` is a path, or ``True`` for the last checkpoint in ``output_dir``."""
+    if checkpoint in (None, False, ""):
+        return
+    if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() == "true"):
+        candidates = sorted(Path(output_dir).glob("checkpoint-*"),
+                            key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+        if not candidates:
+            raise OutputDirError(f"resume_from_checkpoint=true but {str(output_dir)!r} has no checkpoint-* folder")
+        checkpoint = candidates[-1]
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} does not exist (or is not a directory)")
+    problems = []
+    for name in ("trainer_state.json", "adapters/team.json"):
+        try:
+            json.loads((path / name).read_text())
+        except FileNotFoundError:
+            problems.append(f"{name} is missing")
+        except (OSError, ValueError) as exc:
+            problems.append(f"{name} does not parse ({type(exc).__name__})")
+    files = [f"adapters/{p}/adapter_model.safetensors" for p in policies]
+    files += [f"adapters/{c}/value_head.safetensors" for c in critics]
+    for name in files:
+        target = path / name
+        if not target.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        try:
+            with safe_open(str(target), framework="pt") as handle:
+                list(handle.keys())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
+            problems.append(f"{name} is not a readable safetensors file ({type(exc).__name__})")
+    if not (path / "optimizer.pt").is_file():
+        problems.append("optimizer.pt is missing")
+    if problems:
+        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}")
+
+
+def write_run_status(output_dir: str | Path, status: str) -> None:
+    """Mark ``output_dir`` as ``running`` (with this process) or ``finished``."""
+    path = Path(output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    record = {"status": status, "pid": os.getpid(), "host": socket.gethostname(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    tmp = path / (RUN_STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path / RUN_STATUS_FILE)
