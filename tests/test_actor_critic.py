@@ -222,7 +222,7 @@ def test_one_critic_step_per_update_and_td_advantages(tiny_text_model, tmp_path)
         assert tr.samples["left"].advantage == tr.samples["right"].advantage
     import json
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["algorithm"] == "CoLLM-CC" and summary["actor_critic"]["critic"] == "centralized"
+    assert summary["algorithm"] == "CoLLM-CC" and summary["config"]["critic"] == "centralized"
     assert (tmp_path / "adapters" / "critic" / "value_head.safetensors").is_file()
 
 
@@ -259,7 +259,7 @@ def test_epochs_and_minibatches_reuse_one_rollout(tiny_text_model, tmp_path):
     ({"value_clip": 0.0}, "value_clip must be positive"),
     ({"num_epochs": 0}, "num_epochs must be at least 1"),
     ({"critic_history_turns": -2}, "critic_history_turns"),
-    ({"grouping": "agent_turn"}, "grouping does not apply"),
+    ({"num_generations": 4}, "num_generations must be 1"),
     ({"critic_micro_batch_size": 0}, "critic_micro_batch_size must be at least 1"),
 ])
 def test_config_validation(tmp_path, kwargs, message):

@@ -151,7 +151,7 @@ def test_code_recipes_load(tmp_path, name, mapping):
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
                                   str(tmp_path)])
-    assert recipe.policy_mapping == mapping and config.grouping == "agent_turn"
+    assert recipe.policy_mapping == mapping and type(config).__name__ == "ATGRPOConfig"
     env_cls = resolve_environment(recipe.environment)
     assert env_cls is CoderTesterEnv
     env = env_cls(**recipe.env_kwargs)

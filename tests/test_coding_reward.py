@@ -2,7 +2,7 @@
 
 import pytest
 
-from rewards.coding import MAX_REWARD, analyze, cooperative_code_reward
+from trl_multiagent.rewards.coding import MAX_REWARD, analyze, cooperative_code_reward
 
 AUX = "def aux(xs):\n    return [x * 2 for x in xs]\n"
 MAIN_USES = "def double_sum(xs):\n    doubled = aux(xs)\n    return sum(doubled)\n"

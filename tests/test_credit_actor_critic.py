@@ -1,9 +1,8 @@
 """CoLLM-CC / CoLLM-DC credit (Eq. 2-5) against hand-computed values on a 3-turn episode."""
 
 import pytest
-import torch
 
-from trl_multiagent.credit import episode_td, td_errors, td_targets, value_loss
+from trl_multiagent.credit import episode_td, td_errors, td_targets
 
 # One 3-turn episode: rewards r_t, critic values V(h_t), discount 0.9.
 REWARDS = [1.0, 0.0, 2.0]
@@ -40,28 +39,6 @@ def test_gamma_one_and_zero():
     assert episode_td(REWARDS, VALUES, 1.0)[0].tolist() == pytest.approx([2.5, 1.0, 2.0])
     # gamma = 0: the target is the reward alone
     assert episode_td(REWARDS, VALUES, 0.0)[0].tolist() == pytest.approx(REWARDS)
-
-
-def test_value_loss_is_mean_squared_td_error_with_constant_targets():
-    values = torch.tensor([0.5, 1.5], requires_grad=True)
-    targets = torch.tensor([2.35, 0.0])
-    loss = value_loss(values, targets)
-    # ((2.35 - 0.5)^2 + (0 - 1.5)^2) / 2 = (3.4225 + 2.25) / 2
-    assert loss.item() == pytest.approx(2.83625)
-    loss.backward()
-    # d/dV of mean (V - y)^2 = 2 (V - y) / n; the target is not differentiated
-    assert values.grad.tolist() == pytest.approx([-1.85, 1.5])
-
-
-def test_value_loss_clipping():
-    values = torch.tensor([0.5, 1.5])
-    targets = torch.tensor([2.35, 0.0])
-    old = torch.tensor([0.0, 1.0])
-    # clip 0.2: clipped values 0.2 and 1.2; squared errors (0.2 - 2.35)^2 = 4.6225, (1.2 - 0)^2 = 1.44
-    # max with the unclipped 3.4225 and 2.25 -> 4.6225 and 2.25, mean 3.43625
-    assert value_loss(values, targets, old, clip=0.2).item() == pytest.approx(3.43625)
-    with pytest.raises(ValueError, match="old_values"):
-        value_loss(values, targets, clip=0.2)
 
 
 def test_shape_errors():

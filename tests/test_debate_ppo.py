@@ -87,7 +87,7 @@ def test_value_loss_trains_only_the_critics_and_is_the_clipped_loss(tiny_text_mo
         rows = [s for s in experience.samples if s.agent == agent]
         terms = []
         for s in rows:
-            batch = trainer._collate(trainer.pool.policy_of(agent), [s])
+            batch = trainer.collate(trainer.pool.policy_of(agent), [s])
             with torch.no_grad():
                 values = trainer._completion_values(agent, batch, [s])[0].tolist()
             for v, old, ret in zip(values, s.old_values, s.token_returns):
@@ -144,7 +144,7 @@ def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_mo
     ({"vf_coef": -1.0}, "vf_coef must be >= 0"),
     ({"critic_lora_r": 0}, "critic_lora_r must be positive"),
     ({"max_repeats": 0}, "max_repeats"),
-    ({"grouping": "agent_turn"}, "grouping and joint_mode"),
+    ({"num_turns": 0}, "num_turns must be at least 1"),
 ])
 def test_config_validation(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -5,7 +5,7 @@ machine without an accelerator the config switches `use_cpu` on by itself, witho
 independent single-process runs.)
 
 The recipe's `main` runs through a small wrapper that adds checks and changes nothing in the training:
-* around `_average_gradients_across_processes` (the trainer computes gradients inside `accelerator.no_sync` and
+* around `average_gradients_across_processes` (the trainer computes gradients inside `accelerator.no_sync` and
   averages them itself): the local gradients of the two ranks, and the averaged ones;
 * after every optimizer step: every adapter tensor of both ranks, and the completions each rank sampled.
 Rank 0 writes what it saw to `<output_dir>/sync.jsonl`.
@@ -55,7 +55,7 @@ def params(trainer):
     return [p for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol)]
 
 
-original_average = MultiAgentGRPOTrainer._average_gradients_across_processes
+original_average = MultiAgentGRPOTrainer.average_gradients_across_processes
 
 
 def average(self):
@@ -71,7 +71,7 @@ def average(self):
                   "grad_abs_max": averaged[0].abs().max().item()})
 
 
-MultiAgentGRPOTrainer._average_gradients_across_processes = average
+MultiAgentGRPOTrainer.average_gradients_across_processes = average
 
 
 class SyncCheck(TrainerCallback):

@@ -3,8 +3,10 @@
 - MAGRPO Eq. 2 / CoLLM Eq. 2, 4 (``loss_type="response"``): whole-response ratio, summed token log-probs.
 - MHGPO Eq. 6-7 (TRL's ``"grpo"`` with the per-agent weights): per-token ratio, 1/|o|, 1/G_k, 1/n.
 - AT-GRPO (TRL's ``"grpo"``): GRPO's per-response token mean, then the mean over responses.
+- The critics' value loss (CoLLM Eq. 3 / 5; MAPoRL's clipped, masked PPO value loss).
 """
 
+import functools
 import math
 
 import pytest
@@ -13,10 +15,11 @@ from datasets import Dataset
 
 from trl_multiagent.agents import AgentSpec, Generation
 from trl_multiagent.environments import FunctionEnvironment
-from trl_multiagent.losses import response_policy_loss
+from trl_multiagent.losses import response_policy_loss, value_loss
 from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.trainers import (
     ActorCriticConfig,
+    ActorCriticTrainer,
     HeterogeneousGroupConfig,
     MultiAgentGRPOConfig,
     MultiAgentGRPOTrainer,
@@ -72,15 +75,53 @@ def test_response_loss_weights_split_a_batch_into_micro_batches():
     assert parts.item() == pytest.approx(whole.item())
 
 
+# ------------------------------------------------------------------------------------------- value loss
+def test_value_loss_is_mean_squared_td_error_with_constant_targets():
+    values = torch.tensor([0.5, 1.5], requires_grad=True)
+    targets = torch.tensor([2.35, 0.0])
+    loss, _ = value_loss(values, targets)
+    # ((2.35 - 0.5)^2 + (0 - 1.5)^2) / 2 = (3.4225 + 2.25) / 2
+    assert loss.item() == pytest.approx(2.83625)
+    loss.backward()
+    # d/dV of mean (V - y)^2 = 2 (V - y) / n; the target is not differentiated
+    assert values.grad.tolist() == pytest.approx([-1.85, 1.5])
+
+
+def test_value_loss_clipping():
+    values = torch.tensor([0.5, 1.5])
+    targets = torch.tensor([2.35, 0.0])
+    old = torch.tensor([0.0, 1.0])
+    # clip 0.2: clipped values 0.2 and 1.2; squared errors (0.2 - 2.35)^2 = 4.6225, (1.2 - 0)^2 = 1.44
+    # max with the unclipped 3.4225 and 2.25 -> 4.6225 and 2.25, mean 3.43625
+    assert value_loss(values, targets, old, clip=0.2)[0].item() == pytest.approx(3.43625)
+    with pytest.raises(ValueError, match="old_values"):
+        value_loss(values, targets, clip=0.2)
+
+
+def test_masked_clipped_value_loss_by_hand():
+    values = torch.tensor([[1.0, 0.0, 9.0]])
+    old = torch.tensor([[0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # token 1: clipped .7, max((1-2)^2, (.7-2)^2) = 1.69; token 2: clipped .3, max(0, .09) = .09; token 3 masked
+    loss, stats = value_loss(values, returns, old, clip=0.2, mask=mask)
+    assert loss.item() == pytest.approx((1.69 + 0.09) / 2)
+    assert stats["clip_fraction"].item() == pytest.approx(1.0)
+    loss, stats = value_loss(torch.tensor([[0.6]]), torch.tensor([[0.0]]), torch.tensor([[0.5]]), clip=0.2,
+                             mask=torch.tensor([[1]]))
+    assert loss.item() == pytest.approx(0.36) and stats["clip_fraction"].item() == 0.0
+
+
 # ------------------------------------------------------------------------------------------- through the trainers
-def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo",), **kw):
+def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo",), trainer_cls=None, **kw):
     env = lambda: FunctionEnvironment(list(agents), {a: (lambda t: t["prompt"]) for a in agents},  # noqa: E731
                                       lambda completions, **_: 0.0)
-    args = config_cls(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=2,
+    kw.setdefault("num_generations", 2)
+    args = config_cls(output_dir=str(tmp_path), report_to=[], max_completion_length=4,
                       temperature=TEMPERATURE, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
                       per_device_train_batch_size=2, **kw)
     specs = [AgentSpec(a, model=model_dir, lora_r=4, lora_alpha=8) for a in agents]
-    trainer = MultiAgentGRPOTrainer(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+    trainer = (trainer_cls or MultiAgentGRPOTrainer)(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
     with torch.no_grad():  # non-zero B so the adapter changes the log-probs
         for n, p in trainer.pool.named_parameters():
             if "lora_B" in n:
@@ -137,14 +178,24 @@ def test_magrpo_default_is_the_whole_response_objective(tiny_text_model, tmp_pat
 
 
 def test_actor_critic_actor_uses_the_same_whole_response_objective(tiny_text_model, tmp_path):
-    config = ActorCriticConfig(output_dir=str(tmp_path), report_to=[])
-    assert config.loss_type == "response"
-    trainer = _trainer(tiny_text_model, tmp_path)  # the actor's loss path is the shared update
-    assert trainer._response_loss.__func__ is MultiAgentGRPOTrainer._response_loss
+    from trl_multiagent.trainers.base import MultiAgentTrainer
+
+    trainer = _trainer(tiny_text_model, tmp_path, ActorCriticConfig, trainer_cls=ActorCriticTrainer,
+                       num_generations=1, reward_max=1.0)
+    assert trainer.args.loss_type == "response"
+    ids = trainer.pool.tokenizer_of("solo").convert_tokens_to_ids
+    # the actor's step of a minibatch (ActorCriticTrainer.update after the critic's) on TD errors as advantages:
+    # -(1/B) sum_b delta_b * grad sum_t log pi(a_bt), the same objective as MAGRPO's
+    samples = _samples(trainer, "solo", [[ids("c"), ids("d")], [ids("e"), ids("f"), ids("g")]], [0.3, -0.8])
+    terms = [-s.advantage * _token_logps(trainer, s).sum() / 2 for s in samples]
+    trainer.update = functools.partial(MultiAgentTrainer.update, trainer)
+    _check(trainer, samples, terms, expected_loss=-(0.3 - 0.8) / 2)
 
 
 def test_at_grpo_default_is_grpos_per_response_token_mean(tiny_text_model, tmp_path):
-    trainer = _trainer(tiny_text_model, tmp_path, grouping="agent_turn", agent_order="parallel")
+    from trl_multiagent.trainers import ATGRPOConfig, ATGRPOTrainer
+
+    trainer = _trainer(tiny_text_model, tmp_path, ATGRPOConfig, trainer_cls=ATGRPOTrainer, agent_order="parallel")
     assert trainer.args.loss_type == "grpo"
     ids = trainer.pool.tokenizer_of("solo").convert_tokens_to_ids
     samples = _samples(trainer, "solo", [[ids("c"), ids("d")], [ids("e")]], [1.0, -2.0])

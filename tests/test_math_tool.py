@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from trl_multiagent.answers import last_boxed
 from trl_multiagent.environments.math_tool import (
     TEMPLATES,
     MathToolEnv,
     answers_match,
     format_answer,
     gsm8k_to_task,
-    last_boxed,
     polaris_to_task,
     printed_answer,
     question_split,
@@ -221,7 +221,7 @@ def test_math_recipes_load(tmp_path, name):
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
                                   str(tmp_path)])
-    assert config.grouping == "agent_turn" and recipe.model == "smollm2-135m-instruct"
+    assert type(config).__name__ == "ATGRPOConfig" and recipe.model == "smollm2-135m-instruct"
     env_cls = resolve_environment(recipe.environment)
     assert env_cls is MathToolEnv
     env = env_cls(**recipe.env_kwargs)

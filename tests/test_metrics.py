@@ -58,10 +58,10 @@ def test_bootstrap_interval_brackets_the_mean_and_degenerates():
 
 
 def test_evaluate_coding_runs_every_method_with_tiny_models(tiny_text_model):
-    from rewards.coding import cooperative_code_reward
     from trl_multiagent.agents import AgentPool, AgentSpec
     from trl_multiagent.environments.coding import humaneval_problems
     from trl_multiagent.evaluation import METHODS, EvalSettings, evaluate_coding
+    from trl_multiagent.rewards.coding import cooperative_code_reward
 
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4), AgentSpec("main", model=tiny_text_model,
                                                                                   lora_r=4)])

@@ -36,12 +36,20 @@ def _agents(model, **kw):
     ({"sampling": "round_robin", "fork_probabilities": [0.7, 0.7]}, "sum to 1"),
     ({"sampling": "round_robin", "fork_probabilities": [1.5, -0.5]}, "non-negative"),
     ({"reward_aggregation": "median"}, "reward_aggregation must be"),
-    ({"num_turns": 2}, "num_turns must be 1"),
     ({"loss_type": "dapo"}, "per-sequence loss_type"),
 ])
 def test_config_validation(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _args(tmp_path, **kwargs)
+
+
+def test_config_has_only_its_own_fields(tmp_path):
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(HeterogeneousGroupConfig)}
+    assert not names & {"num_turns", "joint_mode", "grouping", "agent_order", "alpha", "gamma"}
+    with pytest.raises(TypeError, match="num_turns"):
+        _args(tmp_path, num_turns=2)
 
 
 def test_config_defaults_follow_the_paper(tmp_path):
@@ -111,7 +119,7 @@ def test_eq6_agent_weights_reach_the_gradient(tiny_text_model, tmp_path):
 
     def per_sample(ws):
         model = functools.partial(trainer.model, "shared")
-        total = sum(w * trainer._compute_loss(model, trainer._collate("shared", [s])) for s, w in zip(rows, ws))
+        total = sum(w * trainer._compute_loss(model, trainer.collate("shared", [s])) for s, w in zip(rows, ws))
         total.backward()
 
     from_update = grads_of(lambda: trainer.update(trainer.model, exp))

@@ -73,9 +73,9 @@ def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, loss_type, bet
     for s, a in zip(samples, advantages):
         s.advantage = a
     if beta:
-        batch = ours._collate("solo", samples)
+        batch = ours.collate("solo", samples)
         with ours.pool.reference("solo") as ref:
-            ref_logps = ours._logps(ref, batch)
+            ref_logps = ours.logps(ref, batch)
         for s, row, m in zip(samples, ref_logps, batch["completion_mask"]):
             s.ref_logps = row[m.bool()].tolist()
         assert torch.allclose((ref_logps * batch["completion_mask"]).sum(),

@@ -120,12 +120,14 @@ def test_recipe_policy_mapping(tmp_path):
 
 
 def test_sequential_at_grpo_needs_partial_actions_before_loading(tmp_path):
-    args = _args(tmp_path, grouping="agent_turn", agent_order="sequential")
+    from trl_multiagent.trainers import ATGRPOConfig, ATGRPOTrainer
+
+    args = ATGRPOConfig(output_dir=str(tmp_path), report_to=[], agent_order="sequential")
     with pytest.raises(ValueError, match="partial"):
-        MultiAgentGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
-                              MatrixGameEnv, args, Dataset.from_dict({"x": [1]}))
-    with pytest.raises(ValueError, match="grouping"):
-        _args(tmp_path, grouping="by_vibes")
+        ATGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
+                      MatrixGameEnv, args, Dataset.from_dict({"x": [1]}))
+    with pytest.raises(ValueError, match="agent_order"):
+        ATGRPOConfig(output_dir=str(tmp_path), report_to=[], agent_order="by_vibes")
 
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*.yaml"))

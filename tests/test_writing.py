@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from rewards.writing import (
+from trl_multiagent.environments import ENVIRONMENTS
+from trl_multiagent.environments.writing import ArxivExpansionEnv, TLDREnv
+from trl_multiagent.rewards.writing import (
     ARXIV,
     TLDR,
     arxiv_reward,
@@ -17,8 +19,6 @@ from rewards.writing import (
     transition_categories,
     unique_word_ratio,
 )
-from trl_multiagent.environments import ENVIRONMENTS
-from trl_multiagent.environments.writing import ArxivExpansionEnv, TLDREnv
 
 
 def test_bands_full_proportional_and_termination():

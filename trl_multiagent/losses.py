@@ -3,10 +3,11 @@
 | function | paper | what |
 |---|---|---|
 | :func:`response_policy_loss` | MAGRPO Eq. 2; CoLLM Eq. 2 (DC) and Eq. 4 (CC) | clipped surrogate over WHOLE responses (a response is one macro action) |
+| :func:`value_loss` | CoLLM Eq. 3 / Eq. 5; MAPoRL's PPO critic | squared TD / return error, optionally clipped around the rollout-time value |
 
 The per-token objectives of MHGPO (Eq. 6-7), AT-GRPO (GRPO's per-response token mean) and MAPoRL (token-level PPO)
 are TRL's own loss types (``"grpo"``, ``"bnpo"``), computed by ``GRPOTrainer._compute_loss``; the trainers select
-them by ``loss_type``. Everything here works on ``(B, T)`` tensors: ``B`` responses padded to ``T`` tokens, with a
+them by ``loss_type``. The policy losses work on ``(B, T)`` tensors: ``B`` responses padded to ``T`` tokens, with a
 0/1 ``mask`` of the real tokens.
 """
 
@@ -89,3 +90,41 @@ def response_policy_loss(
              "logp": seq_logps.detach()}
     return loss, stats
 
+
+
+def value_loss(
+    values: torch.Tensor,
+    targets: torch.Tensor,
+    old_values: torch.Tensor | None = None,
+    clip: float | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The squared error of a value model, ``mean (V - y)^2``, optionally clipped around the rollout-time value.
+
+    CoLLM Eq. 3 (DC) / Eq. 5 (CC): ``values`` are ``V(h_t)`` of a minibatch of transitions (shape ``(B,)``) and
+    ``targets`` the TD targets ``y_t = r_t + gamma * V(h_{t+1})``. MAPoRL's critic (token-level PPO, Sec. 3.2):
+    ``(B, T)`` per-token values and GAE returns with a ``mask``; the mean is over the masked tokens (MAPoRL's trainer
+    scales it by PPO's conventional 1/2).
+
+    ``targets`` are constants (semi-gradient TD: nothing flows into the bootstrap). With ``clip`` (PPO's value
+    clipping), a value may move at most ``clip`` from ``old_values`` and the larger of the clipped and unclipped
+    squared errors counts: ``max((V - y)^2, (V_old + clamp(V - V_old, -clip, clip) - y)^2)``.
+
+    Returns ``(loss, stats)`` with ``stats["clip_fraction"]``: the share of (masked) entries whose clipped error was
+    the larger one (0 without ``clip``).
+    """
+    targets = targets.detach().to(values.dtype)
+    loss = (values - targets).pow(2)
+    clipped_larger = torch.zeros_like(loss)
+    if clip is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs the values at rollout time (old_values)")
+        old_values = old_values.detach().to(values.dtype)
+        clipped_error = (old_values + (values - old_values).clamp(-clip, clip) - targets).pow(2)
+        clipped_larger = (clipped_error > loss).to(loss.dtype)
+        loss = torch.maximum(loss, clipped_error)
+    if mask is None:
+        return loss.mean(), {"clip_fraction": clipped_larger.detach().mean()}
+    mask = mask.to(loss.dtype)
+    count = mask.sum().clamp(min=1.0)
+    return (loss * mask).sum() / count, {"clip_fraction": ((clipped_larger * mask).sum() / count).detach()}

@@ -7,17 +7,18 @@ functions; they never re-implement them.
 | module | paper | what |
 |---|---|---|
 | ``group`` | MAGRPO Eq. 1 (shared by all GRPO variants) | group-relative advantages, normalisation by group key |
-| ``magrpo`` | MAGRPO Alg. 1 | joint actions (aligned / cross), tree returns, discounted returns, generation count |
+| ``returns`` | MAGRPO Alg. 1 (used by every trainer) | tree returns and discounted returns: the one returns computation |
+| ``magrpo`` | MAGRPO Alg. 1 | joint actions (aligned / cross), cross-joint-action credit, generation count |
 | ``at_grpo`` | AT-GRPO Eq. 3 | mixing team and local rewards |
-| ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages, the critic's value loss |
+| ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages |
 | ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G | reward modes, incentives, penalties, token rewards, GAE, majority vote |
 | ``mhgpo`` | MHGPO Eq. 4-6, Fig. 9 | backward reward propagation, heterogeneous groups, per-agent loss weights, similarity |
 """
 
-from .actor_critic import episode_td, td_errors, td_targets, value_loss
+from .actor_critic import episode_td, td_errors, td_targets
 from .at_grpo import mix_rewards
 from .group import STD_EPS, group_relative_advantages, grouped_advantages
-from .magrpo import cross_sample_credit, discounted_returns, joint_action_indices, num_tree_generations, tree_returns
+from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations
 from .maporl import gae, majority_vote_accuracy, verification_rewards
 from .mhgpo import (
     agent_loss_weights,
@@ -26,6 +27,7 @@ from .mhgpo import (
     intra_group_similarity,
     propagate_rewards,
 )
+from .returns import discounted_returns, tree_returns
 
 __all__ = [
     "STD_EPS",
@@ -48,5 +50,4 @@ __all__ = [
     "td_targets",
     "tree_returns",
     "verification_rewards",
-    "value_loss",
 ]

@@ -1,9 +1,10 @@
-"""CoLLM-CC / CoLLM-DC credit: TD(0) targets, TD-error advantages and the critic's value loss.
+"""CoLLM-CC / CoLLM-DC credit: TD(0) targets and TD-error advantages (the critic's loss is
+:func:`trl_multiagent.losses.value_loss`).
 
 Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic" (Liu, Chen, Amiri, Amato;
 arXiv 2601.21972), Sec. 4.2, Eq. 2-5, Algorithm 1 (CC) and Algorithm 2 (DC).
 
-The same three functions serve both variants; only the value that goes in differs:
+The same functions serve both variants; only the value that goes in differs:
 
 * CC (Eq. 4-5): one centralized value ``V(h_t)`` of the joint history (plus the global information ``m_t``); every
   agent's action at turn ``t`` is credited with the same ``delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)``.
@@ -81,22 +82,3 @@ def episode_td(rewards: Numbers, values: Numbers, gamma: float) -> tuple[torch.T
     targets = td_targets(rewards, next_values, dones, gamma)
     return targets, targets - values
 
-
-def value_loss(values: torch.Tensor, targets: torch.Tensor, old_values: torch.Tensor | None = None,
-               clip: float | None = None) -> torch.Tensor:
-    """The critic's TD loss, Eq. 3 (DC) / Eq. 5 (CC): the mean over the minibatch of ``(y_t - V(h_t))^2``.
-
-    ``targets`` are treated as constants (semi-gradient TD: the bootstrap ``V(h_{t+1})`` inside them is not
-    differentiated). With ``clip`` (PPO-style value clipping, not in the paper), a value is kept within ``clip`` of
-    the critic's estimate at rollout time ``old_values``, and the larger of the clipped and unclipped squared
-    errors is used: ``max((V - y)^2, (V_old + clamp(V - V_old, -clip, clip) - y)^2)``.
-    """
-    targets = targets.detach().to(values.dtype)
-    loss = (values - targets).pow(2)
-    if clip is not None:
-        if old_values is None:
-            raise ValueError("value clipping needs the values at rollout time (old_values)")
-        old_values = old_values.detach().to(values.dtype)
-        clipped = old_values + (values - old_values).clamp(-clip, clip)
-        loss = torch.maximum(loss, (clipped - targets).pow(2))
-    return loss.mean()

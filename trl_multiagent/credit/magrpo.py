@@ -1,4 +1,5 @@
-"""MAGRPO's credit: joint actions, tree returns with discount, cross-joint-action credit (MAGRPO Algorithm 1, Eq. 1).
+"""MAGRPO's credit: joint actions and cross-joint-action credit (MAGRPO Algorithm 1; the returns are in
+:mod:`~trl_multiagent.credit.returns`, the group normalisation of Eq. 1 in :mod:`~trl_multiagent.credit.group`).
 
 Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al.), Algorithm 1 and Eq. 1; the
 generation count is Prop. 4.3 of the CoLLM paper.
@@ -24,50 +25,18 @@ def joint_action_indices(num_agents: int, num_samples: int, joint_mode: str) -> 
     raise ValueError(f"Unknown joint_mode {joint_mode!r}; expected 'aligned' or 'cross'.")
 
 
-def tree_returns(rewards: Sequence[float], children: Sequence[Sequence[int]], gamma: float) -> list[float]:
-    """Returns of the joint actions of a rollout tree (MAGRPO, Algorithm 1 line 11, extended to a tree).
-
-    ``R_t = sum_{tau >= t} gamma^(tau - t) r_tau`` along one branch. In a tree a joint action has several
-    continuations (the joint actions sampled at its child node), so its return is its reward plus ``gamma`` times the
-    MEAN return of its children: the Monte-Carlo estimate of the expected continuation. A leaf (last turn or early
-    stop) has return equal to its reward.
-
-    Args:
-        rewards: the joint reward ``r`` of every joint action, indexed by joint-action id.
-        children: ``children[j]`` lists the ids of the joint actions sampled at the node that joint action ``j``
-            leads to (empty for a leaf). Children always have larger ids than their parent.
-        gamma: discount factor (1.0 in the MAGRPO paper).
-    """
-    if len(rewards) != len(children):
-        raise ValueError("rewards and children must have one entry per joint action")
-    returns = [0.0] * len(rewards)
-    for j in reversed(range(len(rewards))):
-        kids = children[j]
-        future = sum(returns[c] for c in kids) / len(kids) if kids else 0.0
-        returns[j] = float(rewards[j]) + gamma * future
-    return returns
-
-
-def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
-    """``R_t = sum_{tau >= t} gamma^(tau - t) r_tau`` for one linear trajectory (MAGRPO Algorithm 1, line 11)."""
-    out, running = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        running = float(rewards[t]) + gamma * running
-        out[t] = running
-    return out
-
-
-def cross_sample_credit(joint_advantages: Sequence[float], joint_indices: Sequence[tuple[int, ...]], agent: int,
+def cross_sample_credit(joint_values: Sequence[float], joint_indices: Sequence[tuple[int, ...]], agent: int,
                         num_samples: int) -> list[float]:
-    """Credit of each of one agent's K samples under ``cross`` joint actions.
+    """Credit of each of one agent's K samples at one node: the mean of a per-joint-action value (reward, return or
+    Eq. 1 advantage) over the joint actions the sample is part of.
 
-    Sample k of agent i takes part in every joint action whose i-th index is k; it is credited with the mean of
-    their (Eq. 1) advantages. Because Eq. 1 is affine in the returns, this equals normalising the mean return of the
-    joint actions the sample appears in with the statistics of the whole K**n group.
+    Sample k of agent i takes part in every joint action whose i-th index is k (one under ``aligned``, K**(n-1) under
+    ``cross``). For advantages this equals normalising the mean return of those joint actions with the statistics
+    of the whole K**n group, because Eq. 1 is affine in the returns.
     """
     sums, counts = [0.0] * num_samples, [0] * num_samples
-    for adv, idx in zip(joint_advantages, joint_indices):
-        sums[idx[agent]] += float(adv)
+    for value, idx in zip(joint_values, joint_indices):
+        sums[idx[agent]] += float(value)
         counts[idx[agent]] += 1
     return [s / c if c else math.nan for s, c in zip(sums, counts)]
 

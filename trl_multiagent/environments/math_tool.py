@@ -56,6 +56,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
+from ..answers import last_boxed
 from ..sandbox import SandboxConfig, run_python
 from .base import Environment, StepResult, merge_weights
 from .coder_tester import masked_convex_combination
@@ -119,28 +120,6 @@ prints only the final answer."""
 
 
 # --------------------------------------------------------------------------------------------------- answers
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) of ``text``, braces balanced; ``None`` if none."""
-    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\s*", text)]
-    for match in reversed(starts):
-        i = match.end()
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        content = text[i + 1:j].strip()
-                        return content or None
-            continue  # unbalanced: try an earlier one
-        token = re.match(r"[^\s$]+", text[i:])  # \boxed 5
-        if token:
-            return token.group(0).rstrip(".,")
-    return None
-
-
 def printed_answer(stdout: str) -> str | None:
     """The last non-empty line of a program's output, or ``None``."""
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]

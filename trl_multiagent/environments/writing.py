@@ -7,7 +7,7 @@ Two agents write two parts of one text at the same time, each from its own promp
 * :class:`ArxivExpansionEnv`: ``background`` expands an abstract into the background and motivation of an
   introduction, ``method`` into its method and implications (column ``abstract``).
 
-The joint reward is the structure + style + coherence reward of ``rewards/writing.py`` (its ``total``, at most 1.0),
+The joint reward is the structure + style + coherence reward of ``trl_multiagent/rewards/writing.py`` (its ``total``, at most 1.0),
 with the second agent's text compared against the first's. The papers' writing tasks have one turn; with
 ``max_turns > 1`` each agent gets the reward components and its own previous draft and writes again.
 
@@ -113,20 +113,20 @@ class _WritingEnv(Environment, abc.ABC):
 
 
 class TLDREnv(_WritingEnv):
-    """TLDR summarization by a ``summary`` agent and an ``elaboration`` agent (reward ``rewards.writing:tldr_reward``).
+    """TLDR summarization by a ``summary`` agent and an ``elaboration`` agent (reward ``trl_multiagent.rewards.writing:tldr_reward``).
 
     Args:
         max_turns: writing rounds (1 in the papers).
         reward_fn: ``fn(first, second, weights=...)`` returning an object with ``total``, ``levels`` and
             ``stopped_at``, or its ``"module:function"`` path.
-        reward_weights: overrides of the component weights (``rewards.writing.WEIGHTS``).
+        reward_weights: overrides of the component weights (``trl_multiagent.rewards.writing.WEIGHTS``).
     """
 
     agents = ("summary", "elaboration")
     game = "tldr"
     source_column = "prompt"
     required_columns = ("prompt",)
-    default_reward = "rewards.writing:tldr_reward"
+    default_reward = "trl_multiagent.rewards.writing:tldr_reward"
 
     def instruction(self, agent: str) -> str:
         if agent == "summary":
@@ -141,7 +141,7 @@ class TLDREnv(_WritingEnv):
 
 
 class ArxivExpansionEnv(_WritingEnv):
-    """arXiv expansion by a ``background`` agent and a ``method`` agent (reward ``rewards.writing:arxiv_reward``).
+    """arXiv expansion by a ``background`` agent and a ``method`` agent (reward ``trl_multiagent.rewards.writing:arxiv_reward``).
 
     Args: those of :class:`TLDREnv`.
     """
@@ -150,7 +150,7 @@ class ArxivExpansionEnv(_WritingEnv):
     game = "arxiv"
     source_column = "abstract"
     required_columns = ("abstract",)
-    default_reward = "rewards.writing:arxiv_reward"
+    default_reward = "trl_multiagent.rewards.writing:arxiv_reward"
 
     def instruction(self, agent: str) -> str:
         mine, theirs = ("the background and motivation", "the method and its implications") \

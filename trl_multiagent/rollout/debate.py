@@ -32,6 +32,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
+from ..credit import discounted_returns
 from ..credit.maporl import (
     REWARD_MODES,
     Incentives,
@@ -221,8 +222,9 @@ class DebateSampler:
                         generation=gen, joint_ids=[ja.id], group=(debate.episode,), reward=reward, ret=reward,
                         score=debate.scores[t][agent], base_reward=base[i][t], incentive=incentive[i][t],
                         correct=debate.outcomes[t].correct[i] if debate.outcomes else None, penalties=flags))
-        for j in joints:  # the team's return: its per-turn results summed from this turn on
-            j.ret = j.reward + sum(joints[c].ret for c in j.children)
+        for debate_joints in _by_episode(joints):  # the team's return: its per-turn results summed from this turn on
+            for j, ret in zip(debate_joints, discounted_returns([j.reward for j in debate_joints], 1.0)):
+                j.ret = ret
         agents = debates[0].agents if debates else list(pool.agent_names)
         stats = rollout_stats(agents, samples, joints, {"num_groups": float(len(debates)),
                                                         "frac_zero_std_groups": math.nan},
@@ -231,6 +233,14 @@ class DebateSampler:
             stats.pop(key, None)
         stats.update(debate_stats(debates, samples, self.num_turns))
         return Experience(samples, joints, stats)
+
+
+def _by_episode(joints: Sequence[JointAction]) -> list[list[JointAction]]:
+    """The joint actions of each debate, in turn order."""
+    episodes: dict[int, list[JointAction]] = {}
+    for j in joints:
+        episodes.setdefault(j.episode, []).append(j)
+    return [sorted(js, key=lambda j: j.turn) for js in episodes.values()]
 
 
 def debate_stats(debates: Sequence[Debate], samples: Sequence[DebateSample], num_turns: int) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
-from ..credit import grouped_advantages, joint_action_indices, tree_returns
+from ..credit import cross_sample_credit, grouped_advantages, joint_action_indices, tree_returns
 from ..environments.base import Environment, Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -60,6 +60,7 @@ class JointTreeSampler:
         node_count = len(frontier)
         joints: list[JointAction] = []
         samples: list[Sample] = []
+        slots: list[tuple[Sample, int, int]] = []  # (sample, agent index, sample index k at its node)
         num_generations = 0
 
         for turn in range(self.num_turns):
@@ -100,17 +101,23 @@ class JointTreeSampler:
                                                    result.next_prompts, ja.id))
                         node_count += 1
                 samples.extend(node_samples.values())
+                slots.extend((sample, agents.index(a), k) for (a, k), sample in node_samples.items())
             frontier = next_frontier
 
         returns = tree_returns([j.reward for j in joints], [j.children for j in joints], self.gamma)
         advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=self.scale_rewards)
         for j, r, a in zip(joints, returns, advantages):
             j.ret, j.advantage = r, a
-        for s in samples:  # aligned: one joint action per sample; cross: the mean over those it appears in
-            members = [joints[i] for i in s.joint_ids]
-            s.reward = sum(j.reward for j in members) / len(members)
-            s.ret = sum(j.ret for j in members) / len(members)
-            s.advantage = sum(j.advantage for j in members) / len(members)
+        # each sample's credit: aligned, its one joint action's; cross, the mean over the K**(n-1) it appears in
+        by_node: dict[int, list[JointAction]] = {}
+        for j in joints:
+            by_node.setdefault(j.node, []).append(j)
+        for s, i, k in slots:
+            node = by_node[s.node]
+            indices = [j.sample_index for j in node]
+            s.reward, s.ret, s.advantage = (cross_sample_credit([getattr(j, attr) for j in node], indices, i,
+                                                                self.num_samples)[k]
+                                            for attr in ("reward", "ret", "advantage"))
         stats = rollout_stats(agents, samples, joints, group_stats, num_generations, len(tasks))
         return Experience(samples, joints, stats)
 

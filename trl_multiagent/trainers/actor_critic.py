@@ -3,7 +3,7 @@
 Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic" (Liu, Chen, Amiri, Amato;
 arXiv 2601.21972), Sec. 4.2 (Eq. 2-5), Sec. 5, Algorithm 1 (CC), Appendix B Algorithm 2 (DC).
 
-One cycle, on top of :class:`~trl_multiagent.trainers.magrpo.MultiAgentGRPOTrainer`:
+One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgentTrainer`:
 
 1. rollout (Alg. 1 lines 3-15): :class:`~trl_multiagent.rollout.SinglePathSampler` plays ``episodes_per_step``
    episodes, ONE path each (no tree); the behaviour log-probabilities ``pi_old(a_{i,t} | h_{i,t})`` come from one
@@ -14,7 +14,8 @@ One cycle, on top of :class:`~trl_multiagent.trainers.magrpo.MultiAgentGRPOTrain
    history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
    bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
    minibatch's JOINT transitions (Eq. 5; Eq. 3 per agent for DC), and every agent's response at that transition
-   gets ``delta`` as its advantage in TRL's clipped-ratio loss (``GRPOTrainer._compute_loss``, Eq. 4 / Eq. 2).
+   gets ``delta`` as its advantage in the whole-response clipped objective (Eq. 4 / Eq. 2,
+   :func:`~trl_multiagent.losses.response_policy_loss`, shared with MAGRPO).
    Actors and critics are separate optimizer groups with their own learning rates, stepped together once.
 
 The centralized critic reads every agent's history and the global information ``m_t`` (turn, horizon, last reward
@@ -25,32 +26,29 @@ the team's own bases (:mod:`trl_multiagent.critics`); they are used in training 
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
 import torch
-from datasets import Dataset
-from transformers.trainer_utils import TrainOutput
 
-from ..agents import AgentPool, AgentSpec
-from ..credit import td_targets, value_loss
+from ..agents import AgentSpec
+from ..credit import td_errors, td_targets
 from ..critics import CriticSpec
-from ..environments.base import Environment, Prompt
+from ..environments.base import Prompt
+from ..losses import RESPONSE_LOSS, value_loss
 from ..rollout import EpisodeBuffer, Experience, SinglePathSampler
 from ..utils import release_freed_memory
-from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from .base import MultiAgentConfig, MultiAgentTrainer
 
 CRITIC_MODES = ("centralized", "decentralized")
 
 
 @dataclass
-class ActorCriticConfig(MultiAgentGRPOConfig):
-    r"""Configuration of [`ActorCriticTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentGRPOConfig`] /
-    [`~trl.GRPOConfig`] field keeps its meaning; the tree-sampling fields (`num_generations`, `joint_mode`,
-    `grouping`) do not apply: each episode is one path.
+class ActorCriticConfig(MultiAgentConfig):
+    r"""Configuration of [`ActorCriticTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`]
+    field keeps its meaning; each episode is one path (`num_generations` = 1).
 
     Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_epochs`; minibatch = the buffer
     (`episodes_per_step` episodes) cut into `num_minibatches` parts; actor learning rate alpha_pi = `learning_rate`
@@ -58,6 +56,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     clip" in the paper's Appendix C) = `epsilon`.
 
     Parameters:
+        num_turns (`int`, defaults to `1`):
+            H, the horizon (an episode ends earlier when the environment says `done`).
+        gamma (`float`, defaults to `1.0`):
+            Discount of the TD targets and returns.
         critic (`str`, defaults to `"centralized"`):
             `"centralized"` (CoLLM-CC: one critic V(h_t, m_t) on the joint history) or `"decentralized"` (CoLLM-DC:
             one critic V_i(h_{i,t}) per agent on its local history).
@@ -109,6 +111,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     shared with MAGRPO); its clip (`epsilon`) is the paper's "advantage clip" of Appendix C.
     """
 
+    min_generations: ClassVar[int] = 1
+
+    num_turns: int = field(default=1, metadata={"help": "H: the horizon."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of the TD targets and returns."})
     critic: str = field(default="centralized", metadata={
         "help": "'centralized' (CoLLM-CC: V(joint history, m_t)) or 'decentralized' (CoLLM-DC: V_i(local history))."})
     critic_agent: str | None = field(default=None, metadata={
@@ -140,6 +146,8 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     critic_micro_batch_size: int | None = field(default=None, metadata={
         "help": "Critic inputs per forward/backward pass of the value loss; None: per_device_train_batch_size."})
     num_generations: int | None = field(default=1, metadata={"help": "Must be 1: one path per episode."})
+    loss_type: str = field(default=RESPONSE_LOSS, metadata={
+        "help": "The actor's objective: 'response' (Eq. 2 / Eq. 4: whole-response ratio, summed token log-probs)."})
     learning_rate: float = field(default=5e-6, metadata={"help": "alpha_pi: the actors' learning rate."})
 
     def __post_init__(self):
@@ -148,8 +156,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
         if self.num_generations != 1:
             raise ValueError(f"ActorCriticTrainer rolls out one path per episode: num_generations must be 1, got "
                              f"{self.num_generations} (K > 1 is MAGRPO's tree; use MultiAgentGRPOTrainer)")
-        if self.grouping != "joint":
-            raise ValueError("grouping does not apply to the actor-critic trainer; leave it at 'joint'")
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.num_iterations != 1:
             raise ValueError("num_iterations is not used by the actor-critic trainer; set num_epochs (E) instead")
         if self.critic_share_adapter and self.critic == "centralized":
@@ -184,11 +194,7 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             raise ValueError(f"critic_micro_batch_size must be at least 1 or None, got {self.critic_micro_batch_size}")
         if self.critic_global_info is None:
             self.critic_global_info = self.critic == "centralized"
-        # TRL's GRPOConfig asks for at least 2 generations per prompt (its group baseline); here an episode is one
-        # path and the baseline is the critic. Pass its check, then restore the single path.
-        self.num_generations = 2
         super().__post_init__()
-        self.num_generations = 1
 
 
 # ---------------------------------------------------------------------------------------------- critic inputs
@@ -228,19 +234,13 @@ def critic_input_parts(buffer: EpisodeBuffer, index: int, agents: Sequence[str],
     return header, "\n\n".join(history_text(a, buffer.history(index, a, history_turns), tr.turn) for a in agents)
 
 
-def critic_input_text(buffer: EpisodeBuffer, index: int, agents: Sequence[str], history_turns: int | None,
-                      reward_max: float | None) -> str:
-    """:func:`critic_input_parts` as one string."""
-    return "".join(critic_input_parts(buffer, index, agents, history_turns, reward_max))
-
-
-class ActorCriticTrainer(MultiAgentGRPOTrainer):
+class ActorCriticTrainer(MultiAgentTrainer):
     """Trainer for CoLLM-CC and CoLLM-DC (multi-agent actor-critic with LLM critics).
 
     Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic", Liu et al. (arXiv 2601.21972),
     Algorithm 1 (CC) and Algorithm 2 (DC), Eq. 2-5.
 
-    Args: those of [`MultiAgentGRPOTrainer`], with an [`ActorCriticConfig`]. Given an already built
+    Args: those of [`MultiAgentTrainer`], with an [`ActorCriticConfig`]. Given an already built
     [`AgentPool`], it must hold the critics this configuration asks for (build it with
     ``AgentPool(specs, critics=ActorCriticTrainer.critic_specs(specs, args))``).
 
@@ -259,32 +259,23 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         "journal={arXiv preprint arXiv:2601.21972}}",
     }
 
-    def __init__(
-        self,
-        agents: Sequence[AgentSpec] | AgentPool,
-        environment: Callable[[], Environment],
-        args: ActorCriticConfig,
-        train_dataset: Dataset,
-        callbacks: list | None = None,
-    ):
-        if not isinstance(args, ActorCriticConfig):
-            raise TypeError(f"args must be an ActorCriticConfig, got {type(args).__name__}")
-        probe = environment()
+    config_class = ActorCriticConfig
+    summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "num_epochs",
+                      "num_minibatches", "critic_learning_rate", "value_clip", "vf_coef", "critic_history_turns",
+                      "critic_max_length")
+
+    @property
+    def algorithm(self) -> str:
+        return "CoLLM-CC" if self.args.critic == "centralized" else "CoLLM-DC"
+
+    def validate_environment(self, probe, agent_names, train_dataset, args: ActorCriticConfig) -> None:
+        """The Environment protocol, and the reward maximum the critic's global information m_t shows."""
+        super().validate_environment(probe, agent_names, train_dataset, args)
         reward_max = args.reward_max if args.reward_max is not None else getattr(probe, "reward_max", None)
         if args.critic_global_info and reward_max is None:
             raise ValueError(f"The critic's global information m_t shows the largest reward of a turn: set reward_max "
                              f"in the config ({type(probe).__name__} has no reward_max attribute)")
         self.reward_max = float(reward_max) if reward_max is not None else None
-        agent_names = list(probe.agents)
-        if isinstance(agents, AgentPool):
-            wanted = {c.name for c in self.critic_specs(list(agents.specs.values()), args, agent_names)}
-            missing = wanted - set(agents.critics)
-            if missing:
-                raise ValueError(f"The AgentPool lacks the critics {sorted(missing)} that critic={args.critic!r} needs; "
-                                 "build it with critics=ActorCriticTrainer.critic_specs(specs, args)")
-        self._critic_agents = agent_names
-        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
-        self._name = "CoLLM-CC" if args.critic == "centralized" else "CoLLM-DC"
         self._schedule: list[list[list[int]]] = []
 
     # ------------------------------------------------------------------------------------------------ set-up
@@ -301,13 +292,13 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         return [CriticSpec(f"critic_{a}", agent=a, share_adapter=args.critic_share_adapter, **common) for a in order]
 
     def build_critics(self, specs: Sequence[AgentSpec], args: ActorCriticConfig) -> list[CriticSpec]:
-        return self.critic_specs(specs, args, self._critic_agents)
+        return self.critic_specs(specs, args, self.agent_order)
 
     def build_sampler(self, args: ActorCriticConfig) -> SinglePathSampler:
         return SinglePathSampler(num_turns=args.num_turns, gamma=args.gamma)
 
-    def _init_grpo_state(self, args: ActorCriticConfig) -> None:
-        super()._init_grpo_state(args)
+    def set_grpo_state(self, args: ActorCriticConfig) -> None:
+        super().set_grpo_state(args)
         # One rollout serves E passes of M minibatches, one optimizer step each: the shared base re-rolls every
         # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.
         self.num_iterations = args.num_epochs * args.num_minibatches
@@ -371,7 +362,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 sample.advantage = deltas[self.critic_of[agent]][tr.index]
                 rows.append(sample)
         actor_loss = super().update(model, Experience(rows, [], {}))
-        self._metrics["train"]["advantage_abs"].append(sum(abs(s.advantage) for s in rows) / max(len(rows), 1))
+        self.log_metric("advantage_abs", sum(abs(s.advantage) for s in rows) / max(len(rows), 1))
         return actor_loss + critic_loss
 
     def _critic_update(self, buffer: EpisodeBuffer, transitions) -> tuple[torch.Tensor, dict[str, dict[int, float]]]:
@@ -386,7 +377,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             nexts = [tr.next for tr in transitions if not tr.done]
             next_values = dict(zip(nexts, self._values(
                 critic, [self.critic_parts(buffer, k, critic) for k in nexts], grad=False).tolist())) if nexts else {}
-            values_all, targets_all, losses = [], [], []
+            values_all, losses = [], []
             for start in range(0, n, micro):
                 chunk = transitions[start:start + micro]
                 values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in chunk], grad=True)
@@ -396,23 +387,24 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 if self.args.value_clip is not None:
                     old = torch.tensor([tr.old_values[critic] for tr in chunk], dtype=values.dtype,
                                        device=values.device)
-                loss = value_loss(values, targets, old, self.args.value_clip) * (len(chunk) / n)
+                loss, _ = value_loss(values, targets, old, self.args.value_clip)
+                loss = loss * (len(chunk) / n)
                 self.accelerator.backward(loss * self.args.vf_coef)
                 losses.append(loss.detach())
                 values_all.append(values.detach())
-                targets_all.append(targets.detach())
             values = torch.cat(values_all)
-            targets = torch.cat(targets_all)
-            delta = targets - values
+            delta = td_errors([tr.reward for tr in transitions], values,
+                              [next_values.get(tr.next, 0.0) for tr in transitions], [tr.done for tr in transitions],
+                              self.args.gamma)
             deltas[critic] = {tr.index: d for tr, d in zip(transitions, delta.tolist())}
             loss = torch.stack(losses).sum()
             total = total + loss * self.args.vf_coef
             returns = torch.tensor([tr.ret for tr in transitions], dtype=values.dtype, device=values.device)
-            stats = {"value_loss": loss.item(), "value": values.mean().item(), "target": targets.mean().item(),
+            stats = {"value_loss": loss.item(), "value": values.mean().item(), "target": (delta + values).mean().item(),
                      "td_error": delta.mean().item(), "td_error_abs": delta.abs().mean().item(),
                      "value_error_vs_return": (values - returns).abs().mean().item()}
             for key, value in stats.items():
-                self._metrics["train"][f"{critic}/{key}"].append(value)
+                self.log_metric(f"critic/{critic}/{key}", value)
             release_freed_memory()
         return total, deltas
 
@@ -451,16 +443,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         return torch.cat(out)
 
     # ------------------------------------------------------------------------------------------------ outputs
-    def train(self, *args, **kwargs) -> TrainOutput:
-        """Train (see [`MultiAgentGRPOTrainer.train`]), then add the actor-critic settings to ``summary.json``."""
-        output = super().train(*args, **kwargs)
-        path = Path(self.args.output_dir) / "summary.json"
-        if self.args.should_save and path.exists():
-            summary = json.loads(path.read_text())
-            summary["actor_critic"] = {k: getattr(self.args, k) for k in (
-                "critic", "critic_share_adapter", "critic_global_info", "num_epochs", "num_minibatches",
-                "critic_learning_rate", "value_clip", "vf_coef", "critic_history_turns", "critic_max_length")}
-            summary["actor_critic"]["reward_max"] = self.reward_max
-            summary["critics"] = sorted(self.pool.critics)
-            path.write_text(json.dumps(summary, indent=2, default=str))
-        return output
+    def summary(self):
+        out = super().summary()
+        out["config"]["reward_max"] = self.reward_max
+        out["critics"] = sorted(self.pool.critics)
+        return out

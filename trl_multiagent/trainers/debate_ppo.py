@@ -23,28 +23,21 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from ..agents import AgentPool, AgentSpec
-from ..credit.maporl import (
-    REWARD_MODES,
-    Incentives,
-    PenaltySettings,
-    clipped_value_loss,
-    gae,
-    token_level_rewards,
-    whiten,
-)
+from ..credit.maporl import REWARD_MODES, Incentives, PenaltySettings, gae, token_level_rewards, whiten
 from ..critics import CriticSpec
-from ..environments.base import Environment
 from ..environments.debate import DebateEnv
+from ..losses import value_loss
 from ..rollout import Experience
 from ..rollout.debate import DebateSample, DebateSampler
 from ..utils import release_freed_memory
-from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, _chunks
+from .base import MultiAgentConfig, MultiAgentTrainer, _chunks
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +45,8 @@ _CLIPPED_LOSSES = ("bnpo", "grpo", "dr_grpo", "dapo")
 
 
 @dataclass
-class DebatePPOConfig(MultiAgentGRPOConfig):
-    r"""Configuration of [`DebatePPOTrainer`] (MAPoRL). Every [`MultiAgentGRPOConfig`] / [`~trl.GRPOConfig`] field keeps
+class DebatePPOConfig(MultiAgentConfig):
+    r"""Configuration of [`DebatePPOTrainer`] (MAPoRL). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field keeps
     its meaning; the fields below are added or get new defaults.
 
     Paper quantities -> fields: n agents = the `AgentSpec` list (the environment's `num_agents`); T turns =
@@ -116,6 +109,8 @@ class DebatePPOConfig(MultiAgentGRPOConfig):
         is one optimizer step over the whole rollout, in micro-batches of `per_device_train_batch_size`.
     """
 
+    min_generations: ClassVar[int] = 1
+
     num_turns: int = field(default=3, metadata={"help": "T: debate turns (earlier end when all agents agree)."})
     num_generations: int | None = field(default=1, metadata={"help": "Independent debates per task."})
     gamma: float = field(default=0.3, metadata={"help": "Discount of later turns' scores in the reward modes."})
@@ -161,9 +156,10 @@ class DebatePPOConfig(MultiAgentGRPOConfig):
         if self.beta != 0.0:
             raise ValueError("MAPoRL puts the KL penalty into the per-token rewards (kl_coef); beta (TRL's KL loss "
                              "term) must be 0")
-        if self.grouping != "joint" or self.joint_mode != "aligned":
-            raise ValueError("grouping and joint_mode belong to the GRPO trainers; DebatePPOTrainer runs debates "
-                             "(leave them at their defaults)")
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations (debates per task) must be at least 1, got {self.num_generations}")
         for name in ("kl_coef", "vf_coef", "cliprange_value"):
@@ -180,12 +176,7 @@ class DebatePPOConfig(MultiAgentGRPOConfig):
             raise ValueError("min_response_tokens must be >= 0, max_repeats and max_repeat_ngram >= 1")
         if not self.verifier:
             raise ValueError("verifier must be 'rule' or the directory of a saved learned verifier")
-        # GRPOConfig insists on >= 2 generations per prompt (its group statistics); a debate batch has no groups, so
-        # satisfy the check and keep the number of debates per task asked for.
-        debates = self.num_generations
-        self.num_generations = max(2, debates)
         super().__post_init__()
-        self.num_generations = debates
 
     @property
     def incentives(self) -> Incentives:
@@ -201,7 +192,7 @@ class DebatePPOConfig(MultiAgentGRPOConfig):
         return settings if settings.enabled else None
 
 
-class DebatePPOTrainer(MultiAgentGRPOTrainer):
+class DebatePPOTrainer(MultiAgentTrainer):
     """Trainer for MAPoRL: multi-agent PPO with GAE on collaborative debates, verifier rewards and incentives.
 
     Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement
@@ -233,11 +224,15 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
         "Asuman Ozdaglar and Kaiqing Zhang and Joo-Kyung Kim}, year=2025, journal={arXiv preprint arXiv:2502.18439}}",
     }
 
-    def __init__(self, agents: Sequence[AgentSpec] | AgentPool, environment: Callable[[], Environment],
-                 args: DebatePPOConfig, train_dataset, callbacks: list | None = None):
-        if not isinstance(args, DebatePPOConfig):
-            raise TypeError(f"args must be a DebatePPOConfig, got {type(args).__name__}")
-        probe = environment()
+    config_class = DebatePPOConfig
+    algorithm = "MAPoRL"
+    summary_fields = ("num_turns", "gamma", "reward_mode", "alpha0", "alpha1", "beta0", "beta1", "verifier", "kl_coef",
+                      "vf_coef", "gae_gamma", "gae_lambda", "num_iterations")
+
+    def validate_environment(self, probe, agent_names, train_dataset, args: DebatePPOConfig) -> None:
+        """The Environment protocol; incentives and a learned verifier need a debate environment; a learned verifier
+        must be a saved one."""
+        super().validate_environment(probe, agent_names, train_dataset, args)
         if (args.incentives.active or args.verifier != "rule") and not isinstance(probe, DebateEnv):
             raise ValueError(f"{type(probe).__name__} is not a DebateEnv: collaboration incentives and a learned "
                              "verifier need a debate environment (its gold answers and questions)")
@@ -245,18 +240,15 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
             from ..verifier import LearnedVerifier
 
             LearnedVerifier.check_saved(args.verifier)
-        if isinstance(agents, AgentPool):
-            missing = [self.critic_name(a) for a in agents.agent_names if self.critic_name(a) not in agents.critics]
-            if missing:
-                raise ValueError(f"The AgentPool lacks the critics {missing}; build it with "
-                                 "critics=DebatePPOTrainer.build_critics(...) or pass AgentSpecs")
-            heads = args.num_turns if args.value_head_per_turn else 1
-            wrong = [c for c in (self.critic_name(a) for a in agents.agent_names)
-                     if agents.critics[c].spec.num_heads < heads]
-            if wrong:
-                raise ValueError(f"Critics {wrong} have fewer than {heads} value heads (value_head_per_turn)")
         self.verifier_model = None
-        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
+
+    def check_pool(self, pool: AgentPool, args: DebatePPOConfig) -> None:
+        """A given pool holds every agent's critic, with a head per turn when ``value_head_per_turn``."""
+        super().check_pool(pool, args)
+        heads = args.num_turns if args.value_head_per_turn else 1
+        wrong = [c for c in (self.critic_name(a) for a in pool.agent_names) if pool.critics[c].spec.num_heads < heads]
+        if wrong:
+            raise ValueError(f"Critics {wrong} have fewer than {heads} value heads (value_head_per_turn)")
 
     # ------------------------------------------------------------------------------------------------ set-up
     @staticmethod
@@ -294,17 +286,17 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
         """Play the debates, then per agent: behaviour and reference log-probs, values, token rewards and GAE."""
         start = time.perf_counter()
         experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
-        self._metrics["train"]["rollout_time"].append(time.perf_counter() - start)
+        self.log_metric("rollout_time", time.perf_counter() - start)
         kls, values, returns = [], [], []
         micro = self.args.per_device_train_batch_size
         for agent in self.pool.agent_names:
             policy = self.pool.policy_of(agent)
             rows = [s for s in experience.samples if s.agent == agent]
             for chunk in _chunks(rows, micro):
-                batch = self._collate(policy, chunk)
-                logps = self._logps(functools.partial(self.pool, policy), batch)
+                batch = self.collate(policy, chunk)
+                logps = self.logps(functools.partial(self.pool, policy), batch)
                 with self.pool.reference(policy) as ref_model:
-                    ref_logps = self._logps(ref_model, batch)
+                    ref_logps = self.logps(ref_model, batch)
                 chunk_values = self._completion_values(agent, batch, chunk)
                 for s, lp, rp, v, m in zip(chunk, logps, ref_logps, chunk_values, batch["completion_mask"]):
                     keep = m.bool()
@@ -324,8 +316,8 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
                     s.token_advantages = adv
         stats = dict(experience.stats)
         stats.update({"kl": _mean(kls), "value_mean": _mean(values), "returns_mean": _mean(returns)})
-        for key, value in self._gather_stats(stats).items():
-            self._metrics["train"][key].append(value)
+        for key, value in self.gather_stats(stats).items():
+            self.log_metric(key, value)
         release_freed_memory()
         return experience
 
@@ -341,9 +333,9 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
         start = batch["prompt_ids"].size(1) - 1
         return values[:, start:start + batch["completion_ids"].size(1)].float()
 
-    def _collate(self, policy: str, samples) -> dict[str, torch.Tensor]:
+    def collate(self, policy: str, samples) -> dict[str, torch.Tensor]:
         """The base batch, with the per-token advantages, value targets and rollout values once GAE has run."""
-        batch = super()._collate(policy, samples)
+        batch = super().collate(policy, samples)
         if samples and all(getattr(s, "token_advantages", None) is not None for s in samples):
             width = batch["completion_ids"].size(1)
             for key, attr in (("advantages", "token_advantages"), ("returns", "token_returns"),
@@ -371,10 +363,12 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
                 rows = [s for s in experience.samples if s.agent == agent]
                 n_tokens = sum(len(s.generation.completion_ids) for s in rows)
                 for chunk in _chunks(rows, micro):
-                    batch = self._collate(self.pool.policy_of(agent), chunk)
+                    batch = self.collate(self.pool.policy_of(agent), chunk)
                     predicted = self._completion_values(agent, batch, chunk)
-                    loss, frac = clipped_value_loss(predicted, batch["old_values"], batch["returns"],
-                                                    batch["completion_mask"], self.args.cliprange_value)
+                    # PPO's clipped value loss with its conventional 1/2 (Sec. 3.2)
+                    loss, stats = value_loss(predicted, batch["returns"], batch["old_values"],
+                                             self.args.cliprange_value, mask=batch["completion_mask"])
+                    loss, frac = 0.5 * loss, stats["clip_fraction"]
                     weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
                     scaled = self.args.vf_coef * loss * weight
                     self.accelerator.backward(scaled)
@@ -382,8 +376,8 @@ class DebatePPOTrainer(MultiAgentGRPOTrainer):
                     losses.append(loss.item())
                     fracs.append(frac.item())
                 release_freed_memory()
-        self._metrics["train"]["value_loss"].append(_mean(losses))
-        self._metrics["train"]["value_clipfrac"].append(_mean(fracs))
+        self.log_metric("value_loss", _mean(losses))
+        self.log_metric("value_clipfrac", _mean(fracs))
         return total
 
 

@@ -3,7 +3,7 @@
 Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems" (Chen et al., MHGPO),
 Sec. "Method: MHGPO", Eq. 4-7, Algorithms 1-5.
 
-What differs from the shared base (:class:`~trl_multiagent.trainers.magrpo.MultiAgentGRPOTrainer`):
+What this trainer brings to the shared loop (:class:`~trl_multiagent.trainers.base.MultiAgentTrainer`):
 
 - the environment is a :class:`~trl_multiagent.environments.pipeline.PipelineEnvironment` (a DAG of agents and tool
   steps) and the sampler is :class:`~trl_multiagent.rollout.pipeline.PipelineSampler` (IS / FoF / RR);
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from datasets import Dataset
@@ -29,7 +29,13 @@ from ..credit.mhgpo import AGGREGATIONS, agent_loss_weights
 from ..environments.pipeline import PipelineEnvironment
 from ..rollout import Sample
 from ..rollout.pipeline import STRATEGIES, PipelineSampler
-from .magrpo import _ROW_MEAN_LOSSES, MultiAgentGRPOConfig, MultiAgentGRPOTrainer, validate_team_against_environment
+from .base import (
+    ROW_MEAN_LOSSES,
+    MultiAgentConfig,
+    MultiAgentTrainer,
+    check_dataset,
+    validate_team_against_environment,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +44,9 @@ SHARED_POLICY = "shared"
 
 
 @dataclass
-class HeterogeneousGroupConfig(MultiAgentGRPOConfig):
-    r"""Configuration of [`HeterogeneousGroupTrainer`] (MHGPO). Every [`MultiAgentGRPOConfig`] / [`~trl.GRPOConfig`]
-    field keeps its meaning; `num_turns` must stay 1 (a pipeline runs once per question) and `grouping` `"joint"`.
+class HeterogeneousGroupConfig(MultiAgentConfig):
+    r"""Configuration of [`HeterogeneousGroupTrainer`] (MHGPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field
+    keeps its meaning (a pipeline runs once per question: there are no turns).
 
     Paper quantities -> fields: G (group size, `rollout.n`) = `num_generations`; the sampling function H = `sampling`;
     p_i (Round-robin fork probabilities) = `fork_probabilities`; Aggr (Eq. 4) = `reward_aggregation`; epsilon (clip)
@@ -95,17 +101,13 @@ class HeterogeneousGroupConfig(MultiAgentGRPOConfig):
             self.fork_probabilities = probs
         if self.reward_aggregation not in AGGREGATIONS:
             raise ValueError(f"reward_aggregation must be one of {list(AGGREGATIONS)}, got {self.reward_aggregation!r}")
-        if self.num_turns != 1:
-            raise ValueError(f"num_turns must be 1 for MHGPO (a pipeline runs once per question), got {self.num_turns}")
-        if self.grouping != "joint":
-            raise ValueError("grouping is not used by MHGPO (its groups come from `sampling`); leave it 'joint'")
-        if self.agent_loss_weighting and self.loss_type not in _ROW_MEAN_LOSSES:
+        if self.agent_loss_weighting and self.loss_type not in ROW_MEAN_LOSSES and self.loss_type != "response":
             raise ValueError(f"agent_loss_weighting (Eq. 6) needs a per-sequence loss_type "
-                             f"{sorted(_ROW_MEAN_LOSSES)}, got {self.loss_type!r}; or set agent_loss_weighting=False")
+                             f"{sorted(ROW_MEAN_LOSSES)}, got {self.loss_type!r}; or set agent_loss_weighting=False")
         super().__post_init__()
 
 
-class HeterogeneousGroupTrainer(MultiAgentGRPOTrainer):
+class HeterogeneousGroupTrainer(MultiAgentTrainer):
     """Trainer for MHGPO (Multi-Agent Heterogeneous Group Policy Optimization) over a pipeline of agents.
 
     Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems", Chen et al.,
@@ -131,19 +133,13 @@ class HeterogeneousGroupTrainer(MultiAgentGRPOTrainer):
         "Zenglin Xu}, year=2025, journal={arXiv preprint arXiv:2506.02718}}",
     }
 
-    def __init__(
-        self,
-        agents: Sequence[AgentSpec] | AgentPool,
-        environment: Callable[[], PipelineEnvironment],
-        args: HeterogeneousGroupConfig,
-        train_dataset: Dataset,
-        callbacks: list | None = None,
-    ):
-        if not isinstance(args, HeterogeneousGroupConfig):
-            raise TypeError(f"args must be a HeterogeneousGroupConfig, got {type(args).__name__}")
-        if args.share_policy:
-            agents = share_one_policy(agents)
-        super().__init__(agents, environment, args, train_dataset, callbacks=callbacks)
+    config_class = HeterogeneousGroupConfig
+    algorithm = "MHGPO"
+    summary_fields = ("sampling", "fork_probabilities", "reward_aggregation", "agent_loss_weighting", "share_policy")
+
+    def prepare_agents(self, agents, args: HeterogeneousGroupConfig):
+        """Parameter sharing: the agents that name no policy of their own act with one policy (``share_policy``)."""
+        return share_one_policy(agents) if args.share_policy else agents
 
     def validate_environment(self, probe, agent_names: Sequence[str], train_dataset: Dataset,
                              args: HeterogeneousGroupConfig) -> None:
@@ -154,9 +150,7 @@ class HeterogeneousGroupTrainer(MultiAgentGRPOTrainer):
                             f"{type(probe).__name__}")
         probe.graph()
         validate_team_against_environment(agent_names, probe)
-        if train_dataset is None or len(train_dataset) == 0:
-            raise ValueError("train_dataset is empty: it needs one row per question")
-        probe.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+        check_dataset(probe, train_dataset)
         if args.fork_probabilities is not None and len(args.fork_probabilities) != len(probe.agents):
             raise ValueError(f"fork_probabilities has {len(args.fork_probabilities)} entries for the "
                              f"{len(probe.agents)} agents {list(probe.agents)}")

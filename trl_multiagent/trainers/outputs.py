@@ -125,3 +125,37 @@ def write_run_status(output_dir: str | Path, status: str) -> None:
     tmp = path / (RUN_STATUS_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path / RUN_STATUS_FILE)
+
+
+def write_summary(trainer, output) -> Path:
+    """``summary.json``: algorithm, team, run length, first/last and quarter-mean rewards, final metrics, and the
+    trainer's own part (:meth:`~trl_multiagent.trainers.base.MultiAgentTrainer.summary`)."""
+    history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
+    last = history[-1] if history else {}
+    rewards = [h["reward"] for h in history if isinstance(h.get("reward"), (int, float))]
+    quarter = max(1, len(rewards) // 4)
+    args = trainer.args
+    summary = {
+        "algorithm": trainer.algorithm,
+        "trainer": type(trainer).__name__,
+        "global_step": trainer.state.global_step,
+        "train_runtime_s": output.metrics.get("train_runtime"),
+        "train_loss": output.metrics.get("train_loss"),
+        "first_reward": rewards[0] if rewards else None,
+        "last_reward": rewards[-1] if rewards else None,
+        "mean_reward_first_quarter": sum(rewards[:quarter]) / quarter if rewards else None,
+        "mean_reward_last_quarter": sum(rewards[-quarter:]) / quarter if rewards else None,
+        "final_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+        "agents": {name: {"policy": s.policy, "model": s.model_name, "quantization": s.quantization}
+                   for name, s in trainer.pool.specs.items()},
+        "adapters": {p: str(Path(args.output_dir) / "adapters" / p) for p in trainer.pool.policies},
+    }
+    own = trainer.summary()
+    summary["config"] = {**{k: getattr(args, k) for k in ("num_generations", "episodes_per_step", "learning_rate",
+                                                          "loss_type", "beta", "epsilon", "temperature",
+                                                          "max_completion_length", "seed")},
+                         **own.pop("config", {})}
+    summary.update(own)
+    path = Path(args.output_dir) / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, default=str))
+    return path

@@ -1,0 +1,104 @@
+"""ATGRPOTrainer: AT-GRPO, agent-and-turn group-relative policy optimization with greedy tree sampling.
+
+Paper: "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs" (AT-GRPO), Sec. 4.1, Algorithm 1,
+Eq. 3.
+
+- rollout: :class:`~trl_multiagent.rollout.AgentTurnSampler`. In environment instance e, at turn t, agent i samples K
+  candidates from the current state; each is scored with the mixed reward of Eq. 3, ``alpha * team + local``
+  (:func:`~trl_multiagent.credit.mix_rewards`); the K candidates form the group keyed (e, t, i) (never two problems,
+  turns or agents in one group), and the best candidate is executed (greedy) before the rollout moves on.
+- update: the paper gives no objective beyond GRPO's, so the default is GRPO's per-response form, TRL's
+  ``loss_type="grpo"`` (per-token clipped ratio, averaged over each response's tokens, then over the responses).
+- policies: role-sharing (every agent acts with one policy trained on all roles' data: give the agents one
+  `AgentSpec.policy`, or ``policy_mapping: shared`` in a recipe) or role-specialized (one policy per agent, trained
+  only on its own data; the default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..rollout import AgentTurnSampler
+from .base import MultiAgentConfig, MultiAgentTrainer
+
+
+@dataclass
+class ATGRPOConfig(MultiAgentConfig):
+    r"""Configuration of [`ATGRPOTrainer`] (AT-GRPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field keeps its
+    meaning.
+
+    Paper quantities -> fields: K (candidates per agent and turn) = `num_generations`; the turn budget = `num_turns`;
+    alpha of Eq. 3 = `alpha`; sequential or parallel agents = `agent_order`; learning rate = `learning_rate` (the
+    paper: 1e-6).
+
+    Parameters:
+        num_turns (`int`, defaults to `1`):
+            The turn budget (episodes end earlier when the environment says `done`, e.g. on alignment).
+        agent_order (`str`, defaults to `"sequential"`):
+            `"sequential"`: within a turn each agent samples and is scored on the state after the earlier agents'
+            executed actions (the environment must accept one agent's action alone); `"parallel"`: all agents sample
+            from the same state.
+        alpha (`float`, defaults to `1.0`):
+            Eq. 3: `r = alpha * team reward + local reward`.
+        drop_zero_std_groups (`bool`, defaults to `False`):
+            Leave groups whose candidates all tie out of the update (they are still counted in the metrics).
+        loss_type (`str`, defaults to `"grpo"`):
+            GRPO's per-response objective (the paper states no other); any TRL loss type or `"response"` works.
+    """
+
+    num_turns: int = field(default=1, metadata={"help": "The turn budget."})
+    agent_order: str = field(default="sequential", metadata={
+        "help": "'sequential' (each agent sees the earlier agents' executed actions) or 'parallel'."})
+    alpha: float = field(default=1.0, metadata={"help": "Eq. 3: r = alpha * team reward + local reward."})
+    drop_zero_std_groups: bool = field(default=False, metadata={
+        "help": "Leave groups whose candidates all tie out of the update (counted in the metrics)."})
+    loss_type: str = field(default="grpo", metadata={
+        "help": "GRPO's per-response token mean ('grpo', the default: the paper gives no other) or any loss type."})
+
+    def __post_init__(self):
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if self.agent_order not in ("sequential", "parallel"):
+            raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {self.agent_order!r}")
+        super().__post_init__()
+
+
+class ATGRPOTrainer(MultiAgentTrainer):
+    """Trainer for AT-GRPO (agent- and turn-wise grouped GRPO with tree sampling).
+
+    Paper: "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs", Sec. 4.1, Algorithm 1, Eq. 3.
+
+    Args:
+        agents: the team ([`AgentSpec`] list or [`AgentPool`]); agents naming one policy share it (role-sharing).
+        environment: a zero-argument factory returning a fresh [`Environment`] whose steps give every agent a local
+            reward next to the team reward.
+        args: an [`ATGRPOConfig`].
+        train_dataset: one row per environment instance.
+        callbacks: extra `transformers.TrainerCallback` objects.
+    """
+
+    config_class = ATGRPOConfig
+    algorithm = "AT-GRPO"
+    summary_fields = ("num_turns", "agent_order", "alpha", "drop_zero_std_groups")
+    _tag_names = ["trl", "trl-multiagent", "at-grpo"]
+    _name = "AT-GRPO"
+    _paper = {"title": "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"}
+
+    def validate_environment(self, probe, agent_names, train_dataset, args: ATGRPOConfig) -> None:
+        """The Environment protocol, plus partial joint actions for sequential agents."""
+        super().validate_environment(probe, agent_names, train_dataset, args)
+        if args.agent_order == "sequential" and not getattr(probe, "supports_partial_actions", False):
+            raise ValueError(f"{type(probe).__name__} does not accept one agent's action alone "
+                             "(supports_partial_actions), which sequential AT-GRPO needs; set agent_order='parallel'.")
+
+    def build_sampler(self, args: ATGRPOConfig) -> AgentTurnSampler:
+        """Agent-and-turn groups with greedy execution of the best candidate (Alg. 1) and Eq. 3 rewards."""
+        return AgentTurnSampler(num_samples=args.num_generations, num_turns=args.num_turns,
+                                agent_order=args.agent_order, alpha=args.alpha, scale_rewards=args.scale_rewards,
+                                drop_zero_std_groups=args.drop_zero_std_groups)
+
+    def summary(self):
+        policies = {s.policy for s in self.pool.specs.values()}
+        out = super().summary()
+        out["policy_mapping"] = "shared" if len(policies) < len(self.pool.specs) else "specialized"
+        return out

@@ -1,0 +1,608 @@
+"""MultiAgentTrainer: the one training loop every trainer of trl-multiagent shares, and its config.
+
+One step, top to bottom (:meth:`MultiAgentTrainer.training_step`):
+
+1. rollout (every ``num_iterations`` steps): the trainer's sampler (its rollout topology, :mod:`trl_multiagent.rollout`)
+   plays ``episodes_per_step`` tasks per process and returns :class:`~trl_multiagent.rollout.Experience` with
+   advantages from :mod:`trl_multiagent.credit`; behaviour / reference log-probs are added only when the loss needs
+   them (``num_iterations > 1`` / ``beta > 0``);
+2. update: for every policy, its adapter active, the policy objective on that policy's samples: the whole-response
+   objective of MAGRPO Eq. 2 (``loss_type="response"``, :func:`~trl_multiagent.losses.response_policy_loss`) or one
+   of TRL's loss types; trainers with critics add their value losses;
+3. one optimizer step: one optimizer, one param group per policy and per critic (each its own learning rate), each
+   group's gradient clipped to ``max_grad_norm`` on its own.
+
+The trainers (MAGRPO, AT-GRPO, MHGPO, CoLLM-CC/DC, MAPoRL) are siblings over this class: each brings its config
+fields, its sampler (:meth:`~MultiAgentTrainer.build_sampler`), its critics, and, where its objective differs, its
+update. The private parts of TRL and transformers it rests on are all in :mod:`trl_multiagent.trainers.compat`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from accelerate.utils import set_seed
+from datasets import Dataset
+from transformers import ProgressCallback, enable_full_determinism
+from transformers.trainer_utils import TrainOutput
+from trl import GRPOConfig
+
+from ..agents import AgentPool, AgentSpec, check_team
+from ..environments.base import Environment
+from ..losses import RESPONSE_LOSS, response_policy_loss
+from ..models import context_length
+from ..rollout import Experience, Sample
+from ..utils import release_freed_memory, set_cpu_mmap_threshold
+from .callbacks import MetricsFileCallback
+from .compat import TeamTrainerSurface
+from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
+
+logger = logging.getLogger(__name__)
+
+#: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+#: How TRL's loss types aggregate: a mean over responses / over a micro-batch's tokens / a sum over a global count.
+ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
+TOKEN_MEAN_LOSSES = {"bnpo"}
+TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
+
+
+# ---------------------------------------------------------------------------------------------------- config
+@dataclass
+class MultiAgentConfig(GRPOConfig):
+    r"""The fields every multi-agent trainer shares, over [`~trl.GRPOConfig`] (whose fields all keep their meaning).
+
+    Parameters:
+        episodes_per_step (`int`, defaults to `1`):
+            Tasks (dataset rows) each process rolls out per optimizer step; every sample of those episodes goes into
+            that one step.
+        model_dtype (`str`, defaults to `"auto"`):
+            Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
+            `"bfloat16"` or `"float16"`.
+        cpu_malloc_mmap_threshold (`int`, defaults to `131072`):
+            On CPU, pin glibc's mmap threshold to this many bytes during updates, so that freed activation buffers go
+            back to the OS (see `utils.set_cpu_mmap_threshold`); `0` keeps glibc's dynamic default.
+        overwrite_output_dir (`bool`, defaults to `False`):
+            Replace the results of an earlier run in `output_dir`. Without it a run refuses a directory that holds
+            another run's results, unless it resumes from one of its checkpoints.
+
+    Notes:
+        `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
+        `gradient_accumulation_steps` and `steps_per_generation` must stay 1 (raise `episodes_per_step` instead).
+        `num_iterations` reuses one rollout for that many optimizer steps, as in TRL. `loss_type` is
+        `"response"` (the whole-response objective of MAGRPO Eq. 2 and CoLLM Eq. 2/4) or any TRL loss type.
+    """
+
+    #: The smallest ``num_generations`` the trainer's sampler accepts.
+    min_generations: ClassVar[int] = 2
+
+    episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
+    model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
+    cpu_malloc_mmap_threshold: int = field(default=131072, metadata={
+        "help": "CPU only: pin glibc's mmap threshold (bytes) during updates; 0 = glibc's dynamic default."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
+                "holds another run's results (unless it resumes from one of its checkpoints)."})
+    num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent and branch point."})
+    loss_type: str = field(default=RESPONSE_LOSS, metadata={
+        "help": "Policy objective: 'response' (MAGRPO Eq. 2: clipped ratio of whole-response probabilities, gradient "
+                "of the summed token log-probs, mean over responses) or one of TRL's loss types ('grpo', 'bnpo', "
+                "'dr_grpo', 'dapo', ...)."})
+    use_bias_correction_kl: bool = field(default=False, metadata={
+        "help": "TRL's importance-sampling correction of the KL term (TRL's default is True); the papers' KL is the "
+                "plain estimator."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+
+    def __post_init__(self):
+        cuda = torch.cuda.is_available()
+        if self.bf16 is None:
+            self.bf16 = cuda
+        check_loss_settings(self)
+        check_common_values(self, self.min_generations)
+        if self.cpu_malloc_mmap_threshold < 0:
+            raise ValueError(f"cpu_malloc_mmap_threshold must be >= 0 bytes, got {self.cpu_malloc_mmap_threshold}")
+        if self.episodes_per_step < 1:
+            raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
+        if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError("gradient_accumulation_steps must be 1 for multi-agent trainers: every sample of a rollout "
+                             "goes into one optimizer step. Raise episodes_per_step for a larger batch.")
+        if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
+            raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
+        if self.use_vllm:
+            raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in "
+                             "transformers.")
+        if self.log_completions:
+            raise ValueError("log_completions is not supported by the multi-agent trainers; see metrics.jsonl.")
+        self.remove_unused_columns = False
+        if not cuda:
+            self.dataloader_pin_memory = False
+        if self.ddp_broadcast_buffers is None:
+            self.ddp_broadcast_buffers = False
+        if not self.use_cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and not torch.accelerator.is_available():
+            # Launched by torchrun on a machine without an accelerator: accelerate recognises a multi-CPU (gloo) run
+            # only with cpu=True; without it every process would silently train alone with num_processes == 1.
+            self.use_cpu = True
+        # GRPOConfig checks single-agent prompt groups (at least 2 generations, generation_batch_size divisible by
+        # them), which do not apply to a team's rollout: satisfy them, then restore the values this trainer uses.
+        samples = self.num_generations
+        self.num_generations = max(2, samples)
+        self.steps_per_generation = self.num_generations
+        super().__post_init__()
+        self.num_generations = samples
+        self.steps_per_generation = 1
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size
+
+
+def check_loss_settings(config) -> None:
+    """``loss_type`` names a known objective, and the whole-response objective gets no per-token option it ignores."""
+    if config.loss_type != RESPONSE_LOSS and config.loss_type not in TRL_LOSS_TYPES:
+        raise ValueError(f"loss_type must be {RESPONSE_LOSS!r} or one of TRL's {list(TRL_LOSS_TYPES)}, got "
+                         f"{config.loss_type!r}")
+    if config.loss_type == RESPONSE_LOSS:
+        per_token = {"entropy_coef": config.entropy_coef != 0.0, "use_adaptive_entropy": config.use_adaptive_entropy,
+                     "top_entropy_quantile": config.top_entropy_quantile < 1.0,
+                     "off_policy_mask_threshold": config.off_policy_mask_threshold is not None}
+        used = [name for name, on in per_token.items() if on]
+        if used:
+            raise ValueError(f"{used[0]} is a per-token option of TRL's losses; the whole-response objective "
+                             f"(loss_type={RESPONSE_LOSS!r}) does not use it. Unset it or choose a TRL loss_type.")
+
+
+def check_common_values(config, min_generations: int) -> None:
+    """Values every multi-agent config needs in range, checked before GRPOConfig's own checks (some of which would
+    otherwise fail with a ZeroDivisionError, or only when the model samples)."""
+    def need(ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
+
+    k = config.num_generations
+    if min_generations >= 2:
+        need(isinstance(k, int) and k >= min_generations, "num_generations",
+             f"an integer >= {min_generations} (K: a group of one sample has advantage 0, so it teaches nothing)")
+    else:
+        need(isinstance(k, int) and k >= min_generations, "num_generations", f"an integer >= {min_generations}")
+    need(config.per_device_train_batch_size >= 1, "per_device_train_batch_size", "at least 1 (samples per micro-batch)")
+    need(config.temperature > 0, "temperature", "> 0 (training samples; use a small value for near-greedy)")
+    need(config.top_p is None or 0 < config.top_p <= 1, "top_p", "in (0, 1]")
+    need(config.top_k is None or config.top_k >= 0, "top_k", ">= 0 (0 disables it)")
+    need(config.max_completion_length is not None and config.max_completion_length >= 1, "max_completion_length",
+         "at least 1 token")
+    need(config.learning_rate > 0, "learning_rate", "> 0")
+    need(config.beta >= 0, "beta", ">= 0")
+    need(config.epsilon >= 0 and (config.epsilon_high is None or config.epsilon_high >= 0), "epsilon", ">= 0")
+    need(config.num_iterations >= 1, "num_iterations", "at least 1")
+    need(config.max_grad_norm is None or config.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)")
+    need(config.logging_steps > 0, "logging_steps", "> 0")
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
+class MultiAgentTrainer(TeamTrainerSurface):
+    """The shared training loop of every multi-agent trainer (see the module docstring); not used directly.
+
+    Args:
+        agents: the team, as a list of [`AgentSpec`] (loaded here) or an already built [`AgentPool`].
+        environment: a zero-argument factory returning a fresh environment (a class works), called once per task.
+        args: the trainer's config (a subclass of [`MultiAgentConfig`]).
+        train_dataset: one row per task, passed to the environment.
+        callbacks: extra `transformers.TrainerCallback` objects.
+
+    Every run writes `<output_dir>/metrics.jsonl`, `<output_dir>/summary.json`, `<output_dir>/run_status.json` and
+    the final adapters under `<output_dir>/adapters/<policy>/`. Checkpoints (`save_steps`) hold every adapter, the
+    optimizer (one param group per policy and critic), the scheduler, RNG states and counters;
+    `resume_from_checkpoint` restores them.
+    """
+
+    config_class: ClassVar[type] = MultiAgentConfig
+    #: The algorithm's name in summaries.
+    algorithm: ClassVar[str] = ""
+    #: Config fields of the trainer's own that summary.json records.
+    summary_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec] | AgentPool,
+        environment: Callable[[], Any],
+        args: MultiAgentConfig,
+        train_dataset: Dataset,
+        callbacks: list | None = None,
+    ):
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        # ---- everything that can be checked, before any model loads
+        agents = self.prepare_agents(agents, args)
+        specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
+        check_team(specs)
+        probe = environment()
+        self.validate_environment(probe, [s.name for s in specs], train_dataset, args)
+        self.agent_order = list(probe.agents)
+        critics = self.build_critics(specs, args)
+        check_context_length(specs, args.max_completion_length)
+        check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
+        check_checkpoint(args.resume_from_checkpoint, args.output_dir, sorted({s.policy for s in specs}),
+                         [c.name for c in critics])
+
+        if set_cpu_mmap_threshold(args.cpu_malloc_mmap_threshold):
+            logger.info("glibc mmap threshold pinned to %d bytes (cpu_malloc_mmap_threshold)",
+                        args.cpu_malloc_mmap_threshold)
+        if isinstance(agents, AgentPool):
+            self.check_pool(agents, args)
+            pool = agents
+        else:
+            # The new LoRA adapters are initialised at random (lora_A); seed first so that two runs with the same
+            # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
+            enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
+            pool = AgentPool(specs, dtype=args.model_dtype, critics=critics)
+        self.pool = pool
+        self.pool.prepare_for_training(args.temperature)
+        self.environment_factory = environment
+        self.sampler = self.build_sampler(args)
+        self.init_trainer(self.pool, args, train_dataset, callbacks)
+        self._buffered_inputs: Experience | None = None
+        # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
+        # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
+        set_seed(args.seed, device_specific=True)
+        if not args.disable_tqdm:
+            from trl.trainer.callbacks import RichProgressCallback
+
+            self.remove_callback(ProgressCallback)
+            self.add_callback(RichProgressCallback())
+        self.add_callback(MetricsFileCallback(args.output_dir))
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def prepare_agents(self, agents, args):
+        """The team as the trainer runs it (MHGPO maps every agent to one shared policy here); called first."""
+        return agents
+
+    def validate_environment(self, probe, agent_names: Sequence[str], train_dataset: Dataset, args) -> None:
+        """Check the environment (``probe``, one instance from the factory), the team and the dataset before any model
+        loads. The default is the :class:`Environment` protocol; a trainer of another protocol overrides it."""
+        if not isinstance(probe, Environment):
+            raise TypeError(f"environment() must return an Environment, got {type(probe).__name__}")
+        validate_team_against_environment(agent_names, probe)
+        check_dataset(probe, train_dataset)
+        num_turns = getattr(args, "num_turns", 1)
+        if num_turns > probe.max_turns:
+            logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
+                           "budget.", num_turns, probe.max_turns)
+
+    def build_critics(self, specs: Sequence[AgentSpec], args) -> list:
+        """The critics (:class:`~trl_multiagent.critics.CriticSpec`) the pool adds to the team's bases (none here)."""
+        return []
+
+    def check_pool(self, pool: AgentPool, args) -> None:
+        """A pool built by the caller must hold what the trainer needs (e.g. its critics)."""
+        wanted = {c.name for c in self.build_critics(list(pool.specs.values()), args)}
+        missing = sorted(wanted - set(pool.critics))
+        if missing:
+            raise ValueError(f"The AgentPool lacks the critics {missing}; pass AgentSpecs (the trainer builds them) "
+                             f"or build the pool with critics={type(self).__name__}.build_critics(...)")
+
+    def build_sampler(self, args):
+        """The rollout topology (a sampler of :mod:`trl_multiagent.rollout`); every trainer defines its own."""
+        raise TypeError(f"{type(self).__name__} does not define build_sampler")
+
+    # ------------------------------------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None):
+        """One optimizer, one param group per policy (its adapter's parameters, its own learning rate) and per critic
+        (its adapter and value head; default rate ``critic_learning_rate`` where the config has one)."""
+        if self.optimizer is None:
+            groups = []
+            for group in self.pool.trainable_groups():
+                lr = group["learning_rate"]
+                if lr is None and group["kind"] == "critic":
+                    lr = getattr(self.args, "critic_learning_rate", None)
+                if lr is None:
+                    lr = self.args.learning_rate
+                groups.append({"params": group["params"], "lr": lr, "weight_decay": self.args.weight_decay,
+                               group["kind"]: group["name"]})
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.pool)
+            optimizer_kwargs.pop("lr", None)
+            self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+        return self.optimizer
+
+    def clip_gradients(self):
+        """Clip each policy's and each critic's gradient to ``max_grad_norm`` separately, so that one agent's large
+        gradient never shrinks another agent's step. Logs every group's norm before clipping
+        (``policy/<name>/grad_norm``, ``critic/<name>/grad_norm``) and returns the norm of all of them together
+        (logged as ``grad_norm``)."""
+        norms = []
+        for group in self.pool.trainable_groups():
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+            self.log_metric(f"{group['kind']}/{group['name']}/grad_norm", float(norm))
+            norms.append(norm.detach().float())
+        return torch.stack(norms).pow(2).sum().sqrt() if norms else torch.zeros(())
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        model.train()
+        # The phase of the num_iterations cycle comes from global_step (restored on resume), not from a counter of
+        # this run's calls: a run resumed mid-cycle re-rolls (the buffer is not checkpointed) and stays in phase
+        # with the task sampler, which hands out each chunk of tasks num_iterations times.
+        if self.state.global_step % self.num_iterations == 0 or self._buffered_inputs is None:
+            self._buffered_inputs = self.rollout(inputs)
+        loss = self.update(model, self._buffered_inputs)
+        self.log_metric("step_time", time.perf_counter() - start)
+        return loss
+
+    @torch.no_grad()
+    def rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
+        """Roll the team out on ``tasks`` (advantages included); add behaviour log-probs when a rollout serves
+        several updates (``num_iterations > 1``) and reference log-probs when ``beta > 0``, and nothing else."""
+        start = time.perf_counter()
+        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        self.log_metric("rollout_time", time.perf_counter() - start)
+        need_old = self.num_iterations > 1
+        if need_old or self.beta != 0.0:
+            for policy in self.pool.policies:
+                for chunk in _chunks(experience.samples_of(policy), self.args.per_device_train_batch_size):
+                    batch = self.collate(policy, chunk)
+                    if need_old:
+                        _store(chunk, "old_logps", self.logps(functools.partial(self.pool, policy), batch), batch)
+                    if self.beta != 0.0:
+                        with self.pool.reference(policy) as ref_model:
+                            _store(chunk, "ref_logps", self.logps(ref_model, batch), batch)
+        for key, value in self.gather_stats(experience.stats).items():
+            self.log_metric(key, value)
+        release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
+        return experience
+
+    def gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """Rollout statistics averaged over processes (each process rolls out its own tasks). Keys may differ between
+        processes (e.g. ``turn/1/reward``): each key is the mean over the processes that have it."""
+        if self.accelerator.num_processes == 1:
+            return stats
+        gathered: list[dict[str, float] | None] = [None] * self.accelerator.num_processes
+        dist.all_gather_object(gathered, stats)
+        merged: dict[str, float] = {}
+        for key in dict.fromkeys(k for g in gathered for k in g):
+            values = [g[key] for g in gathered if key in g and not math.isnan(g[key])]
+            merged[key] = sum(values) / len(values) if values else math.nan
+        return merged
+
+    def logps(self, model, batch, compute_entropy: bool = False):
+        """Per-token log-probs of a collated batch's completion tokens (the one log-prob path); with
+        ``compute_entropy`` also their entropies, as ``(logps, entropies)``."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, entropies = self.token_logps(model, input_ids, attention_mask, batch["completion_ids"].size(1),
+                                            compute_entropy=compute_entropy)
+        return (logps, entropies) if compute_entropy else logps
+
+    def update(self, model, experience: Experience) -> torch.Tensor:
+        """The policy objective for every policy, its adapter active, on that policy's samples of the step.
+
+        ``loss_type="response"``: MAGRPO Eq. 2 (:func:`~trl_multiagent.losses.response_policy_loss`); otherwise TRL's
+        own loss. Each policy's loss is the (weighted, :meth:`sample_weights`) mean over ALL its samples of the step,
+        computed in micro-batches whose gradients add up to it; policies' parameters are disjoint, so their losses
+        are summed. Across processes, gradients are averaged once at the end (every process runs the same number of
+        loss calls, so TRL's metric collectives stay aligned).
+        """
+        world = self.accelerator.num_processes
+        response = self.loss_type == RESPONSE_LOSS
+        plan = {p: experience.samples_of(p) for p in self.pool.policies}
+        weights = {p: self.sample_weights(p, rows) for p, rows in plan.items()}
+        if any(w is not None for w in weights.values()) and not response and self.loss_type not in ROW_MEAN_LOSSES:
+            raise ValueError(f"per-sample loss weights need a per-response loss ({sorted(ROW_MEAN_LOSSES)} or "
+                             f"{RESPONSE_LOSS!r}), got loss_type={self.loss_type!r}")
+        chunked = {p: _weighted_chunks(rows, weights[p], self.args.per_device_train_batch_size,
+                                       equal_within=not response) for p, rows in plan.items()}
+        chunk_counts = {p: len(chunked[p]) for p in plan}
+        tokens = {p: sum(len(s.generation.completion_ids) for s in rows) for p, rows in plan.items()}
+        global_tokens = dict(tokens)
+        if world > 1:  # every process runs as many loss calls per policy as the busiest one
+            counts = torch.tensor([[chunk_counts[p], tokens[p]] for p in plan], dtype=torch.float64)
+            maxed, summed = counts.clone(), counts.clone()
+            dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+            for i, p in enumerate(plan):
+                chunk_counts[p], global_tokens[p] = int(maxed[i, 0]), float(summed[i, 1])
+        total_loss = torch.zeros((), device=self.accelerator.device)
+        with self.accelerator.no_sync(model) if world > 1 else contextlib.nullcontext():
+            for policy in plan:
+                chunks = chunked[policy]
+                for c in range(chunk_counts[policy]):
+                    chunk, row_weights = chunks[c] if c < len(chunks) else (None, None)
+                    batch = self.collate(policy, chunk) if chunk else self.dummy_batch(policy)
+                    if response:
+                        w = torch.tensor(row_weights if chunk else [0.0], dtype=torch.float32)
+                        loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
+                    else:
+                        if chunk is None:
+                            weight = 0.0
+                        elif self.loss_type in ROW_MEAN_LOSSES:
+                            weight = sum(row_weights)  # equal weights within a chunk: row mean x chunk weight
+                        elif self.loss_type in TOKEN_MEAN_LOSSES:
+                            weight = batch["completion_mask"].sum().item() / max(tokens[policy], 1)
+                        else:  # TOKEN_SUM_LOSSES normalise by the global token count themselves
+                            weight = 1.0
+                            batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
+                        loss = self.trl_loss(functools.partial(model, policy), batch) * weight
+                    self.accelerator.backward(loss)
+                    total_loss = total_loss + loss.detach()
+                release_freed_memory()
+        if world > 1:
+            self.average_gradients_across_processes()
+        return total_loss
+
+    def response_loss(self, model, policy: str, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+        """MAGRPO Eq. 2 on one micro-batch of ``policy``'s responses (``weights``: each response's share of the
+        policy's loss), through the one log-prob path; logs entropy, clipped fraction and KL as TRL's loss does."""
+        logps, entropies = self.logps(functools.partial(model, policy), batch, compute_entropy=True)
+        old = batch.get("old_per_token_logps")
+        loss, stats = response_policy_loss(
+            logps, logps.detach() if old is None else old, batch["completion_mask"], batch["advantages"],
+            self.epsilon_low, self.epsilon_high, ref_per_token_logps=batch.get("ref_per_token_logps"),
+            beta=self.beta, weights=weights, delta=self.args.delta)
+        if float(weights.sum()) > 0:  # not a zero-weight batch that only keeps processes in step
+            mask = batch["completion_mask"].to(entropies.dtype)
+            self.log_metric("entropy", ((entropies * mask).sum() / mask.sum().clamp(min=1.0)).item())
+            self.log_metric("clip_ratio/region_mean", stats["clipped"].mean().item())
+            if self.beta != 0.0:
+                self.log_metric("kl", stats["kl"].mean().item())
+        return loss
+
+    def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
+        """Per-sample weights of one policy's loss (summing to 1 over ``rows``), or ``None`` for the plain mean over its
+        samples. A trainer whose objective weights samples unequally (MHGPO Eq. 6) overrides it."""
+        return None
+
+    def average_gradients_across_processes(self) -> None:
+        """Average the gradients of every optimizer group (policies and critics) over processes, in one collective."""
+        groups = [g["params"] for g in self.pool.trainable_groups()]
+        used = torch.tensor([float(any(p.grad is not None for p in params)) for params in groups])
+        dist.all_reduce(used, op=dist.ReduceOp.MAX)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for params in groups for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= self.accelerator.num_processes
+        offset = 0
+        for params, was_used in zip(groups, used.tolist()):
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone() if was_used else None
+                offset += n
+
+    # ------------------------------------------------------------------------------------------------ batches
+    def collate(self, policy: str, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+        """Pad one policy's samples into the loss inputs (prompts left-padded, completions right-padded)."""
+        tok = self.pool.tokenizer_of(policy)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        p_len = max(len(s.generation.prompt_ids) for s in samples)
+        c_len = max(max(len(s.generation.completion_ids) for s in samples), 1)
+        prompt_ids = torch.full((len(samples), p_len), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(samples), p_len), dtype=torch.long)
+        completion_ids = torch.full((len(samples), c_len), pad, dtype=torch.long)
+        completion_mask = torch.zeros((len(samples), c_len), dtype=torch.long)
+        for i, s in enumerate(samples):
+            p, c = s.generation.prompt_ids, s.generation.completion_ids
+            prompt_ids[i, p_len - len(p):] = torch.tensor(p)
+            prompt_mask[i, p_len - len(p):] = 1
+            if c:
+                completion_ids[i, :len(c)] = torch.tensor(c)
+                completion_mask[i, :len(c)] = 1
+        batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                 "completion_mask": completion_mask,
+                 "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+        for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
+            if all(getattr(s, attr) is not None for s in samples):
+                batch[key] = _pad_rows([getattr(s, attr) for s in samples], c_len)
+        return {k: v.to(self.accelerator.device) for k, v in batch.items()}
+
+    def dummy_batch(self, policy: str) -> dict[str, torch.Tensor]:
+        """A one-token batch with zero weight, run only to keep collectives aligned across processes."""
+        tok = self.pool.tokenizer_of(policy)
+        eos = tok.eos_token_id if tok.eos_token_id is not None else 0
+        one = torch.tensor([[eos]], device=self.accelerator.device)
+        batch = {"prompt_ids": one, "prompt_mask": torch.ones_like(one), "completion_ids": one.clone(),
+                 "completion_mask": torch.ones_like(one), "advantages": torch.zeros(1, device=one.device)}
+        if self.beta != 0.0:
+            batch["ref_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+        if self.num_iterations > 1:
+            batch["old_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+        return batch
+
+    # ------------------------------------------------------------------------------------------------ saving
+    def save_team(self, output_dir: str) -> None:
+        """Every policy's adapter (and every critic) under ``<output_dir>/adapters/`` (not the frozen bases)."""
+        if self.args.should_save:
+            self.pool.save_adapters(output_dir)
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def load_team(self, checkpoint_dir: str) -> None:
+        logger.info("Loading adapters from %s", checkpoint_dir)
+        self.pool.load_adapters(checkpoint_dir)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs) -> TrainOutput:
+        """Train, then write the final adapters and ``<output_dir>/summary.json``. ``run_status.json`` marks the
+        output directory ``running`` meanwhile and ``finished`` at the end."""
+        check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies),
+                         list(self.pool.critics))
+        if self.args.should_save:
+            write_run_status(self.args.output_dir, "running")
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        self.save_model(self.args.output_dir)
+        if self.args.should_save:
+            write_summary(self, output)
+            write_run_status(self.args.output_dir, "finished")
+        return output
+
+    def summary(self) -> dict[str, Any]:
+        """What this trainer adds to ``summary.json`` beyond the common part: its own config fields."""
+        return {"config": {k: getattr(self.args, k) for k in self.summary_fields}}
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def validate_team_against_environment(agent_names: Sequence[str], env) -> None:
+    """The team's agent names must be exactly the environment's roles."""
+    roles = list(env.agents)
+    if sorted(agent_names) != sorted(roles):
+        raise ValueError(f"The agents {list(agent_names)} do not match the roles of {type(env).__name__}: {roles}. "
+                         "Give one AgentSpec per role, named after it.")
+
+
+def check_dataset(env, train_dataset: Dataset) -> None:
+    """One row per task, with the columns the environment reads."""
+    if train_dataset is None or len(train_dataset) == 0:
+        raise ValueError("train_dataset is empty: it needs one row per task")
+    env.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+
+
+def check_context_length(specs: Sequence[AgentSpec], max_completion_length: int) -> None:
+    """``max_completion_length`` fits the context of every agent's model (read from its config, no weights)."""
+    for model in dict.fromkeys(s.model_name for s in specs):
+        limit = context_length(model)
+        if limit is not None and max_completion_length >= limit:
+            raise ValueError(f"max_completion_length={max_completion_length} does not fit the context of {model} "
+                             f"({limit} tokens, prompt included); lower it")
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def _chunks(rows, size):
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
+
+
+def _pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def _store(samples: Sequence[Sample], attr: str, logps: torch.Tensor, batch) -> None:
+    for s, row, m in zip(samples, logps, batch["completion_mask"]):
+        setattr(s, attr, row[m.bool()].tolist())
+
+
+def _weighted_chunks(rows, weights, size, equal_within: bool) -> list[tuple[list, list[float]]]:
+    """Micro-batches of at most ``size`` rows, each with its rows' shares of the policy's loss (``1/len(rows)`` each
+    without ``weights``). ``equal_within``: group rows of equal weight first, so that a row-mean loss times the
+    chunk's total weight is exactly the weighted sum of its rows (TRL's per-response losses)."""
+    if weights is None:
+        weights = [1.0 / len(rows)] * len(rows) if rows else []
+    if len(weights) != len(rows):
+        raise ValueError(f"{len(weights)} sample weights for {len(rows)} samples")
+    if not equal_within:
+        return [(rows[i:i + size], [float(w) for w in weights[i:i + size]]) for i in range(0, len(rows), size)]
+    classes: dict[float, list] = {}
+    for row, w in zip(rows, weights):
+        classes.setdefault(float(w), []).append(row)
+    return [(chunk, [w] * len(chunk)) for w, members in classes.items() for chunk in _chunks(members, size)]
