@@ -80,6 +80,45 @@ def _terminate(proc, uids: list[int]) -> None:
     _kill_group(proc.pid)
 
 
+_bytecode_checked = False
+
+
+def _ensure_bytecode() -> None:
+    """Compile this package's modules (once per process) into world-readable ``__pycache__`` files, so that the
+    launcher, the worker and the judge, which never write bytecode themselves, start without compiling anything. A
+    read-only installation is left as it is (it then was compiled when installed)."""
+    global _bytecode_checked
+    if _bytecode_checked:
+        return
+    _bytecode_checked = True
+    import importlib.util
+    import py_compile
+
+    for name in sorted(os.listdir(_HERE)):
+        if not name.endswith(".py"):
+            continue
+        source = os.path.join(_HERE, name)
+        cached = importlib.util.cache_from_source(source)
+        try:
+            st = os.stat(source)
+            with open(cached, "rb") as f:
+                header = f.read(16)
+            fresh = (
+                header[:4] == importlib.util.MAGIC_NUMBER
+                and int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+                and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF
+                and os.stat(cached).st_mode & 0o004
+            )
+        except OSError:
+            fresh = False
+        if not fresh:
+            try:
+                py_compile.compile(source, cfile=cached, doraise=True)
+                os.chmod(cached, 0o644)
+            except (OSError, py_compile.PyCompileError):
+                pass
+
+
 def _payload_fd(data: bytes) -> int:
     try:
         fd = os.memfd_create("trl-sandbox-job", os.MFD_CLOEXEC)
@@ -133,6 +172,7 @@ def execute(job: dict, cfg: SandboxConfig, tests: dict | None) -> SandboxResult:
     import subprocess
     import tempfile
 
+    _ensure_bytecode()
     nonce = secrets.token_hex(16)
     clean = False  # True once the run ended normally inside a PID namespace (nothing can be left over)
     privileged = os.geteuid() == 0
@@ -238,7 +278,12 @@ def execute(job: dict, cfg: SandboxConfig, tests: dict | None) -> SandboxResult:
             start_new_session=True,
             close_fds=True,
             cwd="/",
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+            env={
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
         )
         for fd in child_fds:
             os.close(fd)
