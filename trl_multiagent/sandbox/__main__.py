@@ -15,7 +15,7 @@ _PACKAGE = "_trl_sandbox"
 
 
 def _module(name: str):
-    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+    if sys.path and os.path.realpath(sys.path[0] or os.curdir) == os.path.realpath(_HERE):
         del sys.path[0]  # Python 3.10 (no -P) puts the script's directory first
     if _PACKAGE not in sys.modules:
         package = type(sys)(_PACKAGE)
