@@ -1,4 +1,5 @@
-"""The sandbox's wire formats: result records for the host, and the call channel between judge and worker.
+"""The sandbox's wire formats: result records for the host, the call channel between judge and worker, and the
+exception and repr texts that both of them put into messages.
 
 **Records** (:func:`emit`) are single-line JSON objects written to a private pipe that the host reads.
 
@@ -25,6 +26,8 @@ import os
 import select
 import time
 
+MESSAGE_LIMIT = 2000
+REPR_LIMIT = 300
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_DEPTH = 100
 _BIG = 1 << 63
@@ -46,6 +49,26 @@ def emit(fd: int, record: dict) -> None:
             data = data[os.write(fd, data) :]
     except OSError:
         pass
+
+
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception (or its ``sandbox_text``), at most :data:`MESSAGE_LIMIT` characters."""
+    text = getattr(exc, "sandbox_text", None)
+    if type(text) is not str:
+        try:
+            text = str(exc)
+        except BaseException:  # noqa: BLE001
+            text = ""
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def short_repr(value) -> str:
+    try:
+        text = repr(value)
+    except BaseException as exc:  # noqa: BLE001
+        text = f"<repr failed: {type(exc).__name__}>"
+    return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------- plain values

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-STATUSES = ("passed", "failed", "timed_out", "crashed")
 TEST_STATUSES = ("passed", "failed", "error", "timed_out", "crashed", "not_run")
 NAMESPACES = ("net", "ipc", "uts", "mnt", "pid")
 

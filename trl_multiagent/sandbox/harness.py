@@ -20,34 +20,13 @@ import sys
 import traceback
 import types
 
-from .channel import Channel, NotPlain, WireError, decode, emit, encode
+from .channel import Channel, NotPlain, WireError, decode, describe, emit, encode, short_repr
 
-MESSAGE_LIMIT = 2000
-_REPR_LIMIT = 300
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class CallTimeout(BaseException):
     """Raised inside a call by the per-call alarm (a BaseException, so ``except Exception`` does not swallow it)."""
-
-
-def describe(exc: BaseException) -> str:
-    """``"Type: message"``, at most :data:`MESSAGE_LIMIT` characters."""
-    try:
-        text = str(exc)
-    except BaseException:  # noqa: BLE001
-        text = ""
-    name = type(exc).__name__
-    msg = f"{name}: {text}" if text else name
-    return msg if len(msg) <= MESSAGE_LIMIT else msg[: MESSAGE_LIMIT - 3] + "..."
-
-
-def _short_repr(value) -> str:
-    try:
-        text = repr(value)
-    except BaseException as exc:  # noqa: BLE001
-        text = f"<repr failed: {type(exc).__name__}>"
-    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
 
 
 def _print_user_traceback(exc: BaseException) -> None:
@@ -207,7 +186,7 @@ def _serve_call(ns: dict, req: dict) -> dict:
     except NotPlain as exc:
         return {"id": ident, "notplain": str(exc)}
     except SystemExit as exc:
-        return {"id": ident, "exit": _short_repr(exc.code)}
+        return {"id": ident, "exit": short_repr(exc.code)}
     except BaseException as exc:  # noqa: BLE001 - the program's own exception, reported as plain strings
         return {"id": ident, "raise": [type(exc).__name__, describe(exc).partition(": ")[2]]}
     return reply

@@ -22,10 +22,8 @@ import sys
 import time
 import types
 
-from .channel import Channel, NotPlain, WireError, decode, emit, encode
+from .channel import MESSAGE_LIMIT, Channel, NotPlain, WireError, decode, describe, emit, encode, short_repr
 
-MESSAGE_LIMIT = 2000
-_REPR_LIMIT = 300
 GRACE_S = 1.0  # how long a worker may take to answer after its test timed out before it counts as hung
 _PLAIN = "only None, bool, int, float, complex, str, bytes and lists, tuples, dicts and sets of them cross over"
 _EXCEPTIONS = {
@@ -55,17 +53,6 @@ class ProgramExit(BaseException):
 
 class ProgramError(Exception):
     """An exception of the program whose type is not a builtin exception of the judge (its message names it)."""
-
-
-def describe(exc: BaseException) -> str:
-    text = getattr(exc, "sandbox_text", None)
-    if type(text) is not str:
-        try:
-            text = str(exc)
-        except BaseException:  # noqa: BLE001
-            text = ""
-        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
 def _program_exception(name, message) -> BaseException:
@@ -260,14 +247,6 @@ def _with_alarm(seconds: float, fn):
 # ---------------------------------------------------------------------------------------------------- assertions
 
 
-def _safe_repr(value) -> str:
-    try:
-        text = repr(value)
-    except BaseException as exc:  # noqa: BLE001
-        text = f"<repr failed: {type(exc).__name__}>"
-    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 3] + "..."
-
-
 _COMPARE_OPS = {
     "Eq": (lambda a, b: a == b, "=="),
     "NotEq": (lambda a, b: a != b, "!="),
@@ -288,9 +267,9 @@ def _assert_compare(left, right, op: str, text: str, msg, actual_is_right: bool)
         return
     if op == "Eq":
         actual, expected = (right, left) if actual_is_right else (left, right)
-        detail = f"expected {_safe_repr(expected)}, got {_safe_repr(actual)}"
+        detail = f"expected {short_repr(expected)}, got {short_repr(actual)}"
     else:
-        detail = f"{text} is false (left: {_safe_repr(left)}, right: {_safe_repr(right)})"
+        detail = f"{text} is false (left: {short_repr(left)}, right: {short_repr(right)})"
     user = msg() if msg is not None else None
     raise AssertionError(detail if user is None else f"{user} ({detail})")
 
