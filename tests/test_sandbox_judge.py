@@ -29,6 +29,15 @@ def _passed(result) -> list[bool]:
     return [t.passed for t in result.tests]
 
 
+@pytest.fixture(scope="module")
+def isolated():
+    """Hostile programs need the judge on its own uid, in a PID namespace with a hidden /proc (as root)."""
+    isolation = set(run_tests("", ["assert True"]).isolation)
+    needed = {"netns", "mntns", "pidns", "ro_mounts", "proc_hidepid"}
+    if not needed <= isolation or not any(m.startswith("judge_uid=") for m in isolation):
+        pytest.skip(f"full isolation unavailable here ({sorted(isolation)}); not running hostile code")
+
+
 # ------------------------------------------------------------------------------------------------ honest programs
 
 
@@ -260,7 +269,7 @@ CHEATS = {
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))
-def test_cheat_scores_as_not_passing(name):
+def test_cheat_scores_as_not_passing(isolated, name):
     program = textwrap.dedent(CHEATS[name])
     r = run_tests(program, TESTS + TRUTH_TESTS, SandboxConfig(timeout_s=3, test_timeout_s=1))
     assert r.n_tests_passed == 0, [(t.source, t.status, t.message) for t in r.tests if t.passed]
@@ -273,13 +282,13 @@ def test_cheat_scores_as_not_passing(name):
         assert {t.status for t in r.tests} == {"error"} and "SystemExit(0)" in r.tests[0].message
 
 
-def test_os_exit_during_a_test_crashes_it_and_stops_the_run():
+def test_os_exit_during_a_test_crashes_it_and_stops_the_run(isolated):
     r = run_tests("import os\ndef f(x):\n    if x == 2:\n        os._exit(0)\n    return x + 1", TESTS)
     assert [t.status for t in r.tests[:3]] == ["passed", "crashed", "not_run"]
     assert (r.status, r.reason, r.returncode) == ("crashed", "exited_early", 0) and r.n_tests_passed == 1
 
 
-def test_a_program_that_ignores_its_alarm_times_out_without_waiting_for_the_wall_clock():
+def test_a_program_that_ignores_its_alarm_times_out_without_waiting_for_the_wall_clock(isolated):
     program = "import signal, time\ndef f(x):\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    time.sleep(60)"
     r = run_tests(program, TESTS, SandboxConfig(test_timeout_s=0.5, timeout_s=30))
     assert [t.status for t in r.tests[:2]] == ["timed_out", "not_run"]
