@@ -288,6 +288,21 @@ def test_os_exit_during_a_test_crashes_it_and_stops_the_run(isolated):
     assert (r.status, r.reason, r.returncode) == ("crashed", "exited_early", 0) and r.n_tests_passed == 1
 
 
+def test_the_program_dying_before_or_during_the_tests(isolated):
+    before, during = run_many(
+        [
+            SandboxJob("import os\nos._exit(3)", tests=TESTS),
+            SandboxJob("import os, signal\ndef f(x):\n    os.kill(os.getpid(), signal.SIGSEGV)", tests=TESTS),
+        ],
+        max_workers=2,
+    )
+    assert (before.status, before.reason, before.returncode, before.stderr) == ("crashed", "exited_early", 3, "")
+    assert {t.status for t in before.tests} == {"not_run"}
+    assert (during.status, during.reason, during.returncode) == ("crashed", "signal", -11)
+    assert [t.status for t in during.tests[:2]] == ["crashed", "not_run"]
+    assert during.tests[0].message == "the program's process ended during this test"
+
+
 def test_a_program_that_ignores_its_alarm_times_out_without_waiting_for_the_wall_clock(isolated):
     program = "import signal, time\ndef f(x):\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    time.sleep(60)"
     r = run_tests(program, TESTS, SandboxConfig(test_timeout_s=0.5, timeout_s=30))

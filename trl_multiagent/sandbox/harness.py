@@ -242,7 +242,10 @@ def main(argv: list[str]) -> None:
     if role == "_program":
         code = program_main(*fds, block_net)
     else:
-        code = serve_main(*fds, block_net)
+        try:
+            code = serve_main(*fds, block_net)
+        except BrokenPipeError:  # the judge is gone
+            code = 1
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -388,7 +388,7 @@ def _run_one_test(code, ns: dict, timeout: float, link: Link) -> tuple[str, str]
     except TestTimeout as exc:
         return "timed_out", describe(exc)
     except WorkerGone as exc:
-        return "crashed", describe(exc)
+        return "crashed", str(exc)
     except AssertionError as exc:
         return "failed", describe(exc)
     except SystemExit as exc:
@@ -439,8 +439,11 @@ def judge_main(in_fd: int, out_fd: int, res_fd: int, payload_fd: int) -> int:
         report(e="end", worker="died")
         return 1
     report(e="hello", net_hook=hello.get("net_hook") is True)
-    link.chan.send({"op": "names", "names": wanted})
-    ready = link.wait_for("ready")
+    try:
+        link.chan.send({"op": "names", "names": wanted})
+    except OSError:  # the worker already ended
+        link.dead = "died"
+    ready = None if link.dead else link.wait_for("ready")
     if ready is None:
         report(e="end", worker="died")
         return 1
