@@ -109,7 +109,7 @@ def test_failure_statuses():
     r = run_python("def f():\n    return 1 / 0\nf()")
     assert (r.status, r.reason, r.returncode) == ("failed", "exception", 1)
     assert r.message == "ZeroDivisionError: division by zero"
-    assert 'File "<program>", line 2, in f' in r.stderr and "sandbox.py" not in r.stderr
+    assert 'File "<program>", line 2, in f' in r.stderr and "trl_multiagent" not in r.stderr
     assert run_python("import sys; sys.exit(3)").status == "failed"
     assert run_python("import sys; sys.exit(3)").returncode == 3
     assert run_python("import sys; sys.exit(0)").status == "passed"

@@ -261,7 +261,8 @@ class CoderTesterEnv(Environment):
     def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
         self.problem = dict(task)
         self.problem.setdefault("imports", task_imports(task))
-        self.golden_setup, self.golden_tests = humaneval_tests(task["test"], task["entry_point"])
+        self.golden_setup, self.golden_tests = humaneval_tests(task["test"], task["entry_point"],
+                                                               prompt=task["prompt"])
         self.turn, self.acted = 0, set()
         self.code, self.tests = None, None
         self.first_prompts = {

@@ -409,7 +409,7 @@ def score_pair(problem: Mapping[str, Any], aux_response: str, main_response: str
     entry = problem["entry_point"]
     imports = problem.get("imports") or task_imports(problem)
     program = combine(problem, aux, main)
-    setup, tests = humaneval_tests(problem["test"], entry)
+    setup, tests = humaneval_tests(problem["test"], entry, prompt=problem.get("prompt"))
     facts = analyze(aux, main, entry, imports)
     main_defined, syntax_ok, syntax_error = facts.main_defined, facts.syntax_ok, facts.syntax_error
     passed, total, first_failure = 0, len(tests), None
