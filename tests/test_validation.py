@@ -289,3 +289,28 @@ def test_structured_fields_from_yaml_and_json(tmp_path):
     recipe, _ = load_recipe([], yaml_text="agents:\n  - {name: agent1}\n  - {name: agent2}\n"
                                           "env_kwargs: {local_payoff: posg1}\n")
     assert [a["name"] for a in recipe.agents] == ["agent1", "agent2"] and recipe.env_kwargs["local_payoff"] == "posg1"
+
+
+GENERATED = [p for p in CONFIGS if "dataset: generated" in p.read_text() or "dataset:" not in p.read_text()]
+
+
+@pytest.mark.parametrize("path", GENERATED, ids=[p.stem for p in GENERATED])
+def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
+    """Environment, team, training data, held-out tasks and the evaluation plan, all before any model loads."""
+    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.runner import Run
+
+    recipe, config, given = parse_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
+    run = Run(recipe, config, given)
+    run.prepare()
+    assert len(run.dataset) > 0
+    if recipe.environment == "matrix_game":  # no held-out tasks: trained without an evaluation
+        assert run.evaluator is None
+        return
+    expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "nli_debate": "debate",
+                "search_qa": "pipeline"}.get(recipe.environment, "episodes")
+    if recipe.trainer == "actor_critic":
+        expected = "episodes"
+    assert run.evaluator.name == expected and run.tasks and run.stages_planned
+    if "task_id" in run.dataset.column_names and "task_id" in run.tasks[0]:  # never a training task
+        assert not {str(t["task_id"]) for t in run.tasks} & {str(t) for t in run.dataset["task_id"]}

@@ -85,8 +85,9 @@ class RecipeArguments:
     num_tasks: int = field(default=256, metadata=_help("Number of generated training tasks (dataset: generated)."))
     evaluator: str = field(default="auto", metadata=_help(
         "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, debate, pipeline, or "
-        "episodes), one of those names, 'none', or 'module:Class' of an Evaluator subclass. With 'auto', an "
-        "environment without held-out tasks is not evaluated."))
+        "episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
+        "'module:Class' of an Evaluator subclass. With 'auto', an environment without held-out tasks is not "
+        "evaluated."))
     eval_stages: list[str] = field(default_factory=lambda: list(EVAL_STAGES), metadata=_help(
         "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
     eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(

@@ -75,7 +75,9 @@ class Run:
         stages = [s for s in ("before", "after") if s in recipe.eval_stages and (s == "before" or self.trains)]
         if recipe.evaluator == "none" or not stages:
             return
-        kind = evaluator_kind(probe) if recipe.evaluator == "auto" else recipe.evaluator
+        kind = recipe.evaluator
+        if kind == "auto":  # CoLLM evaluates its agents' greedy episodes, whatever the task
+            kind = "episodes" if recipe.trainer == "actor_critic" else evaluator_kind(probe)
         no_held_out = recipe.dataset == "generated" and not hasattr(self.env_cls, "make_dataset")
         if no_held_out:
             if recipe.evaluator == "auto":
