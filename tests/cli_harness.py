@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -107,3 +108,4 @@ class CommandRunner:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
