@@ -317,3 +317,18 @@ def test_max_steps_zero_evaluates_the_untrained_team_only(cli, tiny_ab_model, tm
     summary = json.loads((out / "summary.json").read_text())
     assert "global_step" not in summary and set(summary["evaluation"]["stages"]) == {"before"}
     assert summary["evaluation"]["decoding"]["do_sample"] is False and summary["evaluation"]["num_samples"] == 1
+
+
+def test_other_files_and_import_paths(cli, base, tmp_path):
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"question": "1+1?", "answer": "2"}\n')
+    assert_clean_error(cli(base + DEBATE + ["--dataset", rows, "--eval_dataset_split", tmp_path / "held.jsonl"]),
+                       "held.jsonl", "does not exist")
+    assert_clean_error(cli(base + DEBATE + ["--dataset", rows, "--eval_dataset_split", "generated",
+                                            "--dataset_transform", "no_such_module:fix"]), "dataset_transform",
+                       "no_such_module")
+    agents = json.dumps([{"name": "aux"}, {"name": "main"}])
+    assert_clean_error(cli(base + ["--environment", "humaneval_aux_main", "--agents", agents,
+                                   "--env_kwargs", '{"reward_fn": "rewards.nothing:here"}']), "reward_fn")
+    assert_clean_error(cli(base + ["--evaluator", "no_such_module:Judge", "--environment", "plan_path",
+                                   "--agents", '[{"name": "tool"}, {"name": "plan"}]']), "evaluator", "Judge")
