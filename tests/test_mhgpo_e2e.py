@@ -28,7 +28,7 @@ def test_mhgpo_recipe_on_the_embedded_model(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "MHGPO" and summary["global_step"] == 1
     assert summary["recipe"]["sampling"] == "round_robin"  # the recipe as given
-    assert summary["command"].startswith("accelerate launch recipes/mhgpo.py --config")
+    assert "recipes/mhgpo.py --config" in summary["command"]  # as launched (python, accelerate launch, torchrun)
     ev = summary["evaluation"]
     assert ev["evaluator"] == "pipeline" and ev["metric"] == "f1" and ev["held_out_tasks"] == 2
     metrics = ev["methods"]["team"]["metrics"]

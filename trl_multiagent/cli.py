@@ -279,6 +279,18 @@ def _usage(prog: str) -> str:
             f"       {prog} --trainer NAME --help (that trainer's fields)")
 
 
+def _launcher(script: str | None) -> str:
+    """How this process was started, for the record in ``summary.json``."""
+    if "ACCELERATE_DYNAMO_BACKEND" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ:
+        launcher = "accelerate launch"
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        launcher = "torchrun"
+    else:
+        launcher = "python"
+    target = script if script else "-m trl_multiagent train"
+    return f"{launcher} {target}"
+
+
 def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str | None = None,
                   expect: dict[str, str] | None = None) -> int:
     """Parse, build, evaluate before, train, evaluate after, write the results; returns the exit code.
@@ -300,7 +312,7 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
             if getattr(recipe, key) != wanted:
                 raise RecipeError(f"{script or prog} runs {key} {wanted!r}, the recipe names {getattr(recipe, key)!r}"
                                   f"; use `{PROG} train` for any recipe")
-        command = " ".join([script and f"accelerate launch {script}" or f"{PROG} train", *argv])
+        command = " ".join([_launcher(script), *argv])
         run = Run(recipe, config, given, command=command)
         run.prepare()
         run.build_trainer()
