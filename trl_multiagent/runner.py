@@ -143,7 +143,9 @@ class Run:
         config = self.config
         generation, _ = self.generation_config()
         progress = EvalProgress(enabled=not getattr(config, "disable_tqdm", False),
-                                description=f"evaluation on {len(self.tasks)} held-out tasks")
+                                description="held-out eval")
+        logger.info("Evaluating %s on %d held-out tasks (%s), %d sample(s) each", ", ".join(methods),
+                    len(self.tasks), stage, self.num_samples)
         result = evaluate_team(self.trainer.pool, self.evaluator, self.tasks, methods, self.num_samples, generation,
                                stage=stage, seed=config.seed,
                                max_batch_sequences=self.recipe.eval_max_batch_sequences or None, progress=progress)

@@ -39,10 +39,10 @@ class EvalProgress:
             TimeRemainingColumn,
         )
 
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("sequences"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                   TextColumn("seqs"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
         with Progress(*columns, transient=False) as bar:
-            task = bar.add_task(f"{self.description} ({name})", total=max(1, total))
+            task = bar.add_task(f"{self.description} {name}", total=max(1, total))
             yield lambda n: bar.advance(task, n)
             bar.update(task, completed=max(1, total))
         logger.info("%s (%s) done in %.0f s", self.description, name, time.perf_counter() - start)
