@@ -1,32 +1,22 @@
-"""Train a team with MAGRPO from a YAML recipe.
+"""Train a team with MAGRPO (or AT-GRPO: `grouping: agent_turn`) from a YAML recipe.
 
     accelerate launch recipes/magrpo.py --config recipes/configs/matrix_game.yaml [--field value ...]
 
-Any field of the recipe (trainer config or recipe arguments) can be overridden on the command line.
-``--resume_from_checkpoint <output_dir>/checkpoint-N`` resumes a run from one of its checkpoints.
+The same runner as `python -m trl_multiagent train` (see `--help`): evaluation before and after training where the
+environment has held-out tasks, then summary.json, report.md and reward_curve.png in output_dir.
+`--resume_from_checkpoint <output_dir>/checkpoint-N` resumes a run from one of its checkpoints.
 """
 
-import logging
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # rewards/ lives at the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rewards/ lives at the repo root
 
-from trl_multiagent.recipe import RecipeError, build_trainer, finish_distributed, load_recipe  # noqa: E402
+from trl_multiagent.cli import run_recipe_script  # noqa: E402
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        recipe, config = load_recipe(argv)
-        trainer = build_trainer(recipe, config)
-    except RecipeError as exc:
-        logging.getLogger("recipe").error("%s", exc)
-        return 2
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    finish_distributed()
-    return 0
+    return run_recipe_script(argv, __file__)
 
 
 if __name__ == "__main__":

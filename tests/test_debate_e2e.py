@@ -44,9 +44,13 @@ def test_debate_recipe_runs_and_measures_before_and_after(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "MAPoRL" and summary["global_step"] == 1
     assert {s["quantization"] for s in summary["agents"].values()} == {"4bit"}
+    ev = summary["evaluation"]
+    assert ev["evaluator"] == "debate" and ev["metric"] == "majority_accuracy" and ev["held_out_tasks"] == 1
+    team = ev["methods"]["team"]
+    assert set(team["gain"]) == {"mean", "ci95"}  # paired by task, before -> after
     for stage in ("before", "after"):
-        result = summary["evaluation"][stage]
-        assert result["num_tasks"] == 1 and len(result["majority_accuracy"]) == 2
+        result = team["details"][stage]
+        assert len(result["majority_accuracy"]) == 2
         assert all(0.0 <= a <= 1.0 for a in result["majority_accuracy"])
         assert len(result["transitions"]) == 1 and set(result["agent_alone_accuracy"]) == {"agent1", "agent2"}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

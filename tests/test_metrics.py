@@ -1,4 +1,5 @@
-"""@k metrics and bootstrap intervals (trl_multiagent/evaluation.py) against hand-computed values."""
+"""@k metrics and bootstrap intervals (trl_multiagent/evaluation/at_k.py, stats.py) against hand-computed values; the
+coding evaluation itself is tested in tests/test_evaluation.py."""
 
 import math
 
@@ -55,22 +56,3 @@ def test_bootstrap_interval_brackets_the_mean_and_degenerates():
     assert lo < 0.5 < hi and 0.25 < lo and hi < 0.75
     assert bootstrap_interval([0.3] * 10) == (pytest.approx(0.3), pytest.approx(0.3))
     assert all(math.isnan(x) for x in bootstrap_interval([]))
-
-
-def test_evaluate_coding_runs_every_method_with_tiny_models(tiny_text_model):
-    from trl_multiagent.agents import AgentPool, AgentSpec
-    from trl_multiagent.environments.coding import humaneval_problems
-    from trl_multiagent.evaluation import METHODS, EvalSettings, evaluate_coding
-    from trl_multiagent.rewards.coding import cooperative_code_reward
-
-    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4), AgentSpec("main", model=tiny_text_model,
-                                                                                  lora_r=4)])
-    problems = humaneval_problems("test")[:2]
-    settings = EvalSettings(num_samples=3, ks=(1, 3), max_new_tokens=4, bootstrap_resamples=50)
-    results = evaluate_coding(pool, problems, settings, cooperative_code_reward)
-    assert set(results) == set(METHODS)
-    for method, result in results.items():
-        assert [len(r) for r in result.records] == [3, 3], method
-        assert {"pass@1", "acc@3", "coop@3", "reward", "seconds_per_solution"} <= set(result.metrics)
-        assert set(result.intervals) == {"reward", "pass@1", "acc@1"}
-    assert "tokens/aux" not in results["single"].metrics and "tokens/aux" in results["discussion"].metrics

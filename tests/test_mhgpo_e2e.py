@@ -1,5 +1,6 @@
 """End to end on the embedded model: recipes/mhgpo.py trains the search system for one step and writes the
-before/after evaluation (EM, F1, accuracy, per-agent output statistics) with the command to summary.json."""
+before/after evaluation (EM, F1, accuracy, per-agent output statistics, paired gains) with the command and the recipe
+to summary.json."""
 
 import json
 import sys
@@ -26,14 +27,16 @@ def test_mhgpo_recipe_on_the_embedded_model(tmp_path):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "MHGPO" and summary["global_step"] == 1
-    assert summary["config"]["sampling"] == "round_robin"
-    assert summary["command"].startswith("accelerate launch recipes/mhgpo.py --config")
+    assert summary["recipe"]["sampling"] == "round_robin"  # the recipe as given
+    assert "recipes/mhgpo.py --config" in summary["command"]  # as launched (python, accelerate launch, torchrun)
+    ev = summary["evaluation"]
+    assert ev["evaluator"] == "pipeline" and ev["metric"] == "f1" and ev["held_out_tasks"] == 2
+    metrics = ev["methods"]["team"]["metrics"]
+    assert {"em", "f1", "acc", "agent/rewriter/num_queries", "agent/reranker/num_selected",
+            "agent/answerer/answer_words"} <= set(metrics)
     for stage in ("before", "after"):
-        result = summary["evaluation"][stage]
-        assert result["num_questions"] == 2.0
-        assert {"em", "f1", "acc", "agent/rewriter/num_queries", "agent/reranker/num_selected",
-                "agent/answerer/answer_words"} <= set(result)
-        assert 0.0 <= result["em"] <= result["acc"] <= 1.0
+        assert 0.0 <= metrics["em"][stage]["mean"] <= metrics["acc"][stage]["mean"] <= 1.0
+    assert set(metrics["f1"]["gain"]) == {"mean", "ci95"}
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("agent/rewriter/similarity" in row and "env/f1" in row for row in logged)
     assert (out / "adapters" / "shared" / "adapter_model.safetensors").is_file()

@@ -114,9 +114,8 @@ def test_recipe_policy_mapping(tmp_path):
     assert {s.policy for s in build_team(recipe, ["agent1", "agent2"])} == {"shared"}
     recipe, _ = load_recipe(["--output_dir", str(tmp_path)])
     assert [s.policy for s in build_team(recipe, ["agent1", "agent2"])] == ["agent1", "agent2"]
-    recipe, _ = load_recipe(["--policy_mapping", "mixed", "--output_dir", str(tmp_path)])
-    with pytest.raises(RecipeError, match="policy_mapping"):
-        build_team(recipe, ["agent1", "agent2"])
+    with pytest.raises(RecipeError, match="policy_mapping must be 'specialized' or 'shared', got 'mixed'"):
+        load_recipe(["--policy_mapping", "mixed", "--output_dir", str(tmp_path)])
 
 
 def test_sequential_at_grpo_needs_partial_actions_before_loading(tmp_path):
@@ -182,7 +181,7 @@ def test_held_out_tasks_of_hub_and_file_datasets_need_a_named_split(tmp_path, mo
 @pytest.mark.parametrize("script,config", [
     ("at_grpo", "gsm8k_at_grpo"), ("actor_critic", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
     ("mhgpo", "hotpotqa_mhgpo_rr")])
-def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(script, config, tmp_path, caplog):
+def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(script, config, tmp_path, capsys):
     import importlib.util
 
     root = Path(__file__).resolve().parents[1]
@@ -192,4 +191,128 @@ def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(s
     argv = ["--config", str(root / "recipes" / "configs" / f"{config}.yaml"), "--output_dir", str(tmp_path),
             "--eval_dataset_split", "", "--model", NOWHERE]  # a model that would fail differently if it were loaded
     assert module.main(argv) == 2
-    assert "needs eval_dataset_split" in caplog.text
+    err = capsys.readouterr().err
+    assert "needs eval_dataset_split" in err and "Traceback" not in err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+# ------------------------------------------------------------------------------------------------ environments
+def _env(name):
+    from trl_multiagent.environments import ENVIRONMENTS
+
+    return ENVIRONMENTS[name]
+
+
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("matrix_game", {"invalid_reward": "low"}, "invalid_reward must be a number"),
+    ("matrix_game", {"agents": ["a", "a"]}, "two agents with distinct names"),
+    ("matrix_game", {"prompt": ""}, "prompt must be a non-empty string"),
+    ("humaneval_aux_main", {"max_turns": 0}, "max_turns must be an integer >= 1, got 0"),
+    ("humaneval_aux_main", {"max_turns": 1.5}, "max_turns must be an integer"),
+    ("humaneval_aux_main", {"sandbox": {"timeout": 3}}, "sandbox has unknown settings \\['timeout'\\]"),
+    ("humaneval_aux_main", {"sandbox": {"timeout_s": 0}}, "sandbox.timeout_s must be a number > 0"),
+    ("humaneval_aux_main", {"sandbox": [1]}, "sandbox must be a mapping"),
+    ("plan_path", {"max_turns": 0}, "max_turns"),
+    ("plan_path", {"reward_mode": "dense"}, "reward_mode"),
+    ("plan_path", {"cache_tool_runs": "yes"}, "cache_tool_runs must be true or false"),
+    ("sudoku", {"sandbox": {"memory_mb": -5}}, "sandbox.memory_mb"),
+    ("sokoban", {"max_turns": "4"}, "max_turns must be an integer"),
+    ("coder_tester", {"max_tests": 0}, "max_tests"),
+    ("coder_tester", {"max_feedback_chars": 0}, "max_feedback_chars"),
+    ("coder_tester", {"coder_weights": {"format": "high"}}, "coder_weights\\['format'\\] must be a number"),
+    ("math_tool", {"max_answer_chars": 0}, "max_answer_chars"),
+    ("math_tool", {"tool_weights": [1, 2]}, "tool_weights must be a mapping"),
+    ("math_debate", {"num_agents": 1}, "at least two agents"),
+    ("math_debate", {"num_agents": "3"}, "num_agents must be an integer"),
+    ("nli_debate", {"max_feedback_chars": 10}, "max_feedback_chars"),
+    ("nli_debate", {"early_stop": "no"}, "early_stop must be true or false"),
+    ("collaboration_game", {"threshold": 0}, "threshold"),
+    ("collaboration_game", {"synergy": "big"}, "synergy must be a number"),
+    ("collaboration_game", {"partner_collaborate_prob": 1.5}, "partner_collaborate_prob"),
+    ("search_qa", {"top_k": 0}, "top_k must be an integer >= 1"),
+    ("search_qa", {"max_queries": "many"}, "max_queries must be an integer"),
+    ("search_qa", {"penalties": {"format": "x"}}, "penalties"),
+    ("strbuild", {"max_commands": 0}, "max_commands"),
+    ("strbuild", {"list_target_cells": 1}, "list_target_cells must be true or false"),
+    ("strbuild", {"prompt_style": "fancy"}, "prompt_style"),
+    ("housebuild", {"max_attacks": -1}, "max_attacks"),
+    ("tldr", {"max_turns": 0}, "max_turns"),
+    ("arxiv_expansion", {"reward_weights": {"length": "long"}}, "reward_weights"),
+])
+def test_environment_constructors_check_their_arguments(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _env(name)(**kwargs)
+
+
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("plan_path", {"num_tasks": 0}, "num_tasks must be an integer >= 1"),
+    ("math_debate", {"num_tasks": -3}, "num_tasks"),
+    ("search_qa", {"num_tasks": 4, "num_bridge_distractors": -1}, "num_bridge_distractors"),
+    ("strbuild", {"num_tasks": 2, "max_letters": 0}, "max_letters"),
+    ("housebuild", {"num_tasks": 2, "max_width": "5"}, "max_width must be an integer"),
+    ("tldr", {"num_tasks": "ten"}, "num_tasks must be an integer"),
+])
+def test_make_dataset_checks_its_arguments(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _env(name).make_dataset(**kwargs)
+
+
+def test_recipe_arguments_check_their_ranges():
+    from trl_multiagent.recipe import RecipeArguments
+
+    for kwargs, match in [({"num_tasks": 0}, "num_tasks"), ({"eval_num_samples": 0}, "eval_num_samples"),
+                          ({"eval_stages": ["before", "before"]}, "eval_stages"), ({"lora_alpha": 0}, "lora_alpha"),
+                          ({"quantization": "8bit"}, "quantization"), ({"env_kwargs": [1]}, "env_kwargs"),
+                          ({"agents": ["aux"]}, "agents"), ({"eval_max_batch_sequences": -1}, "max_batch"),
+                          ({"evaluator": "judge"}, "evaluator")]:
+        with pytest.raises(ValueError, match=match):
+            RecipeArguments(**kwargs)
+    assert RecipeArguments(evaluator="my.module:Judge").evaluator == "my.module:Judge"
+
+
+def test_env_block_sets_environment_variables(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRL_MULTIAGENT_TEST_VAR", raising=False)
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text("env:\n  TRL_MULTIAGENT_TEST_VAR: 7\nlearning_rate: 1e-5\n")
+    _, config = load_recipe(["--config", str(recipe_file), "--output_dir", str(tmp_path / "out")])
+    import os
+
+    assert os.environ["TRL_MULTIAGENT_TEST_VAR"] == "7" and config.learning_rate == 1e-5
+
+
+def test_structured_fields_from_yaml_and_json(tmp_path):
+    recipe, config = load_recipe(
+        ["--agents", '[{"name": "agent1", "lora_r": 4}, {"name": "agent2"}]', "--env_kwargs", '{"invalid_reward": -1}',
+         "--generation_kwargs", '{"suppress_tokens": [0]}', "--eval_methods", "team", "naive",
+         "--eval_stages", "[]", "--output_dir", str(tmp_path)])
+    assert recipe.agents[0] == {"name": "agent1", "lora_r": 4} and recipe.env_kwargs == {"invalid_reward": -1}
+    assert config.generation_kwargs == {"suppress_tokens": [0]}
+    assert recipe.eval_methods == ["team", "naive"] and recipe.eval_stages == []
+    recipe, _ = load_recipe([], yaml_text="agents:\n  - {name: agent1}\n  - {name: agent2}\n"
+                                          "env_kwargs: {local_payoff: posg1}\n")
+    assert [a["name"] for a in recipe.agents] == ["agent1", "agent2"] and recipe.env_kwargs["local_payoff"] == "posg1"
+
+
+GENERATED = [p for p in CONFIGS if "dataset: generated" in p.read_text() or "dataset:" not in p.read_text()]
+
+
+@pytest.mark.parametrize("path", GENERATED, ids=[p.stem for p in GENERATED])
+def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
+    """Environment, team, training data, held-out tasks and the evaluation plan, all before any model loads."""
+    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.runner import Run
+
+    recipe, config, given = parse_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
+    run = Run(recipe, config, given)
+    run.prepare()
+    assert len(run.dataset) > 0
+    if recipe.environment == "matrix_game":  # no held-out tasks: trained without an evaluation
+        assert run.evaluator is None
+        return
+    expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "nli_debate": "debate",
+                "search_qa": "pipeline"}.get(recipe.environment, "episodes")
+    if recipe.trainer == "actor_critic":
+        expected = "episodes"
+    assert run.evaluator.name == expected and run.tasks and run.stages_planned
+    if "task_id" in run.dataset.column_names and "task_id" in run.tasks[0]:  # never a training task
+        assert not {str(t["task_id"]) for t in run.tasks} & {str(t) for t in run.dataset["task_id"]}

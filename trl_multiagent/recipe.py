@@ -1,14 +1,16 @@
-"""YAML recipes: one file of data -> trainer config, team, environment and dataset.
+"""YAML recipes: one file of data -> trainer config, team, environment, dataset and held-out tasks.
 
 A recipe is a flat YAML mapping. Its keys are the fields of the trainer's config (every ``GRPOConfig`` field and the
-multi-agent ones) and of :class:`RecipeArguments` (what to train on and with whom). The command line follows TRL's
-conventions: ``--config recipe.yaml`` loads the file and ``--field value`` overrides any field
-(``--learning_rate 1e-5``, ``--bf16`` for a true flag, ``--agents '[{"name": "a"}, ...]'`` as JSON for the
-structured fields).
+multi-agent ones) and of :class:`RecipeArguments` (what to train on, with whom, and how to evaluate). The command
+line (:mod:`trl_multiagent.cli`, on TRL's ``TrlParser``) follows TRL's conventions: ``--config recipe.yaml`` loads
+the file, ``--field value`` overrides any field (``--learning_rate 1e-5``, ``--bf16`` for a true flag, ``--agents
+'[{"name": "a"}, ...]'`` as JSON for the structured fields), an ``env:`` block sets environment variables, and
+``--help`` lists every field.
 
-Every key and value is checked before any model loads: an unknown key, a value of the wrong type, agents that do
-not match the environment's roles, or a dataset without the columns the environment needs each raise one
-:class:`RecipeError` that names the problem.
+Every key and value is checked before any model loads: an unknown key, a value of the wrong type or out of range,
+agents that do not match the environment's roles, environment arguments out of range, or a dataset file that is
+empty, malformed or without the columns the environment needs each raise one :class:`RecipeError` that names the
+field, the file or the line.
 """
 
 from __future__ import annotations
@@ -24,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .agents import AgentSpec, check_team
+from .agents import QUANTIZATIONS, AgentSpec, check_team
 from .utils import import_object
 
 
@@ -34,69 +34,134 @@ class RecipeError(ValueError):
     """A recipe (YAML file or command line) that cannot be run as written."""
 
 
+#: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
+EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion")
+#: ``evaluator:`` values besides ``"module:Class"``.
+EVALUATOR_NAMES = ("auto", "none", "episodes", "coding", "debate", "pipeline")
+EVAL_STAGES = ("before", "after")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
 @dataclass
 class RecipeArguments:
-    """What to train: the environment, the team and the data.
+    """What to train (environment, team, data) and how to evaluate it; the trainer config holds how to train."""
 
-    Attributes:
-        trainer: which trainer runs the recipe (``"magrpo"``).
-        environment: a registered environment name (see ``trl_multiagent.environments.ENVIRONMENTS``) or an import
-            path ``"package.module:ClassName"``.
-        env_kwargs: keyword arguments of the environment's constructor.
-        agents: the team, one mapping of :class:`AgentSpec` fields per agent. Empty: one agent per role of the
-            environment, each with its own policy.
-        policy_mapping: ``"specialized"`` (each agent its own policy, trained on its own data only) or ``"shared"``
-            (every agent that names no policy acts with one policy, ``shared``, trained on all roles' pooled data:
-            AT-GRPO's role-sharing).
-        model: model of every agent that names none (hub id, local path or embedded short name; empty = the
-            embedded default).
-        quantization: quantization of every agent that names none (``"4bit"`` for QLoRA).
-        lora_r, lora_alpha: LoRA rank and alpha of every agent that names none.
-        dataset: ``"generated"`` (the environment generates ``num_tasks`` tasks), a local ``.json``/``.jsonl``/
-            ``.csv``/``.parquet`` file, or a hub dataset id (needs a reachable hub).
-        dataset_split: split of a hub dataset.
-        eval_dataset_split: held-out split of a hub dataset, used by the recipes' before/after evaluation (e.g.
-            ``"test"``, ``"validation"``; for a file dataset: another data file), or ``"generated"`` to evaluate on
-            the environment's generated held-out tasks. Generated datasets always use the environment's own
-            held-out split.
-        dataset_config: configuration (subset) name of a hub dataset.
-        dataset_transform: optional ``"module:function"`` mapped over the dataset's rows (e.g. to give MBPP the
-            columns of HumanEval).
-        num_tasks: number of generated tasks.
-        eval_num_problems: held-out problems evaluated by recipes that evaluate (0: all).
-        eval_num_samples: M, samples per problem and method (the largest k of the @k metrics is at most M).
-        eval_max_new_tokens: response length during evaluation.
-        eval_methods: the trained team and the baselines to evaluate.
-        eval_team_before_is_naive: report the naive-concatenation baseline as the team's before-training result
-            instead of sampling it again. Exact in distribution for a fresh single-turn team: LoRA adapters start
-            with B = 0 (the adapted model IS the base) and the team's prompts are the naive baseline's.
-    """
+    _argument_group_name = "recipe: what to train, with whom, on what data, and how to evaluate it"
 
-    trainer: str = "magrpo"
-    environment: str = "matrix_game"
-    env_kwargs: dict = field(default_factory=dict)
-    agents: list = field(default_factory=list)
-    policy_mapping: str = "specialized"
-    model: str | None = None
-    quantization: str | None = None
-    lora_r: int = 16
-    lora_alpha: int = 32
-    dataset: str = "generated"
-    dataset_split: str = "train"
-    eval_dataset_split: str | None = None
-    dataset_config: str | None = None
-    dataset_transform: str | None = None
-    num_tasks: int = 256
-    eval_num_problems: int = 0
-    eval_num_samples: int = 10
-    eval_max_new_tokens: int = 128
-    eval_methods: list[str] = field(default_factory=lambda: ["team", "single", "naive", "sequential", "discussion"])
-    eval_team_before_is_naive: bool = False
+    trainer: str = field(default="magrpo", metadata=_help(
+        "The trainer that runs the recipe, a name of trl_multiagent.trainers.TRAINERS (magrpo, mhgpo, actor_critic, "
+        "debate_ppo, ...). Read before every other field: `--trainer X --help` lists X's config fields."))
+    environment: str = field(default="matrix_game", metadata=_help(
+        "A registered environment (trl_multiagent.environments.ENVIRONMENTS) or an import path 'module:Class'."))
+    env_kwargs: dict = field(default_factory=dict, metadata=_help(
+        "Keyword arguments of the environment's constructor: a YAML mapping, or JSON on the command line."))
+    agents: list[dict] = field(default_factory=list, metadata=_help(
+        "The team: one mapping of AgentSpec fields per agent (name, model, policy, quantization, lora_r, ...), a "
+        "YAML list or JSON. Empty: one agent per role of the environment, each with its own policy."))
+    policy_mapping: str = field(default="specialized", metadata=_help(
+        "'specialized' (each agent its own policy) or 'shared' (every agent that names no policy acts with one "
+        "policy, 'shared', trained on all roles' data: AT-GRPO's role sharing)."))
+    model: str | None = field(default=None, metadata=_help(
+        "Model of every agent that names none: a hub id, a local checkpoint directory or an embedded short name "
+        "(empty: the embedded SmolLM2-135M-Instruct)."))
+    quantization: str | None = field(default=None, metadata=_help(
+        "Quantization of every agent that names none: '4bit' for QLoRA, empty for a full-precision base."))
+    lora_r: int = field(default=16, metadata=_help("LoRA rank of every agent that names none."))
+    lora_alpha: int = field(default=32, metadata=_help("LoRA alpha of every agent that names none."))
+    dataset: str = field(default="generated", metadata=_help(
+        "'generated' (the environment generates num_tasks tasks), a local .json/.jsonl/.csv/.parquet file, or a hub "
+        "dataset id (needs a reachable hub)."))
+    dataset_split: str = field(default="train", metadata=_help("Split of a hub dataset to train on."))
+    eval_dataset_split: str | None = field(default=None, metadata=_help(
+        "Held-out tasks of the evaluation: a split of the hub dataset ('test', 'validation'), another data file for "
+        "a file dataset, or 'generated' for the environment's generated held-out split. Generated datasets always "
+        "use the environment's held-out split."))
+    dataset_config: str | None = field(default=None, metadata=_help("Configuration (subset) of a hub dataset."))
+    dataset_transform: str | None = field(default=None, metadata=_help(
+        "Optional 'module:function' mapped over the dataset's rows (e.g. to give MBPP the columns of HumanEval)."))
+    num_tasks: int = field(default=256, metadata=_help("Number of generated training tasks (dataset: generated)."))
+    evaluator: str = field(default="auto", metadata=_help(
+        "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, debate, pipeline, or "
+        "episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
+        "'module:Class' of an Evaluator subclass. With 'auto', an environment without held-out tasks is not "
+        "evaluated."))
+    eval_stages: list[str] = field(default_factory=lambda: list(EVAL_STAGES), metadata=_help(
+        "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
+    eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(
+        "The trained team and the baselines to evaluate (the baselines exist for the coding evaluation: single, "
+        "naive, sequential, discussion)."))
+    eval_metric: str | None = field(default=None, metadata=_help(
+        "The headline metric of the summary and the report (empty: the evaluator's own, e.g. 'reward' for coding, "
+        "'success' or 'return' for episodes, 'majority_accuracy' for debates, 'f1' for the search pipeline)."))
+    eval_num_problems: int = field(default=0, metadata=_help(
+        "Held-out tasks to evaluate on; 0: the evaluator's default (every held-out problem for coding, 32 episodes "
+        "or debates, 64 pipeline questions)."))
+    eval_num_samples: int = field(default=10, metadata=_help(
+        "Samples per held-out task and method with sampled decoding (the largest k of pass@k is at most this); "
+        "greedy decoding takes one."))
+    eval_max_new_tokens: int = field(default=128, metadata=_help("Response length during evaluation."))
+    eval_temperature: float | None = field(default=None, metadata=_help(
+        "Sampling temperature of the evaluation; 0: greedy. Empty: the training temperature for the coding and debate "
+        "evaluations (and every debate_ppo run, as MAPoRL evaluates), greedy otherwise."))
+    eval_team_before_is_naive: bool = field(default=False, metadata=_help(
+        "Report the naive-concatenation baseline as the team's before-training result instead of sampling it again "
+        "(exact in distribution for a fresh single-turn team: LoRA's B = 0 makes the adapted model the base)."))
+    eval_bootstrap_resamples: int = field(default=10_000, metadata=_help(
+        "Resamples of the bootstrap intervals (tasks resampled with replacement; gains paired by task)."))
+    eval_max_batch_sequences: int = field(default=48, metadata=_help(
+        "The most sequences one generation batch of the evaluation may hold (bounds the KV-cache memory); 0: no "
+        "bound."))
+
+    def __post_init__(self):
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        need(isinstance(self.trainer, str) and bool(self.trainer), "trainer", "a trainer name")
+        need(isinstance(self.environment, str) and bool(self.environment), "environment",
+             "a registered environment or 'module:Class'")
+        need(isinstance(self.env_kwargs, dict) and all(isinstance(k, str) for k in self.env_kwargs), "env_kwargs",
+             "a mapping of the environment's constructor arguments")
+        need(isinstance(self.agents, list) and all(isinstance(a, dict) for a in self.agents), "agents",
+             "a list of mappings of AgentSpec fields")
+        need(self.policy_mapping in ("specialized", "shared"), "policy_mapping", "'specialized' or 'shared'")
+        need(self.quantization in QUANTIZATIONS, "quantization", f"one of {list(QUANTIZATIONS)}")
+        need(whole(self.lora_r) and self.lora_r >= 1, "lora_r", "an integer >= 1")
+        need(whole(self.lora_alpha) and self.lora_alpha >= 1, "lora_alpha", "an integer >= 1")
+        need(isinstance(self.dataset, str) and bool(self.dataset), "dataset",
+             "'generated', a data file or a hub dataset id")
+        need(whole(self.num_tasks) and self.num_tasks >= 1, "num_tasks", "an integer >= 1")
+        need(self.evaluator in EVALUATOR_NAMES or ":" in str(self.evaluator), "evaluator",
+             f"one of {list(EVALUATOR_NAMES)} or 'module:Class'")
+        need(all(s in EVAL_STAGES for s in self.eval_stages) and len(set(self.eval_stages)) == len(self.eval_stages),
+             "eval_stages", f"a list of distinct stages among {list(EVAL_STAGES)}")
+        unknown = [m for m in self.eval_methods if m not in EVAL_METHOD_NAMES]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], EVAL_METHOD_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"eval_methods: unknown method {unknown[0]!r}; choose from {list(EVAL_METHOD_NAMES)}"
+                             f"{hint}")
+        need(bool(self.eval_methods) and len(set(self.eval_methods)) == len(self.eval_methods), "eval_methods",
+             "a non-empty list of distinct methods")
+        need(whole(self.eval_num_problems) and self.eval_num_problems >= 0, "eval_num_problems",
+             "an integer >= 0 (0: the evaluator's default)")
+        need(whole(self.eval_num_samples) and self.eval_num_samples >= 1, "eval_num_samples", "an integer >= 1")
+        need(whole(self.eval_max_new_tokens) and self.eval_max_new_tokens >= 1, "eval_max_new_tokens",
+             "an integer >= 1")
+        need(self.eval_temperature is None or self.eval_temperature >= 0, "eval_temperature", ">= 0 (0: greedy)")
+        need(whole(self.eval_bootstrap_resamples) and self.eval_bootstrap_resamples >= 100,
+             "eval_bootstrap_resamples", "an integer >= 100")
+        need(whole(self.eval_max_batch_sequences) and self.eval_max_batch_sequences >= 0, "eval_max_batch_sequences",
+             "an integer >= 0 (0: no bound)")
 
 
-_STRUCTURED = {"env_kwargs", "agents", "generation_kwargs", "model_init_kwargs", "chat_template_kwargs"}
-
-
+# ------------------------------------------------------------------------------------------------------ values
 def _trainer_registry() -> dict[str, tuple[type, type]]:
     from .trainers import TRAINERS
 
@@ -118,19 +183,27 @@ def _hints(cls) -> dict[str, Any]:
     return hints
 
 
-def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    """Check ``value`` against the type ``hint`` of field ``key``; convert strings where the type says so."""
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def coerce_value(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check ``value`` against the type ``hint`` of field ``key``; convert strings where the type says so.
+
+    ``source`` (the recipe file or ``"command line"``) starts every error message."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args and str not in args:
+        if isinstance(value, str) and value.lower() in ("none", "null", "") and type(None) in args \
+                and str not in args:
             return None
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(key, value, arg, source)
+                return coerce_value(key, value, arg, source)
             except RecipeError as exc:
                 errors.append(exc)
         raise errors[0] if len(errors) == 1 else RecipeError(
@@ -171,23 +244,28 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
         raise RecipeError(f"{source}: '{key}' expects a number, got {value!r}")
     if hint is str:
         if isinstance(value, (dict, list)):
-            raise RecipeError(f"{source}: '{key}' expects a string, got {type(value).__name__} {value!r}")
+            raise RecipeError(f"{source}: '{key}' expects a string, got {_type_name(value)} {value!r}")
         return str(value)
     if origin in (list, Sequence) or hint is list:
-        if isinstance(value, str):
-            value = _parse_json(key, value, source) if value.strip().startswith("[") else [value]
+        if isinstance(value, str) or (isinstance(value, list) and len(value) == 1 and isinstance(value[0], str)
+                                      and value[0].strip().startswith("[")):
+            text = value if isinstance(value, str) else value[0]
+            value = _parse_json(key, text, source) if text.strip().startswith("[") else [text]
         if not isinstance(value, (list, tuple)):
             value = [value]
         inner = args[0] if args else typing.Any
-        return [_coerce(key, v, inner, source) for v in value]
+        return [coerce_value(key, v, inner, source) for v in value]
     if origin is dict or hint is dict:
         if isinstance(value, str):
             value = _parse_json(key, value, source)
         if not isinstance(value, dict):
-            raise RecipeError(f"{source}: '{key}' expects a mapping, got {value!r}")
+            raise RecipeError(f"{source}: '{key}' expects a mapping, got {_type_name(value)} {value!r}")
         return value
     if isinstance(hint, type) and issubclass(hint, str) and isinstance(value, str):  # str enums
-        return hint(value)
+        try:
+            return hint(value)
+        except ValueError as exc:
+            raise RecipeError(f"{source}: '{key}' got {value!r}: {exc}") from exc
     if isinstance(hint, type) and isinstance(value, hint):
         return value
     if isinstance(hint, type) and isinstance(value, str):
@@ -205,42 +283,7 @@ def _parse_json(key: str, text: str, source: str) -> Any:
         raise RecipeError(f"{source}: '{key}' expects JSON, got {text!r} ({exc.msg})") from exc
 
 
-def _cli_to_mapping(argv: Sequence[str], known: set[str], bool_keys: set[str]) -> tuple[str | None, dict[str, Any]]:
-    """``--config path --key value --flag --key=value ...`` -> (config path, {key: raw value})."""
-    argv, config_path, values, i = list(argv), None, {}, 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            raise RecipeError(f"command line: unexpected argument {token!r} (options look like --key value)")
-        key, _, inline = token[2:].partition("=")
-        key = key.replace("-", "_")
-        if key == "config":
-            config_path = inline or (argv[i + 1] if i + 1 < len(argv) else None)
-            if config_path is None:
-                raise RecipeError("command line: --config needs a path")
-            i += 1 if inline else 2
-            continue
-        if key not in known:
-            raise RecipeError(_unknown_message(key, known, "command line"))
-        if inline:
-            values[key], i = inline, i + 1
-            continue
-        following = []
-        j = i + 1
-        while j < len(argv) and not argv[j].startswith("--"):
-            following.append(argv[j])
-            j += 1
-        if not following:
-            if key not in bool_keys:
-                raise RecipeError(f"command line: --{key} needs a value")
-            values[key] = True
-        else:
-            values[key] = following[0] if len(following) == 1 else following
-        i = j
-    return config_path, values
-
-
-def _unknown_message(key: str, known: set[str], source: str) -> str:
+def unknown_key_message(key: str, known, source: str) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=3)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"{source}: unknown key '{key}'{hint}"
@@ -253,69 +296,13 @@ def load_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None)
         argv: command-line arguments (``--config file.yaml --key value ...``); ``None`` reads ``sys.argv``.
         yaml_text: recipe given as a YAML string instead of ``--config``.
     """
-    import sys
+    from .cli import parse_recipe
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    registry = _trainer_registry()
-    recipe_fields = _fields(RecipeArguments)
-    # The trainer decides the config class; read it from the command line or the file first.
-    config_path, cli = _cli_to_mapping(argv, known=_all_known_keys(registry), bool_keys=_bool_keys(registry))
-    file_values: dict[str, Any] = {}
-    source = "recipe"
-    if config_path is not None:
-        path = Path(config_path)
-        if not path.is_file():
-            raise RecipeError(f"Recipe file {config_path} does not exist")
-        yaml_text, source = path.read_text(), str(path)
-    if yaml_text is not None:
-        try:
-            loaded = yaml.safe_load(yaml_text)
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise RecipeError(f"{source}: a recipe is a YAML mapping of keys to values")
-        file_values = loaded
-    trainer_name = cli.get("trainer", file_values.get("trainer", "magrpo"))
-    if trainer_name not in registry:
-        raise RecipeError(f"{source}: unknown trainer {trainer_name!r}; choose from {sorted(registry)}")
-    config_cls, _ = registry[trainer_name]
-    config_fields = _fields(config_cls)
-    known = set(config_fields) | set(recipe_fields)
-    hints = {**_hints(config_cls), **_hints(RecipeArguments)}
-
-    merged: dict[str, Any] = {}
-    for origin, values in ((source, file_values), ("command line", cli)):
-        for key, value in values.items():
-            if key not in known:
-                raise RecipeError(_unknown_message(key, known, origin))
-            merged[key] = _coerce(key, value, hints.get(key, typing.Any), origin)
-
-    recipe = RecipeArguments(**{k: v for k, v in merged.items() if k in recipe_fields})
-    config_kwargs = {k: v for k, v in merged.items() if k in config_fields and k not in recipe_fields}
-    config_kwargs.setdefault("output_dir", f"outputs/{recipe.environment}")
-    try:
-        config = config_cls(**config_kwargs)
-    except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{source}: {exc}") from exc
+    recipe, config, _ = parse_recipe(argv, yaml_text=yaml_text)
     return recipe, config
 
 
-def _all_known_keys(registry) -> set[str]:
-    keys = set(_fields(RecipeArguments))
-    for config_cls, _ in registry.values():
-        keys |= set(_fields(config_cls))
-    return keys
-
-
-def _bool_keys(registry) -> set[str]:
-    keys = set()
-    for config_cls, _ in registry.values():
-        keys |= {k for k, h in _hints(config_cls).items() if h is bool or h == (bool | None)}
-    return keys
-
-
+# ------------------------------------------------------------------------------------------------------ building
 def resolve_environment(name: str):
     """A registered environment name or ``"module:Class"`` -> the environment class."""
     from .environments import ENVIRONMENTS
@@ -327,7 +314,23 @@ def resolve_environment(name: str):
             return import_object(name, "environment")
         except (ImportError, ValueError) as exc:
             raise RecipeError(str(exc)) from exc
-    raise RecipeError(f"Unknown environment {name!r}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class'")
+    close = difflib.get_close_matches(name, sorted(ENVIRONMENTS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise RecipeError(f"Unknown environment {name!r}{hint}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class'")
+
+
+def environment_factory(recipe: RecipeArguments):
+    """``(environment class, zero-argument factory, one probe instance)``; ``env_kwargs`` checked by constructing
+    the probe (each environment checks its arguments in its constructor)."""
+    env_cls = resolve_environment(recipe.environment)
+    factory = functools.partial(env_cls, **recipe.env_kwargs)
+    try:
+        probe = factory()
+    except TypeError as exc:
+        raise RecipeError(f"env_kwargs do not fit {env_cls.__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise RecipeError(f"env_kwargs of {env_cls.__name__}: {exc}") from exc
+    return env_cls, factory, probe
 
 
 def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]:
@@ -335,17 +338,18 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
     if recipe.policy_mapping not in ("specialized", "shared"):
         raise RecipeError(f"policy_mapping must be 'specialized' or 'shared', got {recipe.policy_mapping!r}")
     entries = recipe.agents or [{"name": r} for r in roles]
-    spec_fields = {f.name for f in dataclasses.fields(AgentSpec)}
+    spec_fields = _fields(AgentSpec)
+    spec_hints = _hints(AgentSpec)
     specs = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise RecipeError(f"agents[{i}] must be a mapping of AgentSpec fields, got {entry!r}")
-        unknown = set(entry) - spec_fields
+        unknown = set(entry) - set(spec_fields)
         if unknown:
-            key = sorted(unknown)[0]
-            raise RecipeError(_unknown_message(key, spec_fields, f"agents[{i}]"))
+            raise RecipeError(unknown_key_message(sorted(unknown)[0], spec_fields, f"agents[{i}]"))
+        checked = {k: coerce_value(k, v, spec_hints.get(k, typing.Any), f"agents[{i}]") for k, v in entry.items()}
         values = {"model": recipe.model, "quantization": recipe.quantization, "lora_r": recipe.lora_r,
-                  "lora_alpha": recipe.lora_alpha, **entry}
+                  "lora_alpha": recipe.lora_alpha, **checked}
         if recipe.policy_mapping == "shared":
             values.setdefault("policy", "shared")
         try:
@@ -362,17 +366,16 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
     return specs
 
 
-#: Suffixes of the local data files a recipe's ``dataset`` may name.
-DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
-
-
 def build_dataset(recipe: RecipeArguments, env_cls, config):
     from datasets import Dataset
 
     if recipe.dataset == "generated":
         make = getattr(env_cls, "make_dataset", None)
         if make is not None:
-            return make(num_tasks=recipe.num_tasks, seed=config.seed)
+            try:
+                return make(num_tasks=recipe.num_tasks, seed=config.seed)
+            except ValueError as exc:
+                raise RecipeError(f"{env_cls.__name__}.make_dataset: {exc}") from exc
         return Dataset.from_dict({"task_id": list(range(recipe.num_tasks))})
     data = _load_data(recipe)
     if recipe.dataset_transform:
@@ -380,19 +383,27 @@ def build_dataset(recipe: RecipeArguments, env_cls, config):
             transform = import_object(recipe.dataset_transform, "dataset_transform")
         except (ImportError, ValueError) as exc:
             raise RecipeError(str(exc)) from exc
-        data = data.map(transform)
+        try:
+            data = data.map(transform)
+        except Exception as exc:  # noqa: BLE001 - a user's function on user data: report, do not trace back
+            raise RecipeError(f"dataset_transform {recipe.dataset_transform!r} failed on dataset "
+                              f"{recipe.dataset!r}: {type(exc).__name__}: {exc}") from exc
     return data
 
 
 def _load_data(recipe: RecipeArguments):
     from datasets import load_dataset
 
+    from .datafiles import DATA_FILE_SUFFIXES, check_data_file
+
     path = Path(recipe.dataset)
     if path.suffix in DATA_FILE_SUFFIXES:
-        if not path.is_file():
-            raise RecipeError(f"Dataset file {path} does not exist")
+        check_data_file(path)
         kind = {"jsonl": "json"}.get(path.suffix[1:], path.suffix[1:])
-        return load_dataset(kind, data_files=str(path), split="train")
+        try:
+            return load_dataset(kind, data_files=str(path), split="train")
+        except Exception as exc:  # noqa: BLE001 - datasets raises many kinds for a file it cannot read
+            raise RecipeError(f"dataset file {path} cannot be read as {kind}: {type(exc).__name__}: {exc}") from exc
     try:
         return load_dataset(recipe.dataset, recipe.dataset_config, split=recipe.dataset_split)
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "not available here"
@@ -402,22 +413,44 @@ def _load_data(recipe: RecipeArguments):
         ) from exc
 
 
+def check_rows_fit(probe, data, name: str, max_rows: int = 4) -> None:
+    """The dataset has the columns the environment reads, and its first rows start an episode (values of the
+    wrong type are reported here, before any model loads, naming the row)."""
+    try:
+        probe.validate_dataset_columns(list(data.column_names), name=name)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from exc
+    if len(data) == 0:
+        raise RecipeError(f"{name} has no rows")
+    reset = getattr(probe, "reset", None)
+    if reset is None:  # pipelines are stateless: nothing to start
+        return
+    for i in range(min(max_rows, len(data))):
+        try:
+            reset(data[i])
+        except Exception as exc:  # noqa: BLE001 - any failure means this row does not fit the environment
+            raise RecipeError(f"{name}, row {i}: {type(probe).__name__} cannot start an episode from it "
+                              f"({type(exc).__name__}: {exc}); check the types of its values") from exc
+
+
 #: The names the environments give their held-out split of generated tasks (each accepts exactly one of them).
 HELD_OUT_SPLITS = ("eval", "test")
 
 
-def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int):
-    """The held-out tasks of a recipe's before/after evaluation, at most ``num_tasks`` of them, as a ``Dataset``.
+def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, generated: bool = False):
+    """The held-out tasks of a recipe's evaluation, at most ``num_tasks`` of them (``None``: all), as a ``Dataset``.
 
-    For ``dataset: generated`` (or ``eval_dataset_split: generated``) they are the environment's generated held-out
-    split: ``eval`` or ``test``, whichever its ``make_dataset`` accepts; each environment draws it from a seed stream
-    that never yields a training task (tested per environment). For a hub or file dataset they are the rows of
+    For ``dataset: generated`` (or ``eval_dataset_split: generated``, or ``generated=True`` when the evaluation has
+    its own held-out split and the recipe names none) they are the environment's generated held-out split: ``eval``
+    or ``test``, whichever its ``make_dataset`` accepts; each environment draws it from a seed stream that never
+    yields a training task (tested per environment). For a hub or file dataset they are the rows of
     ``eval_dataset_split``, loaded and transformed like the training data; the field is required there, so that a
-    hub-trained team is never silently scored on something else. Call it before :func:`build_trainer`: a missing or
-    unavailable held-out split is then reported before any model loads.
+    hub-trained team is never silently scored on something else. Called before the trainer is built: a missing or
+    unavailable held-out split is reported before any model loads.
     """
     env_cls = resolve_environment(recipe.environment)
-    if recipe.dataset == "generated" or recipe.eval_dataset_split == "generated":
+    if recipe.dataset == "generated" or recipe.eval_dataset_split == "generated" or \
+            (generated and not recipe.eval_dataset_split):
         make = getattr(env_cls, "make_dataset", None)
         if make is None:
             raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no generated held-out tasks")
@@ -429,7 +462,10 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int):
         raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS}")
     if not recipe.eval_dataset_split:
         raise RecipeError(f"dataset {recipe.dataset!r} needs eval_dataset_split: its held-out split (e.g. 'test' or "
-                          "'validation'), or 'generated' for the environment's generated held-out tasks")
+                          "'validation'), or 'generated' for the environment's generated held-out tasks (or "
+                          "--evaluator none to train without evaluating)")
+    from .datafiles import DATA_FILE_SUFFIXES
+
     if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:  # a file has no splits: the held-out tasks are another file
         if Path(recipe.eval_dataset_split).suffix not in DATA_FILE_SUFFIXES:
             raise RecipeError(f"dataset {recipe.dataset!r} is a file: eval_dataset_split must be another data file "
@@ -438,24 +474,20 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int):
     else:
         held_out = dataclasses.replace(recipe, dataset_split=recipe.eval_dataset_split)
     data = build_dataset(held_out, env_cls, config)
-    return data.select(range(min(num_tasks, len(data))))
+    return data if num_tasks is None else data.select(range(min(num_tasks, len(data))))
 
 
 def build_trainer(recipe: RecipeArguments, config, callbacks=None):
     """Check everything that can be checked, then load the team and return the trainer."""
-    env_cls = resolve_environment(recipe.environment)
-    try:
-        env_factory = functools.partial(env_cls, **recipe.env_kwargs)
-        probe = env_factory()
-    except TypeError as exc:
-        raise RecipeError(f"env_kwargs do not fit {env_cls.__name__}: {exc}") from exc
+    _, env_factory, probe = environment_factory(recipe)
     specs = build_team(recipe, probe.agents)
+    env_cls = resolve_environment(recipe.environment)
     dataset = build_dataset(recipe, env_cls, config)
-    try:
-        probe.validate_dataset_columns(list(dataset.column_names), name=f"dataset {recipe.dataset!r}")
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from exc
-    _, trainer_cls = _trainer_registry()[recipe.trainer]
+    check_rows_fit(probe, dataset, name=f"dataset {recipe.dataset!r}")
+    registry = _trainer_registry()
+    if recipe.trainer not in registry:
+        raise RecipeError(f"unknown trainer {recipe.trainer!r}; choose from {sorted(registry)}")
+    _, trainer_cls = registry[recipe.trainer]
     return trainer_cls(specs, env_factory, args=config, train_dataset=dataset, callbacks=callbacks)
 
 

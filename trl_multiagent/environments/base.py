@@ -157,6 +157,8 @@ class FunctionEnvironment(Environment):
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.reward_fns)
         if len(self.reward_weights) != len(self.reward_fns):
             raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_fns)} reward functions")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
         if max_turns > 1 and transition_fn is None:
             raise ValueError("A multi-turn FunctionEnvironment (max_turns > 1) needs a transition_fn")
         self.transition_fn = transition_fn

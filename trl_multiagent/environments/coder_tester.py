@@ -66,6 +66,7 @@ from typing import Any
 
 from ..sandbox import SandboxConfig, SandboxJob, humaneval_tests, run_many
 from .base import Environment, StepResult, merge_weights
+from .checks import need_int, need_tasks, need_weights, sandbox_settings
 from .coding import extract_code, humaneval_problems, task_imports
 
 logger = logging.getLogger(__name__)
@@ -224,17 +225,13 @@ class CoderTesterEnv(Environment):
     def __init__(self, max_turns: int = 3, sandbox: SandboxConfig | Mapping | None = None, max_tests: int = 10,
                  coder_weights: Mapping[str, float] | None = None,
                  tester_weights: Mapping[str, float] | None = None, max_feedback_chars: int = 2000):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        if max_tests < 1:
-            raise ValueError(f"max_tests must be at least 1, got {max_tests}")
-        self.max_turns = max_turns
-        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
-            else SandboxConfig(**(sandbox or {"timeout_s": 10}))
-        self.max_tests = max_tests
-        self.coder_weights = merge_weights(coder_weights, CODER_WEIGHTS, "coder_weights")
-        self.tester_weights = merge_weights(tester_weights, TESTER_WEIGHTS, "tester_weights")
-        self.max_feedback_chars = max_feedback_chars
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
+        self.max_tests = need_int("max_tests", max_tests, minimum=1)
+        self.sandbox = sandbox_settings(sandbox, {"timeout_s": 10})
+        self.coder_weights = merge_weights(need_weights("coder_weights", coder_weights), CODER_WEIGHTS, "coder_weights")
+        self.tester_weights = merge_weights(need_weights("tester_weights", tester_weights), TESTER_WEIGHTS,
+                                            "tester_weights")
+        self.max_feedback_chars = need_int("max_feedback_chars", max_feedback_chars, minimum=1)
         self._cache = _OutcomeCache()
         self.problem: dict[str, Any] = {}
         self.turn = 0
@@ -249,6 +246,8 @@ class CoderTesterEnv(Environment):
         """The HumanEval problems of ``split`` (``"train"`` or ``"test"``), shuffled with ``seed`` when only
         ``num_tasks`` of them are taken."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")

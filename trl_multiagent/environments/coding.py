@@ -32,6 +32,7 @@ from typing import Any
 from ..sandbox import SandboxConfig, humaneval_tests, run_tests
 from ..utils import generation_mmap_threshold, import_object
 from .base import Environment, StepResult
+from .checks import need_int, sandbox_settings
 
 HELD_OUT_EVERY = 5
 
@@ -354,11 +355,9 @@ class AuxMainCodingEnv(Environment):
     def __init__(self, max_turns: int = 1,
                  reward_fn: str | Callable = "trl_multiagent.rewards.coding:cooperative_code_reward",
                  sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        self.max_turns = max_turns
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
         self.reward_fn = import_object(reward_fn, "reward_fn")
-        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {"timeout_s": 10}))
+        self.sandbox = sandbox_settings(sandbox, {"timeout_s": 10})
         self.advisor = import_object(advisor, "advisor") if advisor is not None else None
         self.problem: dict = {}
         self.turn = 0

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import Environment, StepResult
+from .checks import need_int, need_number, need_str, need_tasks
 
 DEFAULT_PROMPT = ("answer A to collaborate or B to act alone. {num_turns} rounds. collaborations so far: {count}. "
                   "synergy: {synergy}. round {turn}")
@@ -58,10 +59,16 @@ class CollaborationGameEnv(Environment):
                  reward_independent: float = 1.0, synergy: float = 3.0, partner_collaborate_prob: float | None = None,
                  collaborate_token: str = "A", independent_token: str = "B", invalid_reward: float = 0.0,
                  prompt: str = DEFAULT_PROMPT):
-        if num_turns < 1 or threshold < 1:
-            raise ValueError("num_turns and threshold must be at least 1")
-        if partner_collaborate_prob is not None and not 0.0 <= partner_collaborate_prob <= 1.0:
-            raise ValueError(f"partner_collaborate_prob must be in [0, 1], got {partner_collaborate_prob}")
+        need_int("num_turns", num_turns, minimum=1)
+        need_int("threshold", threshold, minimum=1)
+        for name, value in (("reward_collaborate", reward_collaborate), ("reward_independent", reward_independent),
+                            ("synergy", synergy), ("invalid_reward", invalid_reward)):
+            need_number(name, value)
+        if partner_collaborate_prob is not None:
+            need_number("partner_collaborate_prob", partner_collaborate_prob, minimum=0.0, maximum=1.0)
+        need_str("collaborate_token", collaborate_token)
+        need_str("independent_token", independent_token)
+        need_str("prompt", prompt, non_empty=True)
         if len(collaborate_token) != 1 or len(independent_token) != 1 or collaborate_token == independent_token:
             raise ValueError("collaborate_token and independent_token must be two different single characters")
         self._check_rewards(reward_collaborate, reward_independent, synergy)
@@ -90,6 +97,8 @@ class CollaborationGameEnv(Environment):
         """Questions with their own rewards, drawn as App. D describes (its ranges were lost; ours: r_I ~ U(0.5, 1),
         r_C ~ U(0.1, r_I), R = 3, tau = 2)."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")

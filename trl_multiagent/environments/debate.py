@@ -38,6 +38,7 @@ from typing import Any
 
 from ..credit.maporl import majority_vote_accuracy
 from .base import Environment, StepResult
+from .checks import need_bool, need_int, need_tasks
 from .math_tool import NAMES, answers_match, last_boxed, word_problems
 
 MATH_PROMPT = (
@@ -94,16 +95,13 @@ class DebateEnv(Environment):
         if self.prompt_template is None:
             raise TypeError(f"{type(self).__name__} has no prompt_template; use a task environment such as "
                             "MathDebateEnv or NLIDebateEnv, or subclass DebateEnv with one")
-        if num_agents < 2:
+        if isinstance(num_agents, int) and not isinstance(num_agents, bool) and num_agents < 2:
             raise ValueError(f"a debate needs at least two agents, got num_agents={num_agents}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        if max_feedback_chars < 50:
-            raise ValueError(f"max_feedback_chars must be at least 50, got {max_feedback_chars}")
+        need_int("num_agents", num_agents, minimum=2)
         self.agents = tuple(f"agent{i + 1}" for i in range(num_agents))
-        self.max_turns = max_turns
-        self.early_stop = early_stop
-        self.max_feedback_chars = max_feedback_chars
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
+        self.early_stop = need_bool("early_stop", early_stop)
+        self.max_feedback_chars = need_int("max_feedback_chars", max_feedback_chars, minimum=50)
         self.task: dict[str, Any] = {}
         self.gold = ""
         self.first: str = ""
@@ -210,6 +208,8 @@ class MathDebateEnv(DebateEnv):
         """Generated arithmetic word problems (:func:`~trl_multiagent.environments.math_tool.word_problems`)."""
         from datasets import Dataset
 
+        need_tasks(num_tasks)
+
         return Dataset.from_list(word_problems(num_tasks or 256, seed, split))
 
     def same_answer(self, a: str, b: str) -> bool:
@@ -249,6 +249,8 @@ class NLIDebateEnv(DebateEnv):
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
         """Generated NLI problems from templated facts (:func:`nli_problems`)."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         return Dataset.from_list(nli_problems(num_tasks or 256, seed, split))
 

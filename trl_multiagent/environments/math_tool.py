@@ -59,6 +59,7 @@ from typing import Any
 from ..answers import last_boxed
 from ..sandbox import SandboxConfig, run_python
 from .base import Environment, StepResult, merge_weights
+from .checks import need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
 
@@ -408,15 +409,13 @@ class MathToolEnv(Environment):
                  reasoner_weights: Mapping[str, float] | None = None,
                  tool_weights: Mapping[str, float] | None = None, max_answer_chars: int = 200,
                  max_feedback_chars: int = 1500):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        self.max_turns = max_turns
-        self.sandbox = sandbox if isinstance(sandbox, SandboxConfig) \
-            else SandboxConfig(**(sandbox or {"timeout_s": 10}))
-        self.reasoner_weights = merge_weights(reasoner_weights, REASONER_WEIGHTS, "reasoner_weights")
-        self.tool_weights = merge_weights(tool_weights, TOOL_WEIGHTS, "tool_weights")
-        self.max_answer_chars = max_answer_chars
-        self.max_feedback_chars = max_feedback_chars
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
+        self.sandbox = sandbox_settings(sandbox, {"timeout_s": 10})
+        self.reasoner_weights = merge_weights(need_weights("reasoner_weights", reasoner_weights), REASONER_WEIGHTS,
+                                              "reasoner_weights")
+        self.tool_weights = merge_weights(need_weights("tool_weights", tool_weights), TOOL_WEIGHTS, "tool_weights")
+        self.max_answer_chars = need_int("max_answer_chars", max_answer_chars, minimum=1)
+        self.max_feedback_chars = need_int("max_feedback_chars", max_feedback_chars, minimum=1)
         self._matches = _SharedCache()
         self.question, self.gold = "", ""
         self.first_prompts: dict[str, str] = {}
@@ -432,6 +431,8 @@ class MathToolEnv(Environment):
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
         """Generated arithmetic word problems (:func:`word_problems`) as a ``datasets.Dataset``."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         return Dataset.from_list(word_problems(num_tasks or 256, seed, split))
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import Environment, StepResult
+from .checks import need_number, need_str
 
 #: Table 4 of the MAGRPO paper: joint utility of (agent 1's action, agent 2's action).
 TEAM_PAYOFF: dict[tuple[str, str], float] = {("A", "A"): 10.0, ("A", "B"): 7.0, ("B", "A"): 7.0, ("B", "B"): 0.0}
@@ -58,13 +59,15 @@ class MatrixGameEnv(Environment):
     def __init__(self, prompt: str = DEFAULT_PROMPT, invalid_reward: float = 0.0, agents: tuple[str, str] | None = None,
                  local_payoff: str | None = None):
         if agents is not None:
-            if len(agents) != 2:
-                raise ValueError(f"The matrix game has exactly two agents, got {list(agents)}")
+            if isinstance(agents, str) or len(agents) != 2 or len(set(agents)) != 2 or \
+                    not all(isinstance(a, str) and a for a in agents):
+                raise ValueError(f"The matrix game has exactly two agents with distinct names, got {agents!r}")
             self.agents = tuple(agents)
         if local_payoff is not None and local_payoff not in LOCAL_PAYOFFS:
             raise ValueError(f"local_payoff must be one of {sorted(LOCAL_PAYOFFS)} or None, got {local_payoff!r}")
+        need_str("prompt", prompt, non_empty=True)
         self.prompt = prompt
-        self.invalid_reward = float(invalid_reward)
+        self.invalid_reward = need_number("invalid_reward", invalid_reward)
         self.local_payoff = local_payoff
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, str]:

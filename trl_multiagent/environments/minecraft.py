@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Environment, StepResult
+from .checks import need_bool, need_int, need_tasks
 from .games.base import generate_split
 
 logger = logging.getLogger(__name__)
@@ -242,12 +243,8 @@ class _BuildEnv(Environment, abc.ABC):
     allowed_commands: frozenset[str] = frozenset()
 
     def __init__(self, max_turns: int = 4, max_commands: int = 64):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        if max_commands < 1:
-            raise ValueError(f"max_commands must be at least 1, got {max_commands}")
-        self.max_turns = max_turns
-        self.max_commands = max_commands
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
+        self.max_commands = need_int("max_commands", max_commands, minimum=1)
         self.task: dict[str, Any] = {}
         self.world: dict[Pos, str] = {}
         self.turn = 0
@@ -360,6 +357,8 @@ class _BuildEnv(Environment, abc.ABC):
         """``num_tasks`` distinct generated tasks of ``split`` (``"train"`` or ``"eval"``) as a ``Dataset``."""
         from datasets import Dataset
 
+        need_tasks(num_tasks)
+
         rows = cls.make_rows(num_tasks, seed, split, **options)
         logger.info("%s: generated %d %s tasks (seed %d)", cls.game, len(rows), split, seed)
         return Dataset.from_list(rows)
@@ -396,7 +395,7 @@ class StrBuildEnv(_BuildEnv):
         super().__init__(max_turns=max_turns, max_commands=max_commands)
         if prompt_style not in ("paper", "compact"):
             raise ValueError(f"prompt_style must be 'paper' or 'compact', got {prompt_style!r}")
-        self.list_target_cells = list_target_cells
+        self.list_target_cells = need_bool("list_target_cells", list_target_cells)
         self.prompt_style = prompt_style
 
     def load(self, task: Mapping[str, Any]) -> None:
@@ -510,6 +509,8 @@ class StrBuildEnv(_BuildEnv):
     # data
     @classmethod
     def check_options(cls, min_letters: int = 1, max_letters: int = 2) -> None:
+        need_int("min_letters", min_letters, minimum=1)
+        need_int("max_letters", max_letters, minimum=1)
         if not 1 <= min_letters <= max_letters:
             raise ValueError(f"need 1 <= min_letters <= max_letters, got {min_letters}, {max_letters}")
 
@@ -569,9 +570,7 @@ class HouseBuildEnv(_BuildEnv):
 
     def __init__(self, max_turns: int = 4, max_commands: int = 64, max_attacks: int = 2):
         super().__init__(max_turns=max_turns, max_commands=max_commands)
-        if max_attacks < 0:
-            raise ValueError(f"max_attacks must be >= 0, got {max_attacks}")
-        self.max_attacks = max_attacks
+        self.max_attacks = need_int("max_attacks", max_attacks, minimum=0)
 
     def load(self, task: Mapping[str, Any]) -> None:
         self.boxes = [parse_box(str(b)) for b in task["boxes"]]
@@ -703,6 +702,8 @@ class HouseBuildEnv(_BuildEnv):
     # data
     @classmethod
     def check_options(cls, max_width: int = 5, max_height: int = 3) -> None:
+        need_int("max_width", max_width, minimum=3)
+        need_int("max_height", max_height, minimum=2)
         if max_width < 3 or max_height < 2:
             raise ValueError(f"need max_width >= 3 and max_height >= 2, got {max_width}, {max_height}")
 

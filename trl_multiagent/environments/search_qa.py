@@ -44,6 +44,7 @@ from typing import Any
 from ..metrics.qa import qa_scores, token_f1
 from ..utils import import_object
 from .base import merge_weights
+from .checks import need_int, need_tasks, need_weights
 from .pipeline import PipelineEnvironment
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
@@ -203,8 +204,8 @@ class SearchQAEnv(PipelineEnvironment):
                  penalties: Mapping[str, float] | None = None):
         for name, value in (("top_k", top_k), ("max_queries", max_queries), ("max_candidates", max_candidates),
                             ("max_selected", max_selected), ("max_answer_words", max_answer_words)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            need_int(name, value, minimum=1)
+        need_weights("penalties", penalties)
         self.retriever = make_retriever(retriever)
         self.top_k, self.max_queries, self.max_candidates = int(top_k), int(max_queries), int(max_candidates)
         self.max_selected, self.max_answer_words = int(max_selected), int(max_answer_words)
@@ -298,6 +299,9 @@ class SearchQAEnv(PipelineEnvironment):
         ``gold_titles``, ``qtype``); ``split`` ``"train"`` or ``"eval"`` draws from separate random streams."""
         from datasets import Dataset
 
+        need_tasks(num_tasks)
+        need_int("num_bridge_distractors", num_bridge_distractors, minimum=0)
+        need_int("num_random_distractors", num_random_distractors, minimum=0)
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         rows = generate_questions(num_tasks, seed=seed, split=split, num_bridge_distractors=num_bridge_distractors,

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..utils import import_object
 from .base import Environment, StepResult
+from .checks import need_int, need_tasks, need_weights
 from .games.base import generate_split
 
 logger = logging.getLogger(__name__)
@@ -44,11 +45,9 @@ class _WritingEnv(Environment, abc.ABC):
 
     def __init__(self, max_turns: int = 1, reward_fn: str | Callable | None = None,
                  reward_weights: Mapping[str, float] | None = None):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-        self.max_turns = max_turns
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
         self.reward_fn = import_object(reward_fn or self.default_reward, "reward_fn")
-        self.reward_weights = dict(reward_weights) if reward_weights else None
+        self.reward_weights = dict(need_weights("reward_weights", reward_weights)) if reward_weights else None
         self.source = ""
         self.turn = 0
         self.drafts: dict[str, str] = {}
@@ -106,6 +105,8 @@ class _WritingEnv(Environment, abc.ABC):
     def make_dataset(cls, num_tasks: int = 64, seed: int = 0, split: str = "train"):
         """``num_tasks`` distinct generated texts of ``split`` (``"train"`` or ``"eval"``) as a ``Dataset``."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         rows = cls.make_rows(num_tasks, seed, split)
         logger.info("%s: generated %d %s texts (seed %d)", cls.game, len(rows), split, seed)

@@ -60,6 +60,7 @@ from typing import Any
 
 from ...sandbox import SandboxConfig, SandboxResult, run_python
 from ..base import Environment, StepResult
+from ..checks import need_bool, need_int, need_tasks, sandbox_settings
 from ..coding import extract_code
 
 logger = logging.getLogger(__name__)
@@ -294,18 +295,12 @@ class ToolPlanGameEnv(Environment):
 
     def __init__(self, max_turns: int = 4, reward_mode: str = "shaped",
                  sandbox: SandboxConfig | Mapping[str, Any] | None = None, cache_tool_runs: bool = True):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.max_turns = need_int("max_turns", max_turns, minimum=1)
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        self.max_turns = max_turns
         self.reward_mode = reward_mode
-        if isinstance(sandbox, SandboxConfig):
-            self.sandbox = sandbox
-        else:
-            defaults = {"timeout_s": 5.0, "memory_mb": 256, "max_output_bytes": 64 << 10}
-            self.sandbox = SandboxConfig(**{**defaults, **dict(sandbox or {})})
-        self.cache_tool_runs = cache_tool_runs
+        self.sandbox = sandbox_settings(sandbox, {"timeout_s": 5.0, "memory_mb": 256, "max_output_bytes": 64 << 10})
+        self.cache_tool_runs = need_bool("cache_tool_runs", cache_tool_runs)
         self.task: dict[str, Any] = {}
         self.turn = 0
         self.done = False
@@ -483,6 +478,8 @@ class ToolPlanGameEnv(Environment):
     def make_dataset(cls, num_tasks: int = 256, seed: int = 0, split: str = "train", **options: Any):
         """``num_tasks`` distinct generated instances of ``split`` (``"train"`` or ``"eval"``) as a ``Dataset``."""
         from datasets import Dataset
+
+        need_tasks(num_tasks)
 
         rows = cls.make_rows(num_tasks, seed, split, **options)
         logger.info("%s: generated %d %s instances (seed %d)", cls.game, len(rows), split, seed)

@@ -1,0 +1,111 @@
+"""Run command lines as separate processes, fast: one "zygote" process imports the package once, then forks a fresh
+child per command (its own pid, stdout, stderr and exit code, as a new process would have), so that dozens of
+error cases cost milliseconds each instead of the seconds torch, transformers and TRL take to import.
+
+The child runs the command as Python would: ``python -m trl_multiagent ...`` through ``runpy.run_module`` and
+``python recipes/x.py ...`` through ``runpy.run_path``, with ``sys.argv`` set; an uncaught exception prints its
+traceback to stderr and exits 1, ``SystemExit`` exits with its code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ZYGOTE = r"""
+import json, os, runpy, sys, traceback
+sys.path.insert(0, os.getcwd())
+import trl_multiagent.cli, trl_multiagent.runner, trl_multiagent.evaluation  # the slow imports, done once
+import trl_multiagent.trainers
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(out, 1); os.dup2(err, 2)
+            os.environ.update(req["env"])
+            os.chdir(req["cwd"])
+            sys.argv = [req["target"], *req["args"]]
+            try:
+                if req["target"].endswith(".py"):
+                    runpy.run_path(req["target"], run_name="__main__")
+                else:
+                    runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if not isinstance(exc.code, (int, type(None))):
+                    print(exc.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class CommandRunner:
+    """``runner(args, script=None)``: run ``python -m trl_multiagent *args`` (or ``python <script> *args``)."""
+
+    def __init__(self, env: dict[str, str] | None = None, timeout: float = 120):
+        self.env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1",
+                        TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **(env or {}))
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), self.env.get("PYTHONPATH")) if p)
+        self.env.pop(  # a traceback switch of a developer's shell would change what the tests see
+            "TRL_MULTIAGENT_TRACEBACK", None)
+        self.timeout = timeout
+        self.dir = tempfile.mkdtemp(prefix="cli-harness-")
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], cwd=ROOT, env=self.env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"the command runner did not start: {line!r}")
+        self.count = 0
+
+    def __call__(self, args, script: str | None = None, env: dict[str, str] | None = None,
+                 cwd: str | Path = ROOT) -> Result:
+        self.count += 1
+        out, err = Path(self.dir) / f"{self.count}.out", Path(self.dir) / f"{self.count}.err"
+        request = {"target": script or "trl_multiagent", "args": [str(a) for a in args], "env": dict(env or {}),
+                   "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+        if not ready:
+            self.proc.kill()
+            raise TimeoutError(f"{args} did not finish in {self.timeout} s\n{err.read_text()[-3000:]}")
+        reply = json.loads(self.proc.stdout.readline())
+        return Result(reply["rc"], out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)

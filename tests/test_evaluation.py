@@ -1,0 +1,233 @@
+"""The evaluation package: the paired bootstrap by hand, one generation call per round for all methods, the
+evaluators against the code they replace, and the summary / report / plot written in one place."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from transformers import GenerationConfig
+
+from trl_multiagent.agents import Generation, GenerationRequest
+from trl_multiagent.evaluation import (
+    TEAM,
+    EpisodeEvaluator,
+    Evaluator,
+    MethodOutput,
+    MethodResult,
+    PipelineEvaluator,
+    StageResult,
+    evaluate_team,
+    evaluation_section,
+    paired_bootstrap,
+    write_run_outputs,
+)
+from trl_multiagent.evaluation.stats import percentile_interval
+
+GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
+
+
+class ManyPool:
+    """A scripted pool with the team-level ``generate_many``; records every call (requests and adapter flags)."""
+
+    def __init__(self, agents, script):
+        self.agent_names, self.script, self.calls = list(agents), script, []
+
+    def policy_of(self, agent):
+        return agent
+
+    def generate_many(self, requests, generation_config, max_batch_sequences=None):
+        self.calls.append(list(requests))
+        out = []
+        for req in requests:
+            texts = [self.script(req.agent, req.prompt, k, req.use_adapter) for k in range(req.num_samples)]
+            out.append([Generation([0], [ord(c) for c in t] or [0], t) for t in texts])
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_paired_bootstrap_by_hand():
+    # per-task differences after - before: [1, 0, -1, 2]; four resamples given explicitly, each one task four times
+    after, before = [3.0, 5.0, 0.0, 2.0], [2.0, 5.0, 1.0, 0.0]
+    rows = [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]]
+    out = paired_bootstrap(after, before, alpha=0.5, indices=rows)
+    # resampled means 1, 0, -1, 2 -> sorted [-1, 0, 1, 2]; lo = m_(floor(4 * 0.25)) = m_1, hi = m_(ceil(4 * 0.75) - 1)
+    assert out == {"mean": 0.5, "ci95": [0.0, 1.0], "num_tasks": 4}
+    # two tasks, differences [0, 1]: the four equally likely resamples have means 0, 0.5, 0.5, 1
+    two = paired_bootstrap([1.0, 3.0], [1.0, 2.0], alpha=0.5, indices=[[0, 0], [0, 1], [1, 0], [1, 1]])
+    assert two["mean"] == 0.5 and two["ci95"] == [0.5, 0.5]
+    assert percentile_interval([5, 1, 4, 2, 3], alpha=0.4) == (2.0, 4.0)  # floor(1) = 1 -> 2; ceil(4) - 1 = 3 -> 4
+
+
+def test_pairing_removes_the_spread_between_tasks():
+    before = [0.0, 0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6]  # easy and hard tasks
+    after = [b + 0.1 for b in before]  # every task gains exactly 0.1
+    paired = paired_bootstrap(after, before, num_resamples=2000)
+    assert paired["mean"] == pytest.approx(0.1) and paired["ci95"] == pytest.approx([0.1, 0.1])
+    unpaired_after, unpaired_before = paired_bootstrap(after), paired_bootstrap(before)
+    assert unpaired_after["ci95"][0] < unpaired_before["ci95"][1]  # the intervals of the two means overlap
+    again = paired_bootstrap([0.0, 1.0] * 20, num_resamples=500, seed=3)
+    assert again == paired_bootstrap([0.0, 1.0] * 20, num_resamples=500, seed=3)  # seeded
+    assert 0.25 < again["ci95"][0] < 0.5 < again["ci95"][1] < 0.75
+
+
+def test_paired_bootstrap_edge_cases():
+    out = paired_bootstrap([1.0, math.nan, 3.0], [0.0, 0.0, math.nan], indices=[[0]])
+    assert out["num_tasks"] == 1 and out["mean"] == 1.0  # a task missing on either side leaves both
+    assert math.isnan(paired_bootstrap([], None)["mean"])
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_bootstrap([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="indices"):
+        paired_bootstrap([1.0, 2.0], indices=[[0, 5]])
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+class TwoRounds(Evaluator):
+    """A toy evaluation: the team answers once; the baseline 'echo' answers, then answers again after reading its
+    first answer. Score: the length of the last answer."""
+
+    name = "toy"
+    baselines = ("echo",)
+
+    def program(self, method, tasks, num_samples):
+        use_adapter = method == TEAM
+        first = yield [GenerationRequest("solo", t["q"], num_samples, use_adapter) for t in tasks]
+        if method == "echo":
+            again = yield [GenerationRequest("solo", g.text + "?", 1, use_adapter) for gs in first for g in gs]
+            first = [again[i * num_samples:(i + 1) * num_samples] for i in range(len(tasks))]
+            first = [[g[0] for g in gs] for gs in first]
+        return MethodOutput([[{"reward": float(len(g.text))} for g in gs] for gs in first])
+
+
+def test_one_generation_call_per_round_for_all_methods():
+    pool = ManyPool(["solo"], lambda agent, prompt, k, adapter: prompt + ("T" if adapter else "b") * (k + 1))
+    tasks = [{"task_id": "x", "q": "aa"}, {"task_id": "y", "q": "bbbb"}]
+    result = evaluate_team(pool, TwoRounds(), tasks, methods=[TEAM, "echo"], num_samples=2, generation_config=GREEDY)
+    assert len(pool.calls) == 2 and result.generate_calls == 2  # rounds, not methods x tasks
+    first, second = pool.calls
+    assert {(r.use_adapter, r.num_samples) for r in first} == {(True, 2), (False, 2)} and len(first) == 4
+    assert all(not r.use_adapter for r in second) and len(second) == 4
+    assert result.generated_sequences == 8 + 4
+    team, echo = result.methods[TEAM], result.methods["echo"]
+    assert team.task_ids == ["x", "y"] and team.samples["reward"] == [[3.0, 4.0], [5.0, 6.0]]
+    assert echo.per_task("reward") == [5.5, 7.5]  # "aab?" + "b" and "aabb?" + "b"; "bbbbb?b" and "bbbbbb?b"
+    with pytest.raises(ValueError, match="methods"):
+        evaluate_team(pool, TwoRounds(), tasks, methods=["naive"])
+
+
+def test_evaluation_leaves_the_random_state_as_it_was():
+    import random
+
+    import torch
+
+    random.seed(1)
+    torch.manual_seed(1)
+    pool = ManyPool(["solo"], lambda agent, prompt, k, adapter: "x")
+    evaluate_team(pool, TwoRounds(), [{"q": "a"}], generation_config=GREEDY, seed=5)
+    after_eval = (random.random(), torch.rand(1).item())
+    random.seed(1)
+    torch.manual_seed(1)
+    assert after_eval == (random.random(), torch.rand(1).item())
+
+
+# ------------------------------------------------------------------------------------------------ evaluators
+def test_episodes_on_the_matrix_game():
+    from trl_multiagent.environments import MatrixGameEnv
+
+    pool = ManyPool(["agent1", "agent2"], lambda agent, prompt, k, adapter: "A" if agent == "agent1" else "B")
+    evaluator = EpisodeEvaluator(MatrixGameEnv, num_turns=1)
+    result = evaluate_team(pool, evaluator, [{"task_id": 0}, {"task_id": 1}], num_samples=3,
+                           generation_config=GREEDY)
+    team = result.methods[TEAM]
+    env = MatrixGameEnv()
+    env.reset({})
+    expected = env.step({"agent1": "A", "agent2": "B"}).team_reward
+    assert team.per_task("return") == [expected, expected] and len(pool.calls) == 1
+    assert evaluator.headline_metric(result.methods) == "return"  # no success checker in this game
+    assert team.details["turn1/team_reward"] == expected
+
+
+def test_pipeline_evaluator_agrees_with_evaluate_pipeline():
+    from tests.fake_pool import ScriptedPool
+    from tests.test_mhgpo_rollout import ToyDag
+    from trl_multiagent.rollout.pipeline import evaluate_pipeline
+
+    tasks = [{"id": 0, "bonus": 0.0}, {"id": 1, "bonus": 0.5}]
+    script = lambda agent, prompt, k, *adapter: f"{agent}1" if "0" in str(prompt) else f"{agent}0"  # noqa: E731
+    expected = evaluate_pipeline(ScriptedPool(["a", "b", "c", "d"], script), ToyDag(), tasks, GREEDY)
+    pool = ManyPool(["a", "b", "c", "d"], script)
+    result = evaluate_team(pool, PipelineEvaluator(ToyDag), tasks, generation_config=GREEDY)
+    team = result.methods[TEAM]
+    assert len(pool.calls) == 4  # one call per agent stage of the graph, every question in it
+    for key in ("reward", "answer_is_d0", "agent/a/length", "agent/d/length"):
+        assert team.mean(key) == pytest.approx(expected[key]), key
+
+
+def test_coding_evaluation_runs_every_method_in_two_generation_calls(tiny_text_model):
+    from trl_multiagent.agents import AgentPool, AgentSpec
+    from trl_multiagent.environments import AuxMainCodingEnv
+    from trl_multiagent.evaluation import METHODS, CodingEvaluator
+
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4),
+                      AgentSpec("main", model=tiny_text_model, lora_r=4)])
+    calls = []
+    generate_many = pool.generate_many
+
+    def counting(requests, *args, **kwargs):
+        calls.append(len(requests))
+        return generate_many(requests, *args, **kwargs)
+
+    pool.generate_many = counting
+    problems = AuxMainCodingEnv.make_dataset(split="test", num_tasks=2)
+    evaluator = CodingEvaluator(AuxMainCodingEnv, num_turns=1)
+    result = evaluate_team(pool, evaluator, list(problems), METHODS, num_samples=3,
+                           generation_config=GenerationConfig(max_new_tokens=3, do_sample=True))
+    # round 1 (one request per problem and agent, 3 samples each): team (aux, main), single, naive (aux, main),
+    # sequential's aux, discussion's first answers; round 2: sequential's main and discussion's revisions, one
+    # request per sample (each sees its own first answers)
+    assert calls == [2 * 2 + 2 + 2 * 2 + 2 + 2 * 2, 2 * 3 + 2 * 2 * 3]
+    for method, res in result.methods.items():
+        assert [len(s) for s in res.samples["reward"]] == [3, 3], method
+        assert {"pass@1", "acc@1", "coop@1"} <= set(res.samples)
+        assert {"pass@3", "acc@3", "coop@3", "pass@1"} <= set(res.details)
+    assert "tokens/aux" not in result.methods["single"].details and "tokens/aux" in result.methods["discussion"].details
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def _result(method, values):
+    return MethodResult(method, [f"t{i}" for i in range(len(values))], {"reward": [[v] for v in values],
+                                                                          "other": [[1.0] for _ in values]})
+
+
+def test_summary_report_and_plot(tmp_path):
+    before = StageResult("before", {TEAM: _result(TEAM, [0.1, 0.5, 0.2, 0.6]),
+                                    "naive": _result("naive", [0.2, 0.5, 0.2, 0.5]),
+                                    "single": _result("single", [0.0, 0.1, 0.0, 0.1])}, 3.0, 24, 2)
+    after = StageResult("after", {TEAM: _result(TEAM, [0.3, 0.7, 0.4, 0.8])}, 2.0, 8, 1)
+    stages = {"before": before, "after": after}
+    section = evaluation_section(stages, "reward", "coding", 1, {"do_sample": False, "max_new_tokens": 4},
+                                 baselines=("single", "naive", "sequential"), num_resamples=500)
+    team = section["methods"][TEAM]
+    assert team["before"]["mean"] == pytest.approx(0.35) and team["after"]["mean"] == pytest.approx(0.55)
+    assert team["gain"]["mean"] == pytest.approx(0.2) and team["gain"]["ci95"] == pytest.approx([0.2, 0.2])
+    vs = team["gain_vs_best_baseline"]
+    assert vs["baseline"] == "naive" and section["best_baseline"] == "naive"  # the highest mean before training
+    assert vs["mean"] == pytest.approx(0.55 - 0.35) and vs["ci95"][0] > 0
+    assert set(section["methods"]["naive"]) >= {"before", "metrics"} and "after" not in section["methods"]["naive"]
+    assert section["baselines"] == ["single", "naive"] and section["task_ids"] == ["t0", "t1", "t2", "t3"]
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"algorithm": "MAGRPO", "global_step": 3}))
+    (out / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "reward": 0.1 * s}) for s in (1, 2, 3)))
+    write_run_outputs(out, section, {"command": "python -m trl_multiagent train --config x.yaml",
+                                     "wall_time_s": 12.0}, stages)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "MAGRPO" and summary["global_step"] == 3  # the trainer's summary stays
+    assert summary["evaluation"]["methods"][TEAM]["gain_vs_best_baseline"]["baseline"] == "naive"
+    report = (out / "report.md").read_text()
+    assert "| team | 0.350 [" in report and "vs naive" in report and "naive concatenation (best baseline)" in report
+    assert (out / "reward_curve.png").stat().st_size > 1000
+    rows = [json.loads(line) for line in (out / "eval_per_task.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 3 + 4 and {"stage", "method", "task_id", "reward", "other"} <= set(rows[0])

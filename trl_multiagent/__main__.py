@@ -1,0 +1,8 @@
+"""``python -m trl_multiagent train --config recipe.yaml [--field value ...]`` (also under ``accelerate launch -m``)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The command line: ``python -m trl_multiagent train --config recipe.yaml [--field value ...]``.
+
+Parsing is TRL's: :class:`RecipeParser` is a :class:`trl.TrlParser` (a ``transformers.HfArgumentParser``) over
+:class:`~trl_multiagent.recipe.RecipeArguments` and the chosen trainer's config class, so ``--help`` lists every
+field with its help text and default (the recipe's value where ``--config`` names one). The trainer, and so the
+config class, is read first (``--trainer`` on the command line, else ``trainer:`` in the recipe, else ``magrpo``);
+``--trainer X --help`` shows X's fields. As with TRL, the YAML file sets the values, the command line overrides
+them, and an ``env:`` block in the file sets environment variables. Values are then checked with messages that
+name the field and where it came from (``recipe.yaml: 'learning_rate' expects a number, got 'fast'``); an unknown
+key gets the closest field names as suggestions.
+
+Every error before training (a bad value, file, environment argument, team, dataset, output directory or resume
+checkpoint; a model that is not available here) ends the command with ONE line ``<prog>: error: <message>`` on
+stderr and exit code 2, without a traceback (set ``TRL_MULTIAGENT_TRACEBACK=1`` to see one). Nothing is written
+before these checks pass, so no earlier result is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from trl import TrlParser
+
+from .recipe import RecipeArguments, RecipeError, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
+
+DEFAULT_TRAINER = "magrpo"
+PROG = "python -m trl_multiagent"
+USAGE = "%(prog)s --config RECIPE.yaml [--field value ...]"
+#: Set to 1 to get the traceback of an error before training.
+TRACEBACK_ENV = "TRL_MULTIAGENT_TRACEBACK"
+
+_DESCRIPTION = """\
+Train a team of LLM agents from a YAML recipe, evaluate it on held-out tasks before and after training, and write
+summary.json, report.md and reward_curve.png to output_dir. Every field below can be set in the recipe file and
+overridden on the command line: --field value (true/false for flags, JSON for mappings and lists, e.g.
+--agents '[{"name": "aux"}, {"name": "main"}]'). An env: mapping in the recipe sets environment variables.
+
+output_dir is never overwritten silently: a directory that holds a finished or running run is refused. Resume it
+(--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one), choose another --output_dir, or
+pass --overwrite_output_dir true to replace its results."""
+
+
+class RecipeParser(TrlParser):
+    """TRL's parser over the recipe fields and one trainer's config fields.
+
+    Values are kept as given (strings from the command line, YAML values from the file) and checked by
+    :func:`~trl_multiagent.recipe.coerce_value`, so that every message names the field and its source; argparse
+    supplies the help, the flags' forms (``--bf16`` alone means true, ``--no_<flag>``) and the lists' ``nargs``.
+    """
+
+    def __init__(self, trainer: str = DEFAULT_TRAINER, prog: str = f"{PROG} train"):
+        registry = _trainer_registry()
+        if trainer not in registry:
+            raise RecipeError(_unknown_trainer(trainer, registry))
+        self.trainer = trainer
+        self.config_class = registry[trainer][0]
+        epilog = (f"Trainers: {', '.join(sorted(registry))}; `--trainer NAME --help` lists that trainer's config "
+                  f"fields (shown here: {trainer}, {self.config_class.__name__}).")
+        super().__init__([RecipeArguments, self.config_class], prog=prog, usage=USAGE, description=_DESCRIPTION,
+                         epilog=epilog, allow_abbrev=False, formatter_class=_HelpFormatter)
+        self.add_argument("--config", metavar="RECIPE.yaml", default=argparse.SUPPRESS,
+                          help="The recipe: a YAML mapping of the fields below (the command line overrides it).")
+        self.field_names = set(_fields(RecipeArguments)) | set(_fields(self.config_class))
+        self.shown_defaults: dict[str, Any] = {}
+        for action in self._actions:
+            if action.dest in self.field_names:
+                self.shown_defaults.setdefault(action.dest, action.default)
+                action.type = None  # raw values: coerce_value checks them against the field's type
+                action.required = False
+                action.default = argparse.SUPPRESS  # only what the command line gives comes back from parsing
+        self.shown_defaults["output_dir"] = "outputs/<environment>"
+
+    def _add_dataclass_arguments(self, dtype) -> None:
+        """One argument group per dataclass (the recipe's, then the trainer config's)."""
+        title = getattr(dtype, "_argument_group_name", None) or \
+            f"{self.trainer} trainer ({dtype.__name__}): how to train"
+        group = self.add_argument_group(title)
+        hints = _hints(dtype)
+        for f in dataclasses.fields(dtype):
+            if f.init:
+                f.type = hints[f.name]
+                self._parse_dataclass_field(group, f)
+
+    def show_file_defaults(self, values: dict[str, Any]) -> None:
+        """Show the recipe's values as the defaults in ``--help``."""
+        self.shown_defaults.update({k: v for k, v in values.items() if k in self.field_names})
+
+    def format_help(self) -> str:
+        shown = []
+        for action in self._actions:
+            if action.dest in self.shown_defaults and action.option_strings[0].startswith(f"--{action.dest}"):
+                shown.append(action)
+                action.default = self.shown_defaults[action.dest]
+        try:
+            return super().format_help()
+        finally:
+            for action in shown:
+                action.default = argparse.SUPPRESS
+
+    def error(self, message: str):
+        raise RecipeError(f"command line: {message}")
+
+    def parse_command_line(self, argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
+        """``(recipe path, {field: raw value})`` of what the command line gives."""
+        namespace, rest = self.parse_known_args(list(argv))
+        if rest:
+            token = next((t for t in rest if t.startswith("-")), rest[0])
+            if token.startswith("--"):
+                key = token[2:].split("=", 1)[0].replace("-", "_")
+                raise RecipeError(unknown_key_message(key, self.field_names | {"config"}, "command line"))
+            raise RecipeError(f"command line: unexpected argument {token!r} (options look like --field value)")
+        values = vars(namespace)
+        return values.pop("config", None), values
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=36, width=118)
+
+
+def _unknown_trainer(name: Any, registry) -> str:
+    close = difflib.get_close_matches(str(name), sorted(registry), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown trainer {name!r}; choose from {sorted(registry)}{hint}"
+
+
+# ------------------------------------------------------------------------------------------------------ files
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    """The recipe file as a mapping; one clear error if it is missing, not UTF-8, not YAML, or not a mapping."""
+    path = Path(path)
+    if not path.exists():
+        raise RecipeError(f"Recipe file {path} does not exist")
+    if not path.is_file():
+        raise RecipeError(f"Recipe file {path} is not a file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise RecipeError(f"{path}: not UTF-8 text (line {line}: {exc.reason} at byte {exc.start}); save the recipe "
+                          "as UTF-8") from exc
+    return parse_recipe_text(text, str(path))
+
+
+def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"{source}: not valid YAML{where}: {problem}") from exc
+    if loaded is None:
+        raise RecipeError(f"{source}: the recipe is empty; it is a YAML mapping of fields to values")
+    if not isinstance(loaded, dict):
+        raise RecipeError(f"{source}: a recipe is a YAML mapping of fields to values, got {type(loaded).__name__}")
+    bad = [k for k in loaded if not isinstance(k, str)]
+    if bad:
+        raise RecipeError(f"{source}: every key must be a field name, got {bad[0]!r}")
+    return loaded
+
+
+def apply_env_block(values: dict[str, Any], source: str) -> None:
+    """TRL's ``env:`` block: a mapping of environment variables set before anything else (removed from values)."""
+    env = values.pop("env", None)
+    if env is None:
+        return
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
+        raise RecipeError(f"{source}: 'env' must be a mapping of environment variables to plain values")
+    for key, value in env.items():
+        os.environ[str(key)] = str(value)
+
+
+def _trainer_on_command_line(argv: Sequence[str]) -> str | None:
+    for i, token in enumerate(argv):
+        if token == "--trainer":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if token.startswith("--trainer="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def _config_on_command_line(argv: Sequence[str]) -> str | None:
+    for i, token in enumerate(argv):
+        if token == "--config":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise RecipeError("command line: --config needs the path of a recipe file")
+            return argv[i + 1]
+        if token.startswith("--config="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None, prog: str = f"{PROG} train"):
+    """``(RecipeArguments, trainer config, the given values)`` from a command line (and/or a YAML text).
+
+    ``-h``/``--help`` prints the help of the chosen trainer and exits. Nothing is loaded.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    registry = _trainer_registry()
+    wants_help = any(t in ("-h", "--help") for t in argv)
+    config_path = _config_on_command_line(argv)
+    source, file_values = "command line", {}
+    if config_path is not None:
+        source = config_path
+        try:
+            file_values = read_recipe_file(config_path)
+        except RecipeError:
+            if not wants_help:
+                raise
+    elif yaml_text is not None:
+        source = "recipe"
+        file_values = parse_recipe_text(yaml_text, source)
+    trainer = _trainer_on_command_line(argv) or file_values.get("trainer") or DEFAULT_TRAINER
+    if not isinstance(trainer, str) or trainer not in registry:
+        raise RecipeError(f"{'command line' if _trainer_on_command_line(argv) else source}: "
+                          f"{_unknown_trainer(trainer, registry)}")
+    parser = RecipeParser(trainer, prog=prog)
+    if wants_help:
+        parser.show_file_defaults(file_values)
+        parser.print_help()
+        parser.exit(0)
+    apply_env_block(file_values, source)
+    _, cli_values = parser.parse_command_line(argv)
+    hints = {**_hints(parser.config_class), **_hints(RecipeArguments)}
+    merged: dict[str, Any] = {}
+    for origin, values in ((source, file_values), ("command line", cli_values)):
+        for key, value in values.items():
+            if key not in parser.field_names:
+                raise RecipeError(unknown_key_message(key, parser.field_names, origin))
+            merged[key] = coerce_value(key, value, hints.get(key, Any), origin)
+    recipe_fields = _fields(RecipeArguments)
+    merged["trainer"] = trainer
+    try:
+        recipe = RecipeArguments(**{k: v for k, v in merged.items() if k in recipe_fields})
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{source}: {exc}") from exc
+    config_kwargs = {k: v for k, v in merged.items() if k not in recipe_fields}
+    config_kwargs.setdefault("output_dir", f"outputs/{recipe.environment}")
+    try:
+        config = parser.config_class(**config_kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{source}: {exc}") from exc
+    return recipe, config, merged
+
+
+# ------------------------------------------------------------------------------------------------------ commands
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def _fail(prog: str, exc: BaseException) -> int:
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        raise exc
+    print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+    return 2
+
+
+def _pre_training_errors() -> tuple[type[BaseException], ...]:
+    from .models import ModelNotFoundError
+
+    return (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError, ModelNotFoundError)
+
+
+def _usage(prog: str) -> str:
+    return (f"usage: {prog} --config RECIPE.yaml [--field value ...]\n"
+            f"       {prog} --help               (every field, with its help text)\n"
+            f"       {prog} --trainer NAME --help (that trainer's fields)")
+
+
+def _launcher(script: str | None) -> str:
+    """How this process was started, for the record in ``summary.json``."""
+    if "ACCELERATE_DYNAMO_BACKEND" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ:
+        launcher = "accelerate launch"
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        launcher = "torchrun"
+    else:
+        launcher = "python"
+    target = script if script else "-m trl_multiagent train"
+    return f"{launcher} {target}"
+
+
+def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str | None = None,
+                  expect: dict[str, str] | None = None) -> int:
+    """Parse, build, evaluate before, train, evaluate after, write the results; returns the exit code.
+
+    ``expect`` (e.g. ``{"trainer": "mhgpo"}``) holds recipe values a recipe script insists on.
+    """
+    from .runner import Run
+
+    argv = list(argv)
+    if not argv:
+        print(_usage(prog), file=sys.stderr)
+        print(f"{prog}: error: no recipe given: pass --config RECIPE.yaml (and --field value overrides)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        recipe, config, given = parse_recipe(argv, prog=prog)
+        for key, wanted in (expect or {}).items():
+            if getattr(recipe, key) != wanted:
+                raise RecipeError(f"{script or prog} runs {key} {wanted!r}, the recipe names {getattr(recipe, key)!r}"
+                                  f"; use `{PROG} train` for any recipe")
+        command = " ".join([_launcher(script), *argv])
+        run = Run(recipe, config, given, command=command)
+        run.prepare()
+        run.build_trainer()
+    except _pre_training_errors() as exc:
+        return _fail(prog, exc)
+    return run.execute()
+
+
+def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str, str] | None = None) -> int:
+    """The body of every ``recipes/<name>.py``: :func:`train_command` under the script's name."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = os.path.relpath(script) if Path(script).is_absolute() else script
+    if name.startswith(".."):
+        name = Path(script).name
+    return train_command(argv, prog=name, script=name, expect=expect)
+
+
+COMMANDS = {"train": "train a team from a recipe (evaluating it before and after, as the recipe says)"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trl_multiagent <command> ...``"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    listing = "\n".join(f"  {name:8s} {text}" for name, text in COMMANDS.items())
+    top = (f"usage: {PROG} <command> [--config RECIPE.yaml] [--field value ...]\n\ncommands:\n{listing}\n\n"
+           f"`{PROG} train --help` lists every field of a recipe.")
+    if not argv:
+        print(top, file=sys.stderr)
+        print(f"{PROG}: error: no command given", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(top)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        return train_command(rest, prog=f"{PROG} train")
+    close = difflib.get_close_matches(command, sorted(COMMANDS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint += " (recipe options follow the command: train --config RECIPE.yaml)" if command.startswith("-") else ""
+    print(top, file=sys.stderr)
+    print(f"{PROG}: error: unknown command {command!r}{hint}", file=sys.stderr)
+    return 2

@@ -1,0 +1,300 @@
+"""The evaluation engine: evaluators, the per-task result type, and the batched driver.
+
+An :class:`Evaluator` knows how one family of tasks is played and scored. For every method it evaluates (the team,
+or an inference-time baseline) it gives a *program*: a generator that yields the generation requests of one round
+(every task x sample of that method at once), receives their generations, and finally returns one record per task
+and sample (``{metric: value}``). :func:`evaluate_team` runs the programs of all requested methods in lock step and
+makes ONE :meth:`AgentPool.generate_many` call per round, covering all problems x samples x methods, so the pool can
+put them into as few forward passes as it can.
+
+Results are per task (:class:`MethodResult`): a task's value of a metric is the mean over its samples, and every
+comparison (after vs before training, the team vs a baseline) is paired by task (:mod:`.stats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import random
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..agents import Generation, GenerationRequest
+from .stats import mean
+
+#: The trained (or to-be-trained) team: the agents' policies with their adapters on.
+TEAM = "team"
+
+Records = list[list[dict[str, float]]]
+
+
+@dataclass
+class MethodOutput:
+    """What a program returns: ``records[task][sample] = {metric: value}`` and aggregates that are not means of
+    per-task values (``details``: e.g. pass@k for k > 1, transition fractions, per-turn means)."""
+
+    records: Records
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Program = Generator[list[GenerationRequest], list[list[Generation]], MethodOutput]
+
+
+@dataclass
+class MethodResult:
+    """One method at one stage: the values of every metric per task and sample, in the order of ``task_ids``."""
+
+    method: str
+    task_ids: list[str]
+    samples: dict[str, list[list[float]]]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_output(cls, method: str, task_ids: Sequence[str], output: MethodOutput) -> MethodResult:
+        if len(output.records) != len(task_ids):
+            raise ValueError(f"method {method!r} returned records for {len(output.records)} tasks, not {len(task_ids)}")
+        names = list(dict.fromkeys(k for recs in output.records for r in recs for k in r))
+        samples = {m: [[float(r[m]) for r in recs if m in r] for recs in output.records] for m in names}
+        return cls(method, list(task_ids), samples, dict(output.details))
+
+    @property
+    def metrics(self) -> list[str]:
+        return list(self.samples)
+
+    def per_task(self, metric: str) -> list[float]:
+        """The mean over each task's samples (NaN for a task without a value)."""
+        if metric not in self.samples:
+            raise KeyError(f"method {self.method!r} has no metric {metric!r}; it has {self.metrics}")
+        return [mean(values) for values in self.samples[metric]]
+
+    def mean(self, metric: str) -> float:
+        return mean(self.per_task(metric))
+
+
+@dataclass
+class StageResult:
+    """Every method evaluated at one stage (``"before"`` or ``"after"`` training), on the same tasks."""
+
+    stage: str
+    methods: dict[str, MethodResult]
+    wall_time_s: float = 0.0
+    generated_sequences: int = 0
+    generate_calls: int = 0
+
+
+class Evaluator:
+    """How a family of tasks is evaluated. Subclasses implement :meth:`program`.
+
+    Attributes:
+        name: the evaluator's name (``evaluator:`` in a recipe).
+        metrics_preference: the headline metric is the first of these that the results have.
+        baselines: the inference-time baselines it can evaluate besides the team.
+        sampled: evaluated with the training temperature (``True``) or greedily (``False``) unless the recipe says.
+        default_num_tasks: held-out tasks when the recipe asks for "all" (``eval_num_problems: 0``); ``None`` is
+            every task of the held-out split.
+        own_held_out_split: the environment's generated held-out split is the evaluation's default even when the
+            training data come from a hub dataset (a recipe naming ``eval_dataset_split`` still wins).
+    """
+
+    name = "custom"
+    metrics_preference: tuple[str, ...] = ("reward",)
+    baselines: tuple[str, ...] = ()
+    sampled = False
+    default_num_tasks: int | None = 32
+    own_held_out_split = False
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return (TEAM, *self.baselines)
+
+    def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
+        raise NotImplementedError(f"{type(self).__name__} must implement program(method, tasks, num_samples)")
+
+    def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
+        """An upper bound of the sequences ``method`` generates (sizes the progress bar)."""
+        return num_tasks * num_samples
+
+    def headline_metric(self, results: Mapping[str, MethodResult]) -> str:
+        have = {m for r in results.values() for m in r.metrics}
+        for name in self.metrics_preference:
+            if name in have:
+                return name
+        if not have:
+            raise ValueError(f"the {self.name} evaluation produced no metric")
+        return sorted(have)[0]
+
+
+def task_ids_of(tasks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tasks' ``task_id`` (or ``id``) when they have one, else their index."""
+    ids = []
+    for i, task in enumerate(tasks):
+        value = task.get("task_id", task.get("id")) if isinstance(task, Mapping) else None
+        ids.append(str(value) if value is not None else str(i))
+    return ids
+
+
+# ------------------------------------------------------------------------------------------------------- driver
+def generate(pool, requests: Sequence[GenerationRequest], generation_config, max_batch_sequences: int | None = None,
+             progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+    """One team-level generation call for ``requests``.
+
+    Uses ``pool.generate_many`` (passing ``progress`` on when it accepts one: it is then called with the number of
+    sequences finished after each internal batch). A stand-in pool that only has ``generate(agent, prompts,
+    num_samples, generation_config)`` (a test double) is served request group by request group.
+    """
+    if not requests:
+        return []
+    many = getattr(pool, "generate_many", None)
+    if many is not None:
+        kwargs = {}
+        if progress is not None and "progress" in inspect.signature(many).parameters:
+            kwargs["progress"], progress = progress, None
+        out = many(list(requests), generation_config, max_batch_sequences=max_batch_sequences, **kwargs)
+    else:
+        out: list = [None] * len(requests)
+        buckets: dict[tuple[str, int], list[int]] = {}
+        for i, req in enumerate(requests):
+            if not req.use_adapter:
+                raise TypeError(f"{type(pool).__name__} has no generate_many, so it cannot sample without adapters")
+            buckets.setdefault((req.agent, req.num_samples), []).append(i)
+        for (agent, num_samples), idxs in buckets.items():
+            for i, gens in zip(idxs, pool.generate(agent, [requests[i].prompt for i in idxs], num_samples,
+                                                   generation_config)):
+                out[i] = gens
+    if progress is not None:
+        progress(sum(r.num_samples for r in requests))
+    return out
+
+
+def run_programs(pool, programs: Mapping[str, Program], generation_config, max_batch_sequences: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, MethodOutput], int, int]:
+    """Drive ``programs`` in lock step: every round, ONE generation call for the requests of all of them.
+
+    Returns each program's output, the number of generation calls and the number of generated sequences.
+    """
+    outputs: dict[str, MethodOutput] = {}
+    pending: dict[str, list[GenerationRequest]] = {}
+
+    def advance(name: str, value) -> None:
+        try:
+            while True:
+                requests = programs[name].send(value)
+                if requests:
+                    pending[name] = list(requests)
+                    return
+                value = []  # a round without generation: go on
+        except StopIteration as stop:
+            pending.pop(name, None)
+            if not isinstance(stop.value, MethodOutput):
+                raise TypeError(f"program {name!r} must return a MethodOutput, got {type(stop.value).__name__}") \
+                    from None
+            outputs[name] = stop.value
+
+    for name in programs:
+        advance(name, None)
+    calls = sequences = 0
+    while pending:
+        names = list(pending)
+        flat = [req for name in names for req in pending[name]]
+        generations = generate(pool, flat, generation_config, max_batch_sequences, progress)
+        if len(generations) != len(flat):
+            raise RuntimeError(f"generate_many returned {len(generations)} results for {len(flat)} requests")
+        calls += 1
+        sequences += sum(r.num_samples for r in flat)
+        start = 0
+        for name in names:
+            count = len(pending[name])
+            chunk, start = generations[start:start + count], start + count
+            advance(name, chunk)
+    return outputs, calls, sequences
+
+
+@contextlib.contextmanager
+def isolated_rng(seed: int):
+    """Seed Python, NumPy and torch for an evaluation and restore their states after it, so that evaluating (or
+    not) never changes the random stream of training, and before/after share their random numbers."""
+    import numpy as np
+    import torch
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+@contextlib.contextmanager
+def inference_mode(pool):
+    """The pool in eval mode (no dropout) for the evaluation, restored after."""
+    was_training = getattr(pool, "training", None)
+    if was_training is not None:
+        pool.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            pool.train()
+
+
+def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]], methods: Sequence[str] = (TEAM,),
+                  num_samples: int = 1, generation_config=None, stage: str = "eval", seed: int = 0,
+                  max_batch_sequences: int | None = None, progress=None) -> StageResult:
+    """Evaluate ``methods`` (the team and/or the evaluator's baselines) on ``tasks``, ``num_samples`` each.
+
+    All methods advance together: one generation call per round covers every task, sample and method. The team
+    acts with its adapters (trained or not); the baselines run the bases with the adapters off.
+
+    Args:
+        pool: the team's :class:`~trl_multiagent.agents.AgentPool`.
+        evaluator: how the tasks are played and scored.
+        tasks: the held-out tasks (dataset rows).
+        methods: ``"team"`` and/or names in ``evaluator.baselines``.
+        num_samples: samples (episodes) per task and method.
+        generation_config: a ``transformers.GenerationConfig`` (greedy when ``None``, 128 new tokens).
+        stage: a label for the result and the progress bar.
+        seed: the evaluation's random seed (the global random state is restored afterwards).
+        max_batch_sequences: the most sequences one forward batch may hold (memory bound), ``None``: no bound.
+        progress: an :class:`~trl_multiagent.evaluation.progress.EvalProgress` (or ``None``).
+    """
+    from transformers import GenerationConfig
+
+    if not tasks:
+        raise ValueError("evaluate_team needs at least one task")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
+    unknown = [m for m in methods if m not in evaluator.methods]
+    if unknown or not methods:
+        raise ValueError(f"the {evaluator.name} evaluation has the methods {list(evaluator.methods)}, got "
+                         f"{list(methods)}")
+    generation_config = generation_config or GenerationConfig(max_new_tokens=128, do_sample=False)
+    tasks = list(tasks)
+    ids = task_ids_of(tasks)
+    start = time.perf_counter()
+    total = sum(evaluator.expected_sequences(m, len(tasks), num_samples) for m in methods)
+    with contextlib.ExitStack() as stack:
+        advance = stack.enter_context(progress.stage(stage, total)) if progress is not None else None
+        stack.enter_context(isolated_rng(seed))
+        stack.enter_context(inference_mode(pool))
+        programs = {m: evaluator.program(m, tasks, num_samples) for m in methods}
+        outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance)
+    results = {m: MethodResult.from_output(m, ids, outputs[m]) for m in methods}
+    return StageResult(stage, results, time.perf_counter() - start, sequences, calls)
+
+
+def nan_to_none(value: Any) -> Any:
+    """JSON has no NaN: NaN floats (also inside lists and dicts) become ``None``."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nan_to_none(v) for v in value]
+    return value

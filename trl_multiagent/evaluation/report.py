@@ -1,0 +1,258 @@
+"""The results of an evaluation, in one place: the ``evaluation`` section of ``summary.json``, ``report.md``,
+``reward_curve.png`` and ``eval_per_task.jsonl``.
+
+For every method and stage the section gives the mean of the headline metric over tasks with its 95% bootstrap
+interval; for the team the ``gain`` from before to after training, and ``gain_vs_best_baseline`` against the
+baseline with the highest mean before training, both ``{"mean": m, "ci95": [lo, hi]}`` from a paired bootstrap over
+tasks (:func:`~trl_multiagent.evaluation.stats.paired_bootstrap`). Every other metric gets the same entries under
+``metrics``; aggregates that are not per-task means (pass@k for k > 1, transitions, per-turn means) are under
+``details``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .core import TEAM, StageResult, nan_to_none
+from .stats import DEFAULT_RESAMPLES, paired_bootstrap
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+CURVE_FILE = "reward_curve.png"
+PER_TASK_FILE = "eval_per_task.jsonl"
+
+METHOD_NAMES = {
+    TEAM: "team",
+    "single": "single agent",
+    "naive": "naive concatenation",
+    "sequential": "sequential pipeline",
+    "discussion": "one-round discussion",
+}
+
+
+def summarize(stages: Mapping[str, StageResult], metric: str, baselines: Sequence[str] = (),
+              num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0, alpha: float = 0.05) -> dict[str, Any]:
+    """Per method: each stage's mean with its interval, the paired gains, and every metric's (see the module doc)."""
+    boot = dict(num_resamples=num_resamples, seed=seed, alpha=alpha)
+    names = list(dict.fromkeys(m for stage in stages.values() for m in stage.methods))
+    names.sort(key=lambda m: m != TEAM)
+    before, after = stages.get("before"), stages.get("after")
+    out: dict[str, Any] = {}
+    for method in names:
+        runs = {s: stage.methods[method] for s, stage in stages.items() if method in stage.methods}
+        entry: dict[str, Any] = {}
+        metrics = list(dict.fromkeys(k for r in runs.values() for k in r.metrics))
+        per_metric: dict[str, Any] = {}
+        for name in metrics:
+            values = {s: r.per_task(name) for s, r in runs.items() if name in r.samples}
+            item = {s: _interval(paired_bootstrap(v, None, **boot)) for s, v in values.items()}
+            if "before" in values and "after" in values:
+                item["gain"] = _interval(paired_bootstrap(values["after"], values["before"], **boot))
+            per_metric[name] = item
+        for key in ("before", "after", "gain"):
+            if metric in per_metric and key in per_metric[metric]:
+                entry[key] = per_metric[metric][key]
+        entry["metrics"] = per_metric
+        entry["details"] = {s: r.details for s, r in runs.items() if r.details}
+        out[method] = entry
+    best = best_baseline(before, metric, baselines) if before is not None else None
+    team_stage = after if after is not None and TEAM in after.methods else None
+    if best is not None and team_stage is not None:
+        gain = paired_bootstrap(team_stage.methods[TEAM].per_task(metric), before.methods[best].per_task(metric),
+                                **boot)
+        out[TEAM]["gain_vs_best_baseline"] = {**_interval(gain), "baseline": best}
+    return out
+
+
+def best_baseline(before: StageResult, metric: str, baselines: Sequence[str]) -> str | None:
+    """The baseline with the highest mean of ``metric`` before training (``None`` without baselines)."""
+    scored = [(before.methods[b].mean(metric), b) for b in baselines
+              if b in before.methods and metric in before.methods[b].samples]
+    scored = [(m, b) for m, b in scored if not math.isnan(m)]
+    return max(scored, key=lambda mb: mb[0])[1] if scored else None
+
+
+def _interval(result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"mean": result["mean"], "ci95": list(result["ci95"])}
+
+
+def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator: str, num_samples: int,
+                       decoding: Mapping[str, Any], baselines: Sequence[str] = (),
+                       num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                       extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``evaluation`` section of ``summary.json``."""
+    first = next(iter(stages.values()))
+    ids = next(iter(first.methods.values())).task_ids
+    before = stages.get("before")
+    section = {
+        "evaluator": evaluator,
+        "metric": metric,
+        "held_out_tasks": len(ids),
+        "task_ids": ids,
+        "num_samples": num_samples,
+        "decoding": dict(decoding),
+        "baselines": [b for b in baselines if any(b in s.methods for s in stages.values())],
+        "best_baseline": best_baseline(before, metric, baselines) if before is not None else None,
+        "bootstrap": {"resamples": num_resamples, "alpha": 0.05, "seed": seed, "paired_by": "task",
+                      "task_value": "mean over the task's samples"},
+        "stages": {s: {"wall_time_s": st.wall_time_s, "generated_sequences": st.generated_sequences,
+                       "generate_calls": st.generate_calls} for s, st in stages.items()},
+        **dict(extra or {}),
+        "methods": summarize(stages, metric, baselines, num_resamples, seed),
+    }
+    return section
+
+
+# ------------------------------------------------------------------------------------------------------- files
+def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | None, run: Mapping[str, Any],
+                      stages: Mapping[str, StageResult] | None = None) -> Path:
+    """Add ``evaluation`` and the run's own entries (command, wall time, ...) to ``summary.json`` (the trainer's
+    training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png`` and the
+    per-task values. The one place where a run's results are written after training."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / SUMMARY_FILE
+    summary: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            summary = json.loads(path.read_text())
+        except ValueError:
+            logger.warning("%s does not parse; it is replaced", path)
+    summary.update(dict(run))
+    if evaluation is not None:
+        summary["evaluation"] = dict(evaluation)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(nan_to_none(summary), indent=2, default=str))
+    tmp.replace(path)
+    if stages:
+        with (out / PER_TASK_FILE).open("w") as handle:
+            for stage_name, stage in stages.items():
+                for method, result in stage.methods.items():
+                    for i, task_id in enumerate(result.task_ids):
+                        row = {"stage": stage_name, "method": method, "task_id": task_id}
+                        row.update({m: result.per_task(m)[i] for m in result.metrics})
+                        handle.write(json.dumps(nan_to_none(row)) + "\n")
+    write_report(summary, out / REPORT_FILE)
+    plot_reward_curve(out / "metrics.jsonl", out / CURVE_FILE, summary.get("evaluation"),
+                      summary.get("global_step"))
+    return path
+
+
+def _fmt(value: Any, ci: Any = None, signed: bool = False) -> str:
+    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    text = f"{value:+.3f}" if signed else f"{value:.3f}"
+    if ci and all(isinstance(c, (int, float)) and not math.isnan(c) for c in ci):
+        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return text
+
+
+def _cell(entry: Mapping[str, Any] | None, signed: bool = False) -> str:
+    return _fmt(entry.get("mean"), entry.get("ci95"), signed) if entry else "-"
+
+
+def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
+    """``report.md``: the headline table (before, after, gain, gain vs the best baseline), every metric, the
+    details, and the run."""
+    ev = summary.get("evaluation")
+    lines = ["# Run report", ""]
+    if summary.get("command"):
+        lines += [f"Command: `{summary['command']}`", ""]
+    if ev:
+        metric, best = ev["metric"], ev.get("best_baseline")
+        decoding = ", ".join(f"{k} {v}" for k, v in ev.get("decoding", {}).items())
+        lines += [
+            f"## Held-out evaluation ({ev['evaluator']})",
+            "",
+            f"{ev['held_out_tasks']} held-out tasks, {ev['num_samples']} sample(s) per task and method; decoding: "
+            f"{decoding}. Values are means over tasks of `{metric}` (a task's value is the mean over its samples); "
+            "brackets: 95% bootstrap interval over tasks; gains are paired by task.",
+            "",
+            "| method | before training | after training | gain | gain vs best baseline |",
+            "|---|---|---|---|---|",
+        ]
+        for method, entry in ev["methods"].items():
+            label = METHOD_NAMES.get(method, method) + (" (best baseline)" if method == best else "")
+            vs = entry.get("gain_vs_best_baseline")
+            vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
+            lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
+                         f"{_cell(entry.get('gain'), True)} | {vs_text} |")
+        if ev.get("team_before_is_naive"):
+            lines += ["", "The team before training is the naive-concatenation baseline's result (fresh LoRA adapters "
+                          "have B = 0, so the untrained team IS the bases with the team's prompts)."]
+        lines += ["", "### Every metric", "", "| method | metric | before | after | gain |", "|---|---|---|---|---|"]
+        for method, entry in ev["methods"].items():
+            for name, item in entry.get("metrics", {}).items():
+                lines.append(f"| {METHOD_NAMES.get(method, method)} | {name} | {_cell(item.get('before'))} | "
+                             f"{_cell(item.get('after'))} | {_cell(item.get('gain'), True)} |")
+        detail_rows = [(m, s, k, v) for m, entry in ev["methods"].items()
+                       for s, d in entry.get("details", {}).items() for k, v in d.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if detail_rows:
+            lines += ["", "### Details", "", "| method | stage | value | |", "|---|---|---|---|"]
+            lines += [f"| {METHOD_NAMES.get(m, m)} | {s} | {k} | {_fmt(v)} |" for m, s, k, v in detail_rows]
+        stage_times = ", ".join(f"{s} {st['wall_time_s']:.0f} s ({st['generate_calls']} generation calls)"
+                                for s, st in ev.get("stages", {}).items())
+        lines += ["", f"Evaluation time: {stage_times}."]
+    if "global_step" in summary:
+        lines += ["", f"Training: {summary.get('global_step')} steps of {summary.get('algorithm', 'the trainer')}, "
+                      f"{summary.get('train_runtime_s') or 0:.0f} s."]
+    if "wall_time_s" in summary:
+        lines += [f"Whole run: {summary['wall_time_s']:.0f} s."]
+    Path(md_path).write_text("\n".join(lines) + "\n")
+    return Path(md_path)
+
+
+def plot_reward_curve(metrics_path: str | Path, png_path: str | Path, evaluation: Mapping[str, Any] | None = None,
+                      global_step: int | None = None) -> Path | None:
+    """The mean training reward per logged step (and its per-level parts when present), with the team's held-out
+    values before (step 0) and after training (last step) and the best baseline, as a PNG."""
+    metrics_path = Path(metrics_path)
+    rows = []
+    if metrics_path.is_file():
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if isinstance(r.get("reward"), (int, float)) and "step" in r]
+    team = (evaluation or {}).get("methods", {}).get(TEAM, {})
+    points = [(s, team[s]) for s in ("before", "after") if isinstance(team.get(s, {}).get("mean"), (int, float))]
+    if not rows and not points:
+        logger.info("Nothing to plot: no training rewards in %s and no held-out values", metrics_path)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    if rows:
+        steps = [r["step"] for r in rows]
+        ax.plot(steps, [r["reward"] for r in rows], label="training reward", color="black", linewidth=2)
+        for key in sorted({k for r in rows for k in r if k.startswith("env/level/")}):
+            ax.plot(steps, [r.get(key) for r in rows], label=key.removeprefix("env/level/"), linewidth=1)
+    last = global_step if global_step is not None else (rows[-1]["step"] if rows else 1)
+    metric = (evaluation or {}).get("metric", "metric")
+    for stage, entry in points:
+        x = 0 if stage == "before" else last
+        lo, hi = entry.get("ci95") or [entry["mean"], entry["mean"]]
+        err = [[max(0.0, entry["mean"] - lo)], [max(0.0, hi - entry["mean"])]] if None not in (lo, hi) else None
+        ax.errorbar([x], [entry["mean"]], yerr=err, fmt="o", color="tab:red" if stage == "after" else "tab:blue",
+                    capsize=4, label=f"held-out {metric}, team {stage}")
+    best = (evaluation or {}).get("best_baseline")
+    best_entry = (evaluation or {}).get("methods", {}).get(best or "", {}).get("before")
+    if best_entry and isinstance(best_entry.get("mean"), (int, float)):
+        ax.axhline(best_entry["mean"], color="tab:gray", linestyle="--", linewidth=1,
+                   label=f"held-out {metric}, best baseline ({best})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean reward / held-out value")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return Path(png_path)

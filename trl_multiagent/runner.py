@@ -1,0 +1,249 @@
+"""The recipe runner: build -> evaluate before -> train -> evaluate after -> write the results.
+
+One :class:`Run` serves every trainer of the registry (it dispatches on ``trainer:``) and every recipe script:
+
+1. :meth:`Run.prepare` checks everything that can be checked without a model: the environment and its arguments,
+   the team, the training data, the held-out tasks and the evaluation plan (which evaluator, methods, samples).
+2. :meth:`Run.build_trainer` constructs the trainer, which checks the config against the team, the output
+   directory and a resume checkpoint, then loads the models.
+3. :meth:`Run.execute` evaluates before training (when the recipe asks), trains, evaluates after training, and
+   writes ``summary.json`` (the trainer's training summary plus ``evaluation``, the command, the wall time and the
+   recipe as given), ``report.md``, ``reward_curve.png`` and ``eval_per_task.jsonl``
+   (:func:`~trl_multiagent.evaluation.report.write_run_outputs`, the one place that writes them).
+
+Evaluation runs on the main process with its own seeded random state, restored afterwards, so evaluating or not
+never changes what training does. ``max_steps: 0`` evaluates the untrained team (and the baselines) only.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from . import recipe as recipe_module
+from .datafiles import DATA_FILE_SUFFIXES, check_data_file
+from .recipe import (
+    RecipeArguments,
+    RecipeError,
+    build_dataset,
+    build_team,
+    check_rows_fit,
+    environment_factory,
+    finish_distributed,
+    held_out_tasks,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Run:
+    """One recipe run (see the module docstring). ``given`` holds the recipe's values as given (file and command
+    line, checked), recorded in the summary; ``command`` is the command line as the user typed it."""
+
+    def __init__(self, recipe: RecipeArguments, config, given: dict[str, Any] | None = None, command: str = ""):
+        self.recipe, self.config, self.given, self.command = recipe, config, dict(given or {}), command
+        self.start = time.perf_counter()
+        self.trainer = None
+        self.evaluator = None
+        self.tasks: list = []
+        self.stages_planned: list[str] = []
+        self.stages: dict = {}
+
+    # ------------------------------------------------------------------------------------------------ checks
+    def prepare(self) -> None:
+        """Every check that needs no model (each failure is a :class:`RecipeError` naming the problem)."""
+        recipe, config = self.recipe, self.config
+        self.env_cls, self.env_factory, probe = environment_factory(recipe)
+        self.specs = build_team(recipe, probe.agents)
+        if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:
+            check_data_file(recipe.dataset)  # cheap, and the first thing wrong with a recipe naming a file
+        self._plan_evaluation(probe)  # a missing held-out split is reported before the training data load
+        self.dataset = build_dataset(recipe, self.env_cls, config)
+        check_rows_fit(probe, self.dataset, name=f"dataset {recipe.dataset!r}")
+
+    @property
+    def trains(self) -> bool:
+        return self.config.max_steps != 0
+
+    def _plan_evaluation(self, probe) -> None:
+        from .evaluation import evaluator_kind, make_evaluator
+
+        recipe, config = self.recipe, self.config
+        stages = [s for s in ("before", "after") if s in recipe.eval_stages and (s == "before" or self.trains)]
+        if recipe.evaluator == "none" or not stages:
+            return
+        kind = recipe.evaluator
+        if kind == "auto":  # CoLLM evaluates its agents' greedy episodes, whatever the task
+            kind = "episodes" if recipe.trainer == "actor_critic" else evaluator_kind(probe)
+        no_held_out = recipe.dataset == "generated" and not hasattr(self.env_cls, "make_dataset")
+        if no_held_out:
+            if recipe.evaluator == "auto":
+                logger.info("%s generates no held-out tasks: no evaluation (set evaluator and eval_dataset_split to "
+                            "evaluate on a data file)", self.env_cls.__name__)
+                return
+        num_turns = getattr(config, "num_turns", None) or getattr(probe, "max_turns", 1)
+        sequential = getattr(config, "grouping", "agent_turn") == "agent_turn" and \
+            getattr(config, "agent_order", "parallel") == "sequential" and \
+            getattr(probe, "supports_partial_actions", False)
+        try:
+            self.evaluator = make_evaluator(kind, self.env_factory, num_turns,
+                                            "sequential" if sequential else "parallel")
+        except (ValueError, TypeError, ImportError) as exc:
+            raise RecipeError(f"evaluator {recipe.evaluator!r}: {exc}") from exc
+        methods = [m for m in recipe.eval_methods if m in self.evaluator.methods]
+        extra = [m for m in recipe.eval_methods if m not in self.evaluator.methods]
+        if extra and "eval_methods" in self.given:
+            raise RecipeError(f"eval_methods: the {self.evaluator.name} evaluation has the methods "
+                              f"{list(self.evaluator.methods)}, not {extra}")
+        if not methods:
+            methods = ["team"]
+        self.methods = methods
+        num = recipe.eval_num_problems or self.evaluator.default_num_tasks
+        self.tasks = list(held_out_tasks(recipe, config, num, generated=self.evaluator.own_held_out_split))
+        if not self.tasks:
+            raise RecipeError("the held-out split has no tasks to evaluate on")
+        if hasattr(probe, "reset"):
+            check_rows_fit(self.env_factory(), _AsDataset(self.tasks), name="held-out tasks")
+        self.sampled = recipe.eval_temperature > 0 if recipe.eval_temperature is not None else \
+            (self.evaluator.sampled or recipe.trainer == "debate_ppo")
+        self.num_samples = recipe.eval_num_samples if self.sampled else 1
+        self.stages_planned = stages
+        self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.name == "coding"
+                            and getattr(probe, "max_turns", 1) == 1 and not config.resume_from_checkpoint
+                            and {"team", "naive"} <= set(methods))
+
+    def generation_config(self):
+        from transformers import GenerationConfig
+
+        recipe, config = self.recipe, self.config
+        settings: dict[str, Any] = {"max_new_tokens": recipe.eval_max_new_tokens, "do_sample": self.sampled}
+        if self.sampled:
+            temperature = recipe.eval_temperature if recipe.eval_temperature is not None else config.temperature
+            settings.update(temperature=temperature, top_p=config.top_p if config.top_p is not None else 1.0)
+        return GenerationConfig(**{**(getattr(config, "generation_kwargs", None) or {}), **settings}), settings
+
+    # ------------------------------------------------------------------------------------------------ model
+    def build_trainer(self, callbacks=None):
+        """The trainer of ``trainer:`` (it checks the output directory and a resume checkpoint before loading)."""
+        registry = recipe_module._trainer_registry()
+        if self.recipe.trainer not in registry:
+            raise RecipeError(f"unknown trainer {self.recipe.trainer!r}; choose from {sorted(registry)}")
+        _, trainer_cls = registry[self.recipe.trainer]
+        self.trainer = trainer_cls(self.specs, self.env_factory, args=self.config, train_dataset=self.dataset,
+                                   callbacks=callbacks)
+        return self.trainer
+
+    # ------------------------------------------------------------------------------------------------ run
+    def evaluate(self, stage: str, methods) -> Any:
+        from .evaluation import EvalProgress, evaluate_team
+
+        config = self.config
+        generation, _ = self.generation_config()
+        progress = EvalProgress(enabled=not getattr(config, "disable_tqdm", False),
+                                description="held-out eval")
+        logger.info("Evaluating %s on %d held-out tasks (%s), %d sample(s) each", ", ".join(methods),
+                    len(self.tasks), stage, self.num_samples)
+        result = evaluate_team(self.trainer.pool, self.evaluator, self.tasks, methods, self.num_samples, generation,
+                               stage=stage, seed=config.seed,
+                               max_batch_sequences=self.recipe.eval_max_batch_sequences or None, progress=progress)
+        for method, res in result.methods.items():
+            metric = self._metric({method: res})
+            logger.info("%s, %s: %s = %.4f", stage, method, metric, res.mean(metric))
+        return result
+
+    def _metric(self, results) -> str:
+        wanted = self.recipe.eval_metric
+        have = {m for r in results.values() for m in r.metrics}
+        if wanted and wanted in have:
+            return wanted
+        if wanted:
+            logger.warning("eval_metric %r is not among the evaluation's metrics %s; using the evaluator's own",
+                           wanted, sorted(have))
+        return self.evaluator.headline_metric(results)
+
+    def execute(self) -> int:
+        """Evaluate before, train, evaluate after, write the results; returns the exit code (0)."""
+        trainer, config = self.trainer, self.config
+        is_main = trainer.accelerator.is_main_process
+        if "before" in self.stages_planned and is_main:
+            methods = [m for m in self.methods if not (self.reuse_naive and m == "team")]
+            self.stages["before"] = self.evaluate("before", methods)
+            if self.reuse_naive:
+                team = copy.deepcopy(self.stages["before"].methods["naive"])
+                team.method = "team"
+                self.stages["before"].methods = {"team": team, **self.stages["before"].methods}
+        generated = self._count_generations()
+        if self.trains:
+            trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        if "after" in self.stages_planned and is_main and "team" in self.methods:
+            self.stages["after"] = self.evaluate("after", ["team"])
+        if is_main:
+            self.write(generated)
+        finish_distributed()
+        return 0
+
+    def _count_generations(self) -> list[int]:
+        """Samples generated for training (this process), counted at every rollout."""
+        counts: list[int] = []
+        sampler = getattr(self.trainer, "sampler", None)
+        rollout = getattr(sampler, "rollout", None)
+        if rollout is None:
+            return counts
+
+        def counting_rollout(*args, **kwargs):
+            experience = rollout(*args, **kwargs)
+            stats = getattr(experience, "stats", {}) or {}
+            if "num_generations" in stats:
+                counts.append(int(stats["num_generations"]))
+            return experience
+
+        sampler.rollout = counting_rollout
+        return counts
+
+    def write(self, generated: list[int]):
+        from .evaluation import evaluation_section, write_run_outputs
+
+        run: dict[str, Any] = {
+            "command": self.command,
+            "wall_time_s": time.perf_counter() - self.start,
+            "recipe": {k: v for k, v in self.given.items()},
+        }
+        if generated:
+            run["generated_samples"] = {"total": sum(generated), "rollouts": len(generated),
+                                        "processes": self.trainer.accelerator.num_processes}
+        section = None
+        if self.stages:
+            _, decoding = self.generation_config()
+            first = next(iter(self.stages.values()))
+            metric = self._metric(first.methods)
+            section = evaluation_section(
+                self.stages, metric, self.evaluator.name, self.num_samples, decoding,
+                baselines=self.evaluator.baselines, num_resamples=self.recipe.eval_bootstrap_resamples,
+                seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive)})
+            team = section["methods"].get("team", {})
+            if "gain" in team:
+                logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],
+                            team["after"]["mean"], team["gain"]["mean"], team["gain"]["ci95"])
+            if "gain_vs_best_baseline" in team:
+                vs = team["gain_vs_best_baseline"]
+                logger.info("team after training vs %s: %+.4f %s", vs["baseline"], vs["mean"], vs["ci95"])
+        path = write_run_outputs(self.config.output_dir, section, run, self.stages)
+        logger.info("Wrote %s, report.md and reward_curve.png in %s", path.name, path.parent)
+        return path
+
+
+class _AsDataset:
+    """A list of rows with the two things :func:`check_rows_fit` reads of a dataset."""
+
+    def __init__(self, rows: list):
+        self.rows = rows
+        self.column_names = list(rows[0]) if rows and isinstance(rows[0], dict) else []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.rows[i]
