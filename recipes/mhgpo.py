@@ -7,11 +7,8 @@ The same runner as `python -m trl_multiagent train`; this script insists on the 
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rewards/ lives at the repo root
-
-from trl_multiagent.cli import run_recipe_script  # noqa: E402
+from trl_multiagent.cli import run_recipe_script
 
 
 def main(argv=None) -> int:

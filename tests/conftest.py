@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests/tiny.py` imports from the repo root
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread is fastest; trainers respect it
 
 import torch  # noqa: E402
 

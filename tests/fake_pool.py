@@ -29,6 +29,10 @@ class ScriptedPool:
             out.append(group)
         return out
 
+    def generate_by_agent(self, prompts, num_samples, generation_config):
+        """The team-level call of AgentPool, answered agent by agent (each recorded as one call)."""
+        return {agent: self.generate(agent, list(ps), num_samples, generation_config) for agent, ps in prompts.items()}
+
     @property
     def num_generations(self) -> int:
         return sum(n * k for _, n, k in self.calls)

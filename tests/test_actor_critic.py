@@ -48,7 +48,7 @@ def _scripted_buffer(num_tasks=1, stop_after=None):
 def _args(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path), num_turns=3, episodes_per_step=2, max_completion_length=3,
                 per_device_train_batch_size=8, learning_rate=1e-3, critic_learning_rate=1e-3, critic_lora_r=4,
-                report_to=[], save_strategy="no", disable_tqdm=True, gradient_checkpointing=False, logging_steps=1,
+                report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1,
                 lr_scheduler_type="constant", seed=0)
     base.update(kw)
     return ActorCriticConfig(**base)

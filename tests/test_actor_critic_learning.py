@@ -90,7 +90,7 @@ def test_cc_critic_converges_to_true_values_and_policies_improve(tmp_path):
         num_minibatches=2, max_steps=80, learning_rate=0.05, critic_learning_rate=0.02, critic_lora_r=8,
         max_completion_length=1, generation_kwargs={"suppress_tokens": [i for i in range(3 + len(CHARS)) if i not in keep]},
         lr_scheduler_type="constant", per_device_train_batch_size=16, report_to=[], save_strategy="no",
-        disable_tqdm=True, gradient_checkpointing=False, logging_steps=8, seed=0)
+        disable_tqdm=True, logging_steps=8, seed=0)
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in AGENTS]
     trainer = ActorCriticTrainer(agents, SparseFinalGame, args, Dataset.from_dict({"task_id": list(range(1024))}))
     probe = [{"task_id": k} for k in range(64)]

@@ -14,7 +14,7 @@ def _trainer(model_dir, tmp_path, shared, alpha=1.0, local_payoff="posg2", seed=
     args = ATGRPOConfig(
         output_dir=str(tmp_path), agent_order="parallel", alpha=alpha, seed=seed,
         num_generations=8, max_completion_length=1, generation_kwargs={"suppress_tokens": [0, 1, 2]},
-        report_to=[], gradient_checkpointing=False, save_strategy="no", disable_tqdm=True, **kw)
+        report_to=[], save_strategy="no", disable_tqdm=True, **kw)
     policy = {"policy": "team"} if shared else {}
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4, lora_alpha=8, **policy),
               AgentSpec("agent2", model=model_dir, lora_r=4, lora_alpha=8, **policy)]

@@ -244,7 +244,7 @@ def test_help_lists_every_field_with_its_help(cli):
     fields = set(_fields(RecipeArguments)) | set(_fields(TRAINERS["magrpo"][0]))
     missing = [f for f in fields if f"--{f} " not in result.stdout and f"--{f}," not in result.stdout]
     assert not missing, missing
-    assert "K: samples per agent at every node." in result.stdout  # a trainer field's help text
+    assert "K: samples per agent and branch point." in result.stdout  # a trainer field's help text
     assert "--overwrite_output_dir true" in result.stdout  # the overwrite rule
     debate = cli(["train", "--trainer", "debate_ppo", "--help"])
     assert debate.returncode == 0 and "--reward_mode" in debate.stdout and "--reward_mode" not in result.stdout

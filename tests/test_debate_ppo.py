@@ -21,7 +21,7 @@ def _args(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path), num_turns=2, episodes_per_step=4, max_completion_length=2,
                 per_device_train_batch_size=4, learning_rate=1e-3, critic_learning_rate=2e-3, critic_lora_r=4,
                 num_iterations=1, max_steps=1, reward_mode="cumulative", gamma=1.0, report_to=[], save_strategy="no",
-                disable_tqdm=True, gradient_checkpointing=False, logging_steps=1, lr_scheduler_type="constant",
+                disable_tqdm=True, logging_steps=1, lr_scheduler_type="constant",
                 seed=0, **NO_PENALTIES)
     base.update(kw)
     return DebatePPOConfig(**base)
@@ -111,7 +111,9 @@ def test_per_turn_value_heads_read_the_head_of_each_turn(tiny_text_model, tmp_pa
 
 
 def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_model, tmp_path):
-    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=3, max_steps=3)
+    # influence-aware rewards: every agent's return holds the team's scores, so both critics get a signal whichever
+    # agent happens to score in this one rollout
+    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=3, max_steps=3, reward_mode="influence")
     rollouts = []
     original = trainer.rollout
     trainer.rollout = lambda tasks: rollouts.append(len(tasks)) or original(tasks)

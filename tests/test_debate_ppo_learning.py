@@ -45,7 +45,7 @@ def _train(model, out, seed, partner):
         generation_kwargs={"suppress_tokens": [i for i in range(3 + len(CHARS)) if i not in (A, B)]},
         penalize_no_boxed=False, penalize_no_eos=False, min_response_tokens=0, penalize_repetition=False,
         penalize_post_boxed=False, per_device_train_batch_size=16, lr_scheduler_type="constant", report_to=[],
-        save_strategy="no", disable_tqdm=True, gradient_checkpointing=False, logging_steps=8, seed=seed)
+        save_strategy="no", disable_tqdm=True, logging_steps=8, seed=seed)
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in names]
     trainer = DebatePPOTrainer(agents, env, args, Dataset.from_dict({"task_id": list(range(1024))}))
     before = [_prob_collaborate_first(trainer, a) for a in names]

@@ -35,7 +35,7 @@ def run(seed, model_dir, out_dir):
         output_dir=str(out_dir), seed=seed, max_steps=STEPS, num_generations=8, episodes_per_step=2,
         max_completion_length=1, learning_rate=5e-2, lr_scheduler_type="constant", report_to=[],
         generation_kwargs={"suppress_tokens": [0, 1, 2]}, save_strategy="no", disable_tqdm=True,
-        gradient_checkpointing=False, logging_steps=5,
+        logging_steps=5,
     )
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4, lora_alpha=8),
               AgentSpec("agent2", model=model_dir, lora_r=4, lora_alpha=8)]

@@ -118,7 +118,7 @@ def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo
                                       lambda completions, **_: 0.0)
     kw.setdefault("num_generations", 2)
     args = config_cls(output_dir=str(tmp_path), report_to=[], max_completion_length=4,
-                      temperature=TEMPERATURE, gradient_checkpointing=False, save_strategy="no", disable_tqdm=True,
+                      temperature=TEMPERATURE, save_strategy="no", disable_tqdm=True,
                       per_device_train_batch_size=2, **kw)
     specs = [AgentSpec(a, model=model_dir, lora_r=4, lora_alpha=8) for a in agents]
     trainer = (trainer_cls or MultiAgentGRPOTrainer)(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
@@ -209,7 +209,7 @@ def test_mhgpo_objective_weights_agents_groups_and_tokens(tiny_text_model, tmp_p
     from trl_multiagent.trainers import HeterogeneousGroupTrainer
 
     args = HeterogeneousGroupConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, beta=0.1,
-                                    temperature=TEMPERATURE, gradient_checkpointing=False, save_strategy="no",
+                                    temperature=TEMPERATURE, save_strategy="no",
                                     disable_tqdm=True, per_device_train_batch_size=2)
     assert args.loss_type == "grpo" and args.agent_loss_weighting
     specs = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("first", "second")]

@@ -22,7 +22,7 @@ TASKS = Dataset.from_dict({"task_id": list(range(16))})
 def _args(tmp_path, **kw):
     return HeterogeneousGroupConfig(output_dir=str(tmp_path), num_generations=4, max_completion_length=1,
                                     generation_kwargs=AB_ONLY, report_to=[], save_strategy="no", disable_tqdm=True,
-                                    gradient_checkpointing=False, **kw)
+                                    **kw)
 
 
 def _agents(model, **kw):

@@ -12,7 +12,7 @@ from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 def _trainer(model_dir, tmp_path, **kw):
     args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=4,
-                                generation_kwargs={"suppress_tokens": [0, 1, 2]}, gradient_checkpointing=False,
+                                generation_kwargs={"suppress_tokens": [0, 1, 2]},
                                 save_strategy="no", disable_tqdm=True, learning_rate=1e-2, **kw)
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4), AgentSpec("agent2", model=model_dir, lora_r=4,
                                                                          learning_rate=3e-2)]

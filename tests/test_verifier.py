@@ -106,7 +106,7 @@ def test_trained_verifier_saved_reloaded_and_used_as_the_debate_scorer(tiny_text
     args = DebatePPOConfig(output_dir=str(tmp_path / "out"), verifier=str(tmp_path / "verifier"), num_turns=1,
                            reward_mode="immediate", episodes_per_step=2, max_completion_length=6,
                            per_device_train_batch_size=4, critic_lora_r=4, report_to=[], save_strategy="no",
-                           disable_tqdm=True, gradient_checkpointing=False, penalize_no_boxed=False,
+                           disable_tqdm=True, penalize_no_boxed=False,
                            penalize_no_eos=False, min_response_tokens=0, penalize_repetition=False,
                            penalize_post_boxed=False)
     agents = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("agent1", "agent2")]

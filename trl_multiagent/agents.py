@@ -21,7 +21,8 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,16 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
+from .generation import dense_weight_bytes, generate_team
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
-from .utils import generation_mmap_threshold, release_freed_memory
+from .utils import available_memory
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = (None, "4bit")
+#: How a 4-bit base generates: from a de-quantised copy of its weights, from the 4-bit weights, or the faster that
+#: fits in memory (``AgentPool.generation_dequantized``).
+GENERATION_WEIGHTS = ("auto", "dequantized", "quantized")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
@@ -186,10 +191,18 @@ class AgentPool(nn.Module):
         dtype: weights dtype of full-precision bases (``"auto"``: bfloat16 on CUDA, float32 otherwise).
         critics: value models to add (see :mod:`trl_multiagent.critics`); each sits on the base of the agent it
             names unless it names a model of its own.
+        generation_weights: how 4-bit bases generate (:data:`GENERATION_WEIGHTS`, :meth:`generation_dequantized`).
     """
 
-    def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = ()):
+    def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
+                 generation_weights: str = "auto"):
         super().__init__()
+        if generation_weights not in GENERATION_WEIGHTS:
+            raise ValueError(f"generation_weights must be one of {GENERATION_WEIGHTS}, got {generation_weights!r}")
+        self.generation_weights = generation_weights
+        self._dequantize: dict[str, bool] = {}
+        #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
+        self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         by_policy = check_team(specs)
         check_critics(specs, critics)
         self.specs: dict[str, AgentSpec] = {s.name: s for s in specs}
@@ -396,86 +409,63 @@ class AgentPool(nn.Module):
     # ----------------------------------------------------------------------------------------------- generation
     @torch.no_grad()
     def generate_many(self, requests: Sequence[GenerationRequest], generation_config: GenerationConfig,
-                      max_batch_sequences: int | None = None) -> list[list[Generation]]:
+                      max_batch_sequences: int | None = None, progress=None) -> list[list[Generation]]:
         """Sample every request of a team's step at once; returns one list of ``num_samples`` generations per request,
-        in request order. This is the one entry point samplers and evaluation use: the pool decides how requests
-        share forward passes (requests of one agent and adapter setting go into one batched call)."""
-        out: list[list[Generation] | None] = [None] * len(requests)
-        buckets: dict[tuple[str, bool, int], list[int]] = {}
-        for i, req in enumerate(requests):
+        in request order. The one generation entry point of samplers and evaluation: the rows of all agents that
+        share a base are decoded together, each with its own adapter (or none: ``use_adapter=False``), in chunks of
+        at most ``max_batch_sequences`` rows (:func:`trl_multiagent.generation.generate_team`). A completion keeps
+        its first EOS token and drops what follows; ``truncated`` marks completions that hit the length limit.
+        ``progress(rows)`` is called after every chunk."""
+        for req in requests:
             if req.agent not in self.specs:
                 raise KeyError(f"Unknown agent {req.agent!r}; the team is {self.agent_names}")
-            buckets.setdefault((req.agent, req.use_adapter, req.num_samples), []).append(i)
-        for (agent, use_adapter, num_samples), idxs in buckets.items():
-            prompts = [requests[i].prompt for i in idxs]
-            with contextlib.ExitStack() as stack:
-                if not use_adapter:
-                    stack.enter_context(self.activate(self.policy_of(agent)).disable_adapter())
-                gens = self.generate(agent, prompts, num_samples, generation_config, max_batch_sequences)
-            for i, g in zip(idxs, gens):
-                out[i] = g
-        return out  # type: ignore[return-value]
+            if req.num_samples < 1:
+                raise ValueError(f"num_samples must be at least 1, got {req.num_samples}")
+        if not requests:
+            return []
+        start = time.perf_counter()
+        out = generate_team(self, requests, generation_config, max_batch_sequences, progress)
+        self.generation_stats["seconds"] += time.perf_counter() - start
+        self.generation_stats["tokens"] += sum(len(g.completion_ids) for gens in out for g in gens)
+        return out
 
-    @torch.no_grad()
+    def generate_by_agent(self, prompts: Mapping[str, Sequence[Prompt]], num_samples: int,
+                          generation_config: GenerationConfig,
+                          max_batch_sequences: int | None = None) -> dict[str, list[list[Generation]]]:
+        """``num_samples`` responses of each agent to each of its prompts, all agents in one :meth:`generate_many`
+        call: ``{agent: [samples of prompt 0, samples of prompt 1, ...]}``."""
+        order = [(agent, p) for agent, agent_prompts in prompts.items() for p in agent_prompts]
+        gens = self.generate_many([GenerationRequest(a, p, num_samples) for a, p in order], generation_config,
+                                  max_batch_sequences)
+        out: dict[str, list[list[Generation]]] = {agent: [] for agent in prompts}
+        for (agent, _), g in zip(order, gens):
+            out[agent].append(g)
+        return out
+
     def generate(self, agent: str, prompts: Sequence[Prompt], num_samples: int,
                  generation_config: GenerationConfig, max_batch_sequences: int | None = None) -> list[list[Generation]]:
-        """Sample ``num_samples`` responses of ``agent`` for every prompt, batched.
+        """``num_samples`` responses of one agent for every prompt (:meth:`generate_many` with one agent)."""
+        return self.generate_many([GenerationRequest(agent, p, num_samples) for p in prompts], generation_config,
+                                  max_batch_sequences)
 
-        All prompts go into ONE ``generate`` call unless ``max_batch_sequences`` (prompts x samples per call) is set,
-        in which case they are split into as few calls as that allows. Returns one list of ``num_samples``
-        :class:`Generation` per prompt. A completion keeps its first EOS token and drops what follows (as TRL's
-        GRPOTrainer does); ``truncated`` marks completions that hit the length limit.
-        """
-        if not prompts:
-            return []
-        if max_batch_sequences is not None:
-            per_call = max(1, max_batch_sequences // num_samples)
-            if len(prompts) > per_call:
-                out: list[list[Generation]] = []
-                for i in range(0, len(prompts), per_call):
-                    out.extend(self.generate(agent, prompts[i:i + per_call], num_samples, generation_config))
-                return out
-        tok = self.tokenizer_of(agent)
-        base = self.activate(self.policy_of(agent))
-        encoded = [self.encode_prompt(agent, p) for p in prompts]
-        width = max(len(e) for e in encoded)
-        device = next(base.parameters()).device
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-        for row, ids in enumerate(encoded):  # left padding
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
-        eos_ids = self.eos_token_ids(agent)
-        # K samples of a prompt are K rows of the batch (as num_return_sequences would make them, and also valid for
-        # greedy decoding)
-        input_ids = input_ids.repeat_interleave(num_samples, dim=0)
-        attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
-        config = GenerationConfig(**{**generation_config.to_dict(), "eos_token_id": eos_ids, "pad_token_id": pad_id,
-                                     "num_return_sequences": 1})
-        was_training = base.training
-        base.eval()
-        try:
-            with generation_mmap_threshold():
-                out = base.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                    generation_config=config)
-        finally:
-            base.train(was_training)
-        completions = out[:, width:].cpu().tolist()
-        del out
-        release_freed_memory()  # the KV cache of this call is free now
-        eos_set = set(eos_ids)
-        results: list[list[Generation]] = []
-        for p_idx, ids in enumerate(encoded):
-            group = []
-            for k in range(num_samples):
-                comp = completions[p_idx * num_samples + k]
-                cut = next((i + 1 for i, t in enumerate(comp) if t in eos_set), None)
-                truncated = cut is None
-                comp = comp[:cut] if cut is not None else comp
-                group.append(Generation(list(ids), comp, tok.decode(comp, skip_special_tokens=True), truncated))
-            results.append(group)
-        return results
+    def generation_dequantized(self, base_key: str) -> bool:
+        """Whether the 4-bit base ``base_key`` generates from a de-quantised copy of its weights:
+        ``generation_weights="dequantized"`` always, ``"quantized"`` never, ``"auto"`` when the copy takes at most a
+        quarter of the memory available now (decided at the first generation, then kept)."""
+        if base_key not in self._dequantize:
+            model = self.bases[base_key].get_base_model()
+            needed = dense_weight_bytes(model)
+            if needed == 0 or self.generation_weights == "quantized":
+                decision = False
+            elif self.generation_weights == "dequantized":
+                decision = True
+            else:
+                decision = needed <= 0.25 * available_memory(next(model.parameters()).device)
+            if needed:
+                logger.info("base %s: generation from %s weights (a de-quantised copy takes %.0f MiB)", base_key,
+                            "de-quantised" if decision else "4-bit", needed / 2**20)
+            self._dequantize[base_key] = decision
+        return self._dequantize[base_key]
 
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..sandbox import SandboxConfig, humaneval_tests, run_tests
-from ..utils import generation_mmap_threshold, import_object
+from ..utils import import_object
 from .base import Environment, StepResult
 from .checks import need_int, sandbox_settings
 
@@ -328,7 +328,7 @@ class LLMAdvisor:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                       add_generation_prompt=True)
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
-        with torch.no_grad(), generation_mmap_threshold():
+        with torch.no_grad():
             out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False,
                                       pad_token_id=self.tokenizer.pad_token_id)
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()

@@ -65,8 +65,8 @@ class AgentTurnSampler:
             for stage in stages:
                 if not active:
                     break
-                gens = {a: pool.generate(a, [prompts[e][a] for e in active], self.num_samples, generation_config)
-                        for a in stage}
+                gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in stage}, self.num_samples,
+                                              generation_config)
                 num_generations += len(stage) * len(active) * self.num_samples
                 finished = []
                 for pos, e in enumerate(active):

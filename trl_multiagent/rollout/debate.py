@@ -6,8 +6,7 @@ App. G.2-G.3 (penalties).
 For every task the sampler runs ``num_debates`` independent debates. Turn 1: each agent answers the question alone;
 later turns: each agent reads every agent's previous answer (the environment writes those prompts) and revises. A
 debate ends after ``num_turns`` turns or when the environment says ``done`` (a debate environment stops as soon as
-all agents agree). Generation is batched: at each turn, every agent answers all live debates in one ``generate``
-call.
+all agents agree). Generation is batched: at each turn, all agents answer all live debates in one team-level call.
 
 Each answer ``y_{i,t}`` becomes one :class:`DebateSample` whose ``reward`` is, in this order:
 
@@ -123,7 +122,7 @@ class DebateSampler:
     # ------------------------------------------------------------------------------------------------ debates
     def run(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
             generation_config: GenerationConfig) -> list[Debate]:
-        """Play ``num_debates`` debates per task; one batched ``generate`` call per agent and turn."""
+        """Play ``num_debates`` debates per task; one team-level generation per turn."""
         envs, debates = [], []
         prompts: list[dict] = []
         for task in tasks:
@@ -143,7 +142,7 @@ class DebateSampler:
             if not live:
                 break
             agents = debates[live[0]].agents
-            gens = {a: pool.generate(a, [prompts[d][a] for d in live], 1, generation_config) for a in agents}
+            gens = pool.generate_by_agent({a: [prompts[d][a] for d in live] for a in agents}, 1, generation_config)
             finished = []
             for pos, d in enumerate(live):
                 turn_gens = {a: gens[a][pos][0] for a in agents}

@@ -2,7 +2,7 @@
 
 At every node of the tree each agent samples K responses, which form joint actions (``aligned`` or ``cross``); each
 joint action gets the joint reward and, unless the episode ends, becomes a child node. Generation is batched: at each
-turn, every agent answers all branch points of all episodes in one ``generate`` call.
+turn, all agents answer all branch points of all episodes in one team-level call (``AgentPool.generate_many``).
 """
 
 from __future__ import annotations
@@ -66,12 +66,11 @@ class JointTreeSampler:
         for turn in range(self.num_turns):
             if not frontier:
                 break
-            # One batched generate call per agent covers every branch point of this turn.
-            gens: dict[str, list[list[Generation]]] = {}
-            for agent in agents:
-                gens[agent] = pool.generate(agent, [n.prompts[agent] for n in frontier], self.num_samples,
-                                            generation_config)
-                num_generations += len(frontier) * self.num_samples
+            # One team-level generation covers every agent at every branch point of this turn.
+            gens: dict[str, list[list[Generation]]] = pool.generate_by_agent(
+                {agent: [n.prompts[agent] for n in frontier] for agent in agents}, self.num_samples,
+                generation_config)
+            num_generations += len(agents) * len(frontier) * self.num_samples
             next_frontier: list[_Node] = []
             index_sets = joint_action_indices(len(agents), self.num_samples, self.joint_mode)
             outcomes = self._step_all(frontier, index_sets, agents, gens)

@@ -1,6 +1,6 @@
 """The actor-critic rollout: ONE path per episode, stored as joint transitions (CoLLM Algorithm 1, lines 3-15).
 
-Each turn every agent samples one response to its own prompt (one batched ``generate`` call per agent covers every
+Each turn every agent samples one response to its own prompt (one team-level generation covers every agent of every
 running episode), the joint action is executed on the episode's environment (no clones: nothing branches), and the
 joint transition ``(h_t, m_t, a_t, r_t, o_{t+1}, m_{t+1})`` goes into the buffer. The histories are not copied
 into each transition; :meth:`EpisodeBuffer.history` rebuilds ``h_{i,t}`` from the links between transitions.
@@ -129,7 +129,7 @@ class SinglePathSampler:
         for turn in range(self.num_turns):
             if not active:
                 break
-            gens = {a: pool.generate(a, [prompts[e][a] for e in active], 1, generation_config) for a in agents}
+            gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in agents}, 1, generation_config)
             num_generations += len(agents) * len(active)
             results = self._step_all([envs[e] for e in active],
                                      [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))])

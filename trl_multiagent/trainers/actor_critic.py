@@ -380,7 +380,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
             values_all, losses = [], []
             for start in range(0, n, micro):
                 chunk = transitions[start:start + micro]
-                values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in chunk], grad=True)
+                with self.timed("forward"):
+                    values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in chunk],
+                                          grad=True)
                 targets = td_targets([tr.reward for tr in chunk], [next_values.get(tr.next, 0.0) for tr in chunk],
                                      [tr.done for tr in chunk], self.args.gamma).to(values)
                 old = None
@@ -389,7 +391,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
                                        device=values.device)
                 loss, _ = value_loss(values, targets, old, self.args.value_clip)
                 loss = loss * (len(chunk) / n)
-                self.accelerator.backward(loss * self.args.vf_coef)
+                with self.timed("backward"):
+                    self.accelerator.backward(loss * self.args.vf_coef)
                 losses.append(loss.detach())
                 values_all.append(values.detach())
             values = torch.cat(values_all)

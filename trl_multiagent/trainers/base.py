@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -37,12 +38,12 @@ from transformers import ProgressCallback, enable_full_determinism
 from transformers.trainer_utils import TrainOutput
 from trl import GRPOConfig
 
-from ..agents import AgentPool, AgentSpec, check_team
+from ..agents import GENERATION_WEIGHTS, AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..models import context_length
 from ..rollout import Experience, Sample
-from ..utils import release_freed_memory, set_cpu_mmap_threshold
+from ..utils import release_freed_memory
 from .callbacks import MetricsFileCallback
 from .compat import TeamTrainerSurface
 from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
@@ -69,9 +70,6 @@ class MultiAgentConfig(GRPOConfig):
         model_dtype (`str`, defaults to `"auto"`):
             Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
             `"bfloat16"` or `"float16"`.
-        cpu_malloc_mmap_threshold (`int`, defaults to `131072`):
-            On CPU, pin glibc's mmap threshold to this many bytes during updates, so that freed activation buffers go
-            back to the OS (see `utils.set_cpu_mmap_threshold`); `0` keeps glibc's dynamic default.
         overwrite_output_dir (`bool`, defaults to `False`):
             Replace the results of an earlier run in `output_dir`. Without it a run refuses a directory that holds
             another run's results, unless it resumes from one of its checkpoints.
@@ -88,8 +86,14 @@ class MultiAgentConfig(GRPOConfig):
 
     episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
     model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
-    cpu_malloc_mmap_threshold: int = field(default=131072, metadata={
-        "help": "CPU only: pin glibc's mmap threshold (bytes) during updates; 0 = glibc's dynamic default."})
+    num_threads: int | None = field(default=None, metadata={
+        "help": "torch's CPU threads in each process; None: OMP_NUM_THREADS when you set it, else the CPUs this "
+                "process may run on, shared among the processes of this machine (the 1 that accelerate launch sets "
+                "on its own would leave all but one core idle)."})
+    generation_weights: str = field(default="auto", metadata={
+        "help": "How 4-bit bases generate: 'dequantized' (a de-quantised copy of the frozen weights: several times "
+                "faster on CPU), 'quantized' (the 4-bit weights, least memory) or 'auto' (the copy when it takes at "
+                "most a quarter of the available memory)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
@@ -104,6 +108,11 @@ class MultiAgentConfig(GRPOConfig):
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+    activation_checkpointing: bool | None = field(default=False, metadata={
+        "help": "Recompute activations in the backward pass to save memory (about 20% slower); off by default: "
+                "turn it on only when memory needs it."})
+    gradient_checkpointing: bool | None = field(default=None, metadata={
+        "help": "transformers' deprecated alias of activation_checkpointing."})
 
     def __post_init__(self):
         cuda = torch.cuda.is_available()
@@ -111,10 +120,12 @@ class MultiAgentConfig(GRPOConfig):
             self.bf16 = cuda
         check_loss_settings(self)
         check_common_values(self, self.min_generations)
-        if self.cpu_malloc_mmap_threshold < 0:
-            raise ValueError(f"cpu_malloc_mmap_threshold must be >= 0 bytes, got {self.cpu_malloc_mmap_threshold}")
         if self.episodes_per_step < 1:
             raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
+        if self.generation_weights not in GENERATION_WEIGHTS:
+            raise ValueError(f"generation_weights must be one of {GENERATION_WEIGHTS}, got {self.generation_weights!r}")
         if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
         if self.gradient_accumulation_steps != 1:
@@ -235,9 +246,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
         check_checkpoint(args.resume_from_checkpoint, args.output_dir, sorted({s.policy for s in specs}),
                          [c.name for c in critics])
 
-        if set_cpu_mmap_threshold(args.cpu_malloc_mmap_threshold):
-            logger.info("glibc mmap threshold pinned to %d bytes (cpu_malloc_mmap_threshold)",
-                        args.cpu_malloc_mmap_threshold)
+        threads = configure_threads(args.num_threads)
+        if threads:
+            logger.info("torch uses %d CPU threads in this process (num_threads)", threads)
         if isinstance(agents, AgentPool):
             self.check_pool(agents, args)
             pool = agents
@@ -245,13 +256,15 @@ class MultiAgentTrainer(TeamTrainerSurface):
             # The new LoRA adapters are initialised at random (lora_A); seed first so that two runs with the same
             # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
             enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
-            pool = AgentPool(specs, dtype=args.model_dtype, critics=critics)
+            pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
+                             generation_weights=args.generation_weights)
         self.pool = pool
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
         self.sampler = self.build_sampler(args)
         self.init_trainer(self.pool, args, train_dataset, callbacks)
         self._buffered_inputs: Experience | None = None
+        self._timings: dict[str, float] = defaultdict(float)
         # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
         # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
         set_seed(args.seed, device_specific=True)
@@ -312,6 +325,14 @@ class MultiAgentTrainer(TeamTrainerSurface):
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.pool)
             optimizer_kwargs.pop("lr", None)
             self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+            step = self.optimizer.step
+
+            @functools.wraps(step)
+            def timed_step(*args, **kwargs):  # runs after training_step has logged: its time goes to the next step
+                with self.timed("optimizer"):
+                    return step(*args, **kwargs)
+
+            self.optimizer.step = timed_step
         return self.optimizer
 
     def clip_gradients(self):
@@ -340,28 +361,57 @@ class MultiAgentTrainer(TeamTrainerSurface):
             self._buffered_inputs = self.rollout(inputs)
         loss = self.update(model, self._buffered_inputs)
         self.log_metric("step_time", time.perf_counter() - start)
+        for name, seconds in self._timings.items():  # where the step's time went (the optimizer's is logged apart)
+            self.log_metric(f"time/{name}", seconds)
+        self._timings.clear()
         return loss
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        """Add the time of the block to this step's ``time/<name>`` (generation, environment, logprob_forwards,
+        forward, backward, optimizer)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[name] += time.perf_counter() - start
 
     @torch.no_grad()
     def rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """Roll the team out on ``tasks`` (advantages included); add behaviour log-probs when a rollout serves
         several updates (``num_iterations > 1``) and reference log-probs when ``beta > 0``, and nothing else."""
-        start = time.perf_counter()
-        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
-        self.log_metric("rollout_time", time.perf_counter() - start)
+        experience = self.sample(tasks)
         need_old = self.num_iterations > 1
         if need_old or self.beta != 0.0:
             for policy in self.pool.policies:
                 for chunk in _chunks(experience.samples_of(policy), self.args.per_device_train_batch_size):
                     batch = self.collate(policy, chunk)
-                    if need_old:
-                        _store(chunk, "old_logps", self.logps(functools.partial(self.pool, policy), batch), batch)
-                    if self.beta != 0.0:
-                        with self.pool.reference(policy) as ref_model:
-                            _store(chunk, "ref_logps", self.logps(ref_model, batch), batch)
+                    with self.timed("logprob_forwards"):
+                        if need_old:
+                            _store(chunk, "old_logps", self.logps(functools.partial(self.pool, policy), batch), batch)
+                        if self.beta != 0.0:
+                            with self.pool.reference(policy) as ref_model:
+                                _store(chunk, "ref_logps", self.logps(ref_model, batch), batch)
         for key, value in self.gather_stats(experience.stats).items():
             self.log_metric(key, value)
         release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
+        return experience
+
+    def sample(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
+        """The sampler's rollout of ``tasks``, timed: ``rollout_time``, and within it ``time/generation`` (the pool's
+        team-level generation), ``time/environment`` (the rest: environment steps, rewards, sandboxed tests) and
+        ``rollout_tokens_per_s`` (generated tokens per second of generation)."""
+        before = dict(self.pool.generation_stats)
+        start = time.perf_counter()
+        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        elapsed = time.perf_counter() - start
+        generation = self.pool.generation_stats["seconds"] - before["seconds"]
+        tokens = self.pool.generation_stats["tokens"] - before["tokens"]
+        self.log_metric("rollout_time", elapsed)
+        self._timings["generation"] += generation
+        self._timings["environment"] += max(0.0, elapsed - generation)
+        if generation > 0:
+            self.log_metric("rollout_tokens_per_s", tokens / generation)
         return experience
 
     def gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
@@ -423,7 +473,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
                     batch = self.collate(policy, chunk) if chunk else self.dummy_batch(policy)
                     if response:
                         w = torch.tensor(row_weights if chunk else [0.0], dtype=torch.float32)
-                        loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
+                        with self.timed("forward"):
+                            loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
                     else:
                         if chunk is None:
                             weight = 0.0
@@ -434,8 +485,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
                         else:  # TOKEN_SUM_LOSSES normalise by the global token count themselves
                             weight = 1.0
                             batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
-                        loss = self.trl_loss(functools.partial(model, policy), batch) * weight
-                    self.accelerator.backward(loss)
+                        with self.timed("forward"):
+                            loss = self.trl_loss(functools.partial(model, policy), batch) * weight
+                    with self.timed("backward"):
+                        self.accelerator.backward(loss)
                     total_loss = total_loss + loss.detach()
                 release_freed_memory()
         if world > 1:
@@ -574,10 +627,32 @@ def check_context_length(specs: Sequence[AgentSpec], max_completion_length: int)
                              f"({limit} tokens, prompt included); lower it")
 
 
+def configure_threads(num_threads: int | None) -> int | None:
+    """Set torch's CPU threads: ``num_threads``, or (None) the CPUs this process may run on divided among the
+    processes of this machine (``LOCAL_WORLD_SIZE``). Returns the number set; ``None`` when it leaves them as they are:
+    on CUDA, and when the user set ``OMP_NUM_THREADS`` themselves (``accelerate launch`` sets it to 1 on its own,
+    which is not taken as the user's choice)."""
+    if num_threads is None:
+        launched_by_accelerate = any(k.startswith("ACCELERATE_") for k in os.environ)
+        if torch.cuda.is_available() or ("OMP_NUM_THREADS" in os.environ and not launched_by_accelerate):
+            return None
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count() or 1
+        num_threads = max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
 # ---------------------------------------------------------------------------------------------------- helpers
 def _chunks(rows, size):
     for i in range(0, len(rows), size):
         yield rows[i:i + size]
+
+
+def _length(sample: Sample) -> int:
+    return len(sample.generation.prompt_ids) + len(sample.generation.completion_ids)
 
 
 def _pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -593,13 +668,16 @@ def _store(samples: Sequence[Sample], attr: str, logps: torch.Tensor, batch) -> 
 
 
 def _weighted_chunks(rows, weights, size, equal_within: bool) -> list[tuple[list, list[float]]]:
-    """Micro-batches of at most ``size`` rows, each with its rows' shares of the policy's loss (``1/len(rows)`` each
-    without ``weights``). ``equal_within``: group rows of equal weight first, so that a row-mean loss times the
+    """Micro-batches of at most ``size`` rows of similar length, each with its rows' shares of the policy's loss
+    (``1/len(rows)`` each without ``weights``). ``equal_within``: group rows of equal weight first, so that a row-mean loss times the
     chunk's total weight is exactly the weighted sum of its rows (TRL's per-response losses)."""
     if weights is None:
         weights = [1.0 / len(rows)] * len(rows) if rows else []
     if len(weights) != len(rows):
         raise ValueError(f"{len(weights)} sample weights for {len(rows)} samples")
+    # longest first: rows of similar length share a micro-batch, so little of it is padding
+    order = sorted(range(len(rows)), key=lambda i: -_length(rows[i]))
+    rows, weights = [rows[i] for i in order], [weights[i] for i in order]
     if not equal_within:
         return [(rows[i:i + size], [float(w) for w in weights[i:i + size]]) for i in range(0, len(rows), size)]
     classes: dict[float, list] = {}

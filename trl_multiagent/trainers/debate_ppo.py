@@ -22,7 +22,6 @@ import contextlib
 import functools
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -284,9 +283,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
     @torch.no_grad()
     def rollout(self, tasks) -> Experience:
         """Play the debates, then per agent: behaviour and reference log-probs, values, token rewards and GAE."""
-        start = time.perf_counter()
-        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
-        self.log_metric("rollout_time", time.perf_counter() - start)
+        experience = self.sample(tasks)
         kls, values, returns = [], [], []
         micro = self.args.per_device_train_batch_size
         for agent in self.pool.agent_names:
@@ -294,10 +291,11 @@ class DebatePPOTrainer(MultiAgentTrainer):
             rows = [s for s in experience.samples if s.agent == agent]
             for chunk in _chunks(rows, micro):
                 batch = self.collate(policy, chunk)
-                logps = self.logps(functools.partial(self.pool, policy), batch)
-                with self.pool.reference(policy) as ref_model:
-                    ref_logps = self.logps(ref_model, batch)
-                chunk_values = self._completion_values(agent, batch, chunk)
+                with self.timed("logprob_forwards"):
+                    logps = self.logps(functools.partial(self.pool, policy), batch)
+                    with self.pool.reference(policy) as ref_model:
+                        ref_logps = self.logps(ref_model, batch)
+                    chunk_values = self._completion_values(agent, batch, chunk)
                 for s, lp, rp, v, m in zip(chunk, logps, ref_logps, chunk_values, batch["completion_mask"]):
                     keep = m.bool()
                     s.old_logps = lp[keep].tolist()
@@ -364,14 +362,16 @@ class DebatePPOTrainer(MultiAgentTrainer):
                 n_tokens = sum(len(s.generation.completion_ids) for s in rows)
                 for chunk in _chunks(rows, micro):
                     batch = self.collate(self.pool.policy_of(agent), chunk)
-                    predicted = self._completion_values(agent, batch, chunk)
-                    # PPO's clipped value loss with its conventional 1/2 (Sec. 3.2)
-                    loss, stats = value_loss(predicted, batch["returns"], batch["old_values"],
-                                             self.args.cliprange_value, mask=batch["completion_mask"])
+                    with self.timed("forward"):
+                        predicted = self._completion_values(agent, batch, chunk)
+                        # PPO's clipped value loss with its conventional 1/2 (Sec. 3.2)
+                        loss, stats = value_loss(predicted, batch["returns"], batch["old_values"],
+                                                 self.args.cliprange_value, mask=batch["completion_mask"])
                     loss, frac = 0.5 * loss, stats["clip_fraction"]
                     weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
                     scaled = self.args.vf_coef * loss * weight
-                    self.accelerator.backward(scaled)
+                    with self.timed("backward"):
+                        self.accelerator.backward(scaled)
                     total = total + scaled.detach()
                     losses.append(loss.item())
                     fracs.append(frac.item())

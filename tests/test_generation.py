@@ -1,0 +1,189 @@
+"""Team-level generation (trl_multiagent/generation.py): the mixed-adapter batch, the sampler and the decoding loop
+against transformers' own generate and logits processors."""
+
+import pytest
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
+from trl_multiagent.generation import MultiAdapterBatch, decode, dequantized_weight, nucleus_candidates, sample_next
+
+
+def _pool(model_dir, agents=("aux", "main"), **kw):
+    pool = AgentPool([AgentSpec(a, model=model_dir, lora_r=4, **kw) for a in agents])
+    with torch.no_grad():
+        for n, p in pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    return pool
+
+
+def _hf_greedy(pool, agent, prompt, max_new_tokens, use_adapter=True):
+    """transformers' generate with PEFT's own adapter switching: the reference."""
+    base = pool.activate(pool.policy_of(agent))
+    ids = torch.tensor([pool.encode_prompt(agent, prompt)])
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=pool.eos_token_ids(agent),
+                              pad_token_id=pool.tokenizer_of(agent).pad_token_id)
+    base.eval()
+    with torch.no_grad():
+        if use_adapter:
+            out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        else:
+            with base.disable_adapter():
+                out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    comp = out[0, ids.size(1):].tolist()
+    eos = set(pool.eos_token_ids(agent))
+    cut = next((i + 1 for i, t in enumerate(comp) if t in eos), None)
+    return comp[:cut] if cut else comp
+
+
+def test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer(tiny_text_model):
+    pool = _pool(tiny_text_model, agents=("aux", "main", "third"))
+    prompts = ["abc", "hello there", "x", "what is two plus two"]
+    requests = [GenerationRequest(a, p) for p in prompts for a in ("aux", "main", "third")]
+    requests += [GenerationRequest("main", p, use_adapter=False) for p in prompts]
+    out = pool.generate_many(requests, GenerationConfig(max_new_tokens=8, do_sample=False))
+    for req, gens in zip(requests, out):
+        expected = _hf_greedy(pool, req.agent, req.prompt, 8, use_adapter=req.use_adapter)
+        assert gens[0].completion_ids == expected, (req.agent, req.prompt, req.use_adapter)
+    # the adapters do change the answers (the comparison is not between identical models)
+    assert len({tuple(g[0].completion_ids) for g in out[:3]}) > 1
+
+
+def test_dropping_finished_rows_changes_no_other_row(tiny_text_model):
+    pool = _pool(tiny_text_model)
+    model = pool.bases["base0"].get_base_model()
+    tok = pool.tokenizer_of("aux")
+    prompts = [pool.encode_prompt(a, p) for a in ("aux", "main") for p in ("a", "bb", "ccc d", "efg hij")]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    adapters = ["aux"] * 4 + ["main"] * 4
+    # an EOS list that makes rows stop at different steps: the first tokens the rows produce
+    config = GenerationConfig(max_new_tokens=12, do_sample=False)
+    with MultiAdapterBatch(model, adapters) as batch:
+        free = decode(model, ids, mask, config, eos_ids=[], batch=batch)
+    stops = sorted({row[3] for row in free})[:2]
+    results = []
+    for fraction in (0.0, 10.0):  # drop finished rows at once / never
+        with MultiAdapterBatch(model, adapters) as batch:
+            results.append(decode(model, ids, mask, config, eos_ids=stops, batch=batch, compact_fraction=fraction))
+    assert results[0] == results[1]
+    assert any(len(r) < 12 for r in results[0]) and any(len(r) == 12 for r in results[0])
+    for row, full in zip(results[0], free):  # each row is the unstopped row cut at its first EOS
+        assert row == full[:len(row)]
+
+
+def _reference_kept(scores, config, seen):
+    out = TemperatureLogitsWarper(config.temperature)(seen, scores.clone())
+    if config.top_k:
+        out = TopKLogitsWarper(config.top_k)(seen, out)
+    if config.top_p < 1.0:
+        out = TopPLogitsWarper(config.top_p)(seen, out)
+    if config.min_p:
+        out = MinPLogitsWarper(config.min_p)(seen, out)
+    return torch.isfinite(out)
+
+
+def _our_kept(scores, config):
+    kept = torch.zeros_like(scores, dtype=torch.bool)
+    for rows, values, ids in nucleus_candidates(scores / config.temperature, config):
+        kept[rows[:, None], ids] = torch.isfinite(values)
+    return kept
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 0.3, 0.0), (0, 0.9, 0.0), (0, 0.999, 0.0), (300, 0.9, 0.01),
+                                               (20, 1.0, 0.0), (0, 1.0, 0.05)])
+def test_truncation_keeps_the_tokens_transformers_processors_keep(top_k, top_p, min_p):
+    torch.manual_seed(0)
+    vocab = 500
+    scores = torch.randn(16, vocab) * torch.linspace(0.2, 4.0, 16)[:, None]  # flat rows (large nuclei: the
+    # escalation to more candidates and to the whole vocabulary) to peaked rows (a few candidates)
+    seen = torch.randint(0, vocab, (16, 7))
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=1.0)
+    theirs = _reference_kept(scores, config, seen)
+    ours = _our_kept(scores, config)
+    differ = ours != theirs
+    if differ.any():  # only float ties at the top-p boundary may differ: the mass above such a token is top_p
+        probs = (scores / 0.7).softmax(-1)
+        for r, t in differ.nonzero().tolist():
+            above = probs[r][probs[r] > probs[r, t]].sum()
+            assert abs(above - top_p) < 1e-4, (r, t)
+    # draws only ever come from the kept tokens
+    torch.manual_seed(1)
+    draws = torch.stack([sample_next(scores, config, seen) for _ in range(200)], dim=1)
+    assert bool(ours.gather(1, draws).all())
+
+
+def test_draws_follow_the_truncated_distribution():
+    torch.manual_seed(0)
+    scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(4000, 1)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=0.9)
+    draws = sample_next(scores, config)
+    probs = scores[0].softmax(-1)
+    # top-p 0.9 keeps tokens 0, 1, 2 (mass above token 2 is 0.84 < 0.9; above token 3 it is 0.97)
+    expected = probs[:3] / probs[:3].sum()
+    counts = torch.bincount(draws, minlength=5).float() / len(draws)
+    assert counts[3:].sum() == 0
+    assert torch.allclose(counts[:3], expected, atol=0.03)
+    untruncated = sample_next(scores, GenerationConfig(do_sample=True, temperature=1.0))
+    counts = torch.bincount(untruncated, minlength=5).float() / len(untruncated)
+    assert torch.allclose(counts, probs, atol=0.03)
+
+
+def test_greedy_and_suppressed_tokens_and_min_new_tokens():
+    scores = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])
+    greedy = GenerationConfig(do_sample=False, suppress_tokens=[1])
+    assert sample_next(scores, greedy).tolist() == [3, 0]
+    held = GenerationConfig(do_sample=False, min_new_tokens=2)
+    assert sample_next(scores, held, step=0, eos_ids=[0]).tolist() == [1, 2]
+    assert sample_next(scores, held, step=2, eos_ids=[0]).tolist() == [1, 0]
+
+
+def test_unsupported_options_go_through_transformers_generate(tiny_text_model):
+    pool = _pool(tiny_text_model)
+    config = GenerationConfig(max_new_tokens=5, do_sample=False, no_repeat_ngram_size=2)
+    out = pool.generate_many([GenerationRequest("aux", "abc")], config)
+    assert out[0][0].completion_ids == _hf_greedy_with(pool, "aux", "abc", config)
+
+
+def _hf_greedy_with(pool, agent, prompt, config):
+    base = pool.activate(pool.policy_of(agent))
+    ids = torch.tensor([pool.encode_prompt(agent, prompt)])
+    full = GenerationConfig(**{**config.to_dict(), "eos_token_id": pool.eos_token_ids(agent),
+                               "pad_token_id": pool.tokenizer_of(agent).pad_token_id})
+    with torch.no_grad():
+        out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=full)
+    comp = out[0, ids.size(1):].tolist()
+    cut = next((i + 1 for i, t in enumerate(comp) if t in set(pool.eos_token_ids(agent))), None)
+    return comp[:cut] if cut else comp
+
+
+def test_dequantized_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
+    from trl_multiagent.generation import _is_4bit
+
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")],
+                     generation_weights="dequantized")
+    model = pool.bases["base0"].get_base_model()
+    layers = [m for m in model.modules() if _is_4bit(m)]
+    assert layers
+    x = torch.randn(3, 5, layers[0].in_features)
+    with torch.no_grad():
+        expected = layers[0](x)
+        got = torch.nn.functional.linear(x, dequantized_weight(layers[0], x.dtype))
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+    assert pool.generation_dequantized("base0")
+    # and a whole greedy answer is the same from the de-quantised copy and from the 4-bit weights
+    quantized = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")],
+                          generation_weights="quantized")
+    quantized.load_state_dict(pool.state_dict(), strict=False)
+    config = GenerationConfig(max_new_tokens=6, do_sample=False)
+    assert (pool.generate("aux", ["abc de"], 1, config)[0][0].completion_ids
+            == quantized.generate("aux", ["abc de"], 1, config)[0][0].completion_ids)

@@ -1,0 +1,446 @@
+"""Team-level generation: every row of every agent that shares a base, sampled in ONE batched decoding loop.
+
+A step of a team asks for completions of several agents at once (:meth:`AgentPool.generate_many
+<trl_multiagent.agents.AgentPool.generate_many>`). Agents on one base differ only by their LoRA adapters, so their
+rows can share every forward pass: :class:`MultiAdapterBatch` makes each LoRA linear of the base compute
+
+    y = x W^T + ((x A_cat^T) * s_row) B_cat^T
+
+for a mixed batch, where ``A_cat`` / ``B_cat`` stack the adapters' LoRA matrices and ``s_row`` holds, for each row,
+its adapter's LoRA scale on that adapter's columns and zeros elsewhere (a row with no adapter, the untrained base of
+the baselines, has all zeros). That is two small matmuls per linear whatever the number of adapters, instead of one
+pass per adapter. A 4-bit (QLoRA) base can generate from a de-quantised copy of its frozen weights
+(``dequantize=True``): the numbers are those of the 4-bit matmul, which de-quantises the same weights at every step.
+
+:func:`decode` is the decoding loop: one prefill that keeps only the last position's logits, then one token per
+step with a KV cache; rows that have finished are dropped from the batch (and their cache) as they accumulate; the
+sampler (:func:`sample_next`) applies temperature, top-k, top-p, min-p, repetition penalty and suppressed tokens
+with the semantics of transformers' logits processors, without sorting the whole vocabulary at every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig
+
+#: Generation options the loop implements; any other non-default option of a GenerationConfig is refused.
+SUPPORTED_OPTIONS = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",
+                     "repetition_penalty", "suppress_tokens", "eos_token_id", "pad_token_id", "bos_token_id",
+                     "num_return_sequences", "use_cache", "return_dict_in_generate", "output_scores",
+                     "transformers_version", "_from_model_config", "cache_implementation")
+#: Candidates taken with ``topk`` before top-p; a row whose nucleus is larger falls back to a full sort.
+TOP_P_CANDIDATES = 64
+
+
+def unsupported_options(config: GenerationConfig) -> list[str]:
+    """Options set in ``config`` (differently from a default GenerationConfig) that :func:`decode` does not
+    implement."""
+    default = GenerationConfig().to_dict()
+    return sorted(k for k, v in config.to_dict().items() if k not in SUPPORTED_OPTIONS and default.get(k) != v)
+
+
+# ---------------------------------------------------------------------------------------------------- weights
+def _is_4bit(module: torch.nn.Module) -> bool:
+    return type(module).__name__ == "Linear4bit" and hasattr(getattr(module, "weight", None), "quant_state")
+
+
+def dequantized_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """The frozen weight of a bitsandbytes 4-bit linear as a dense ``(out, in)`` tensor, computed once and kept on the
+    module (the base is frozen, so it never goes stale)."""
+    cached = getattr(module, "_trl_multiagent_dense_weight", None)
+    if cached is None or cached.dtype != dtype:
+        import bitsandbytes.functional as bnbf
+
+        cached = bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state).to(dtype).contiguous()
+        module._trl_multiagent_dense_weight = cached
+    return cached
+
+
+def dense_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Memory a de-quantised copy of the model's 4-bit weights takes (0 for a full-precision model)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(m.weight.quant_state.shape.numel() * size for m in model.modules() if _is_4bit(m))
+
+
+# ---------------------------------------------------------------------------------------------------- mixed batch
+class MultiAdapterBatch:
+    """Within ``with``, the LoRA linears of ``model`` (a PEFT-injected transformers model) compute a mixed batch in
+    which row ``b`` uses adapter ``row_adapters[b]`` (``None``: no adapter), and its 4-bit linears use a de-quantised
+    copy of their weights when ``dequantize`` is set. :meth:`select` keeps a subset of rows (finished rows leave)."""
+
+    def __init__(self, model: torch.nn.Module, row_adapters: Sequence[str | None], dequantize: bool = False):
+        self.model = model
+        self.dequantize = dequantize
+        self.adapters = [a for a in dict.fromkeys(row_adapters) if a is not None]
+        self._row_adapters = list(row_adapters)
+        self._patched: list[torch.nn.Module] = []
+        self._scales: dict[int, torch.Tensor] = {}  # id(layer) -> (rows, R) per-row scales of that layer
+
+    def __enter__(self) -> MultiAdapterBatch:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+
+        try:
+            for module in self.model.modules():
+                if isinstance(module, LoraLinear):
+                    self._patch_lora(module)
+                elif self.dequantize and _is_4bit(module) and not self._inside_lora(module):
+                    self._patch_dense(module)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self._patched:
+            module.__dict__.pop("forward", None)
+        self._patched.clear()
+        self._scales.clear()
+
+    def _inside_lora(self, module: torch.nn.Module) -> bool:
+        return getattr(module, "_trl_multiagent_in_lora", False)
+
+    def _base_forward(self, base_layer: torch.nn.Module):
+        if self.dequantize and _is_4bit(base_layer):
+            base_layer._trl_multiagent_in_lora = True
+            bias = base_layer.bias
+
+            def dense(x):
+                return F.linear(x, dequantized_weight(base_layer, x.dtype), None if bias is None else bias.to(x.dtype))
+
+            return dense
+        return base_layer
+
+    def _patch_dense(self, module: torch.nn.Module) -> None:
+        bias = module.bias
+        module.forward = lambda x, *a, **k: F.linear(x, dequantized_weight(module, x.dtype),
+                                                     None if bias is None else bias.to(x.dtype))
+        self._patched.append(module)
+
+    def _patch_lora(self, layer) -> None:
+        unsupported = [a for a in self.adapters if a in getattr(layer, "lora_variant", {}) or
+                       getattr(layer, "lora_bias", {}).get(a, False)]
+        if unsupported or getattr(layer, "merged", False):
+            raise ValueError(f"team-level generation supports plain, unmerged LoRA adapters; {unsupported or 'merged'}"
+                             f" is not (a LoRA variant such as DoRA, or a LoRA bias)")
+        base = self._base_forward(layer.base_layer)
+        # inside PEFT's disable_adapter() (e.g. AgentPool.reference) every row runs the base model
+        present = [] if layer.disable_adapters else [a for a in self.adapters if a in layer.lora_A]
+        if not present:
+            layer.forward = lambda x, *a, **k: base(x)
+            self._patched.append(layer)
+            return
+        a_cat = torch.cat([layer.lora_A[a].weight for a in present], dim=0)  # (R, in)
+        b_cat = torch.cat([layer.lora_B[a].weight for a in present], dim=1)  # (out, R)
+        columns: dict[str, slice] = {}
+        start = 0
+        for a in present:
+            r = layer.lora_A[a].weight.shape[0]
+            columns[a] = slice(start, start + r)
+            start += r
+        scales = torch.zeros((len(self._row_adapters), start), dtype=a_cat.dtype, device=a_cat.device)
+        for row, adapter in enumerate(self._row_adapters):
+            if adapter in columns:
+                scales[row, columns[adapter]] = float(layer.scaling[adapter])
+        key = id(layer)
+        self._scales[key] = scales
+
+        def forward(x, *args, **kwargs):
+            result = base(x)
+            h = F.linear(x.to(a_cat.dtype), a_cat)
+            h = h * self._scales[key].unsqueeze(1) if h.dim() == 3 else h * self._scales[key]
+            return result + F.linear(h, b_cat).to(result.dtype)
+
+        layer.forward = forward
+        self._patched.append(layer)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (indices into the current batch) from now on."""
+        for key, scales in self._scales.items():
+            self._scales[key] = scales.index_select(0, keep)
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+def sample_next(logits: torch.Tensor, config: GenerationConfig, seen: torch.Tensor | None = None,
+                step: int = 0, eos_ids: Sequence[int] = ()) -> torch.Tensor:
+    """The next token of every row from its ``(rows, vocab)`` logits, under ``config`` and with the semantics of
+    transformers' processors, in their order: repetition penalty over the ``seen`` ids (prompt and completion so
+    far; repeats are harmless), suppressed tokens, EOS held back before ``min_new_tokens``; then greedy argmax, or
+    temperature, top-k, top-p and min-p and a draw. Truncation works on the most likely candidates
+    (:func:`nucleus_candidates`) and the draw on them alone: no sort of the whole vocabulary and no full-vocabulary
+    multinomial at every step."""
+    scores = logits.float()
+    penalty = config.repetition_penalty
+    if penalty is not None and penalty != 1.0 and seen is not None:
+        picked = scores.gather(1, seen)
+        scores = scores.scatter(1, seen, torch.where(picked < 0, picked * penalty, picked / penalty))
+    if config.suppress_tokens:
+        scores = scores.index_fill(1, torch.tensor(list(config.suppress_tokens), device=scores.device), -float("inf"))
+    if config.min_new_tokens and step < config.min_new_tokens and eos_ids:
+        scores = scores.index_fill(1, torch.tensor(list(eos_ids), device=scores.device), -float("inf"))
+    if not config.do_sample:
+        return scores.argmax(dim=-1)
+    if config.temperature is not None and config.temperature != 1.0:
+        scores = scores / config.temperature
+    truncating = bool(config.top_k) or (config.top_p is not None and config.top_p < 1.0) or bool(config.min_p)
+    if not truncating:
+        return _inverse_cdf_draw(scores)
+    tokens = torch.empty(scores.size(0), dtype=torch.long, device=scores.device)
+    for rows, values, ids in nucleus_candidates(scores, config):
+        tokens[rows] = ids.gather(1, _inverse_cdf_draw(values)[:, None]).squeeze(1)
+    return tokens
+
+
+def _inverse_cdf_draw(scores: torch.Tensor) -> torch.Tensor:
+    """One draw per row from ``softmax(scores)`` by inverting its cumulative sum (``-inf`` scores never drawn)."""
+    cdf = (scores - scores.max(dim=-1, keepdim=True).values).exp().cumsum(-1)
+    # u in (0, total]: the first index whose cumulative mass reaches u has a non-zero probability
+    u = (1.0 - torch.rand((scores.size(0), 1), device=scores.device, dtype=cdf.dtype)) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=scores.size(-1) - 1)
+
+
+def nucleus_candidates(scores: torch.Tensor, config: GenerationConfig):
+    """The tokens that survive top-k, top-p and min-p, as groups ``(rows, values, ids)``: for the rows ``rows``,
+    candidate ids sorted by score and their scores, ``-inf`` where truncated. The candidates are the top
+    :data:`TOP_P_CANDIDATES` tokens (or top-k); rows whose nucleus is larger try 16 times as many, then the whole
+    vocabulary (transformers' own sort)."""
+    vocab = scores.size(-1)
+    top_p = config.top_p if config.top_p is not None and config.top_p < 1.0 else None
+    rows = torch.arange(scores.size(0), device=scores.device)
+    k = min(int(config.top_k), vocab) if config.top_k else min(TOP_P_CANDIDATES, vocab)
+    full_norm = None if config.top_k else torch.logsumexp(scores, dim=-1, keepdim=True)
+    while rows.numel():
+        values, ids = torch.topk(scores[rows], k, dim=-1)
+        if top_p is not None:
+            # top-k (when set) comes first: the nucleus is then taken of the top-k tokens' renormalised probabilities
+            norm = torch.logsumexp(values, dim=-1, keepdim=True) if config.top_k else full_norm[rows]
+            probs = (values - norm).exp()
+            keep = (probs.cumsum(-1) - probs) < top_p
+            keep[:, 0] = True
+            values = values.masked_fill(~keep, -float("inf"))
+        if config.min_p:  # relative to the most likely token (the ratio does not depend on the normalisation)
+            values = values.masked_fill(values < values[:, :1] + math.log(config.min_p), -float("inf"))
+        # the candidates hold every survivor unless the last one survived and more tokens exist beyond them
+        complete = ~torch.isfinite(values[:, -1]) if not config.top_k and k < vocab else \
+            torch.ones(rows.numel(), dtype=torch.bool, device=scores.device)
+        done = complete.nonzero().squeeze(1)
+        if done.numel():
+            yield rows[done], values[done], ids[done]
+        rows = rows[~complete]
+        k = vocab if k * 16 >= vocab else k * 16
+
+
+# ---------------------------------------------------------------------------------------------------- decoding
+def _preallocated_cache(model: torch.nn.Module, capacity: int):
+    """A DynamicCache whose full-attention layers write into preallocated tensors of ``capacity`` positions instead
+    of concatenating at every step (a copy of the whole cache per token)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            self.length = 0
+
+        def lazy_initialization(self, key_states, value_states):
+            self.device = key_states.device
+            shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
+            self._k = key_states.new_empty(shape)
+            self._v = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[-1]))
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > self._k.shape[-2]:
+                raise RuntimeError(f"the generation cache holds {self._k.shape[-2]} positions, {end} are needed")
+            self._k[:, :, self.length:end] = key_states
+            self._v[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.is_initialized:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+
+    cache = DynamicCache(config=getattr(model, "config", None))
+    cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+
+@torch.no_grad()
+def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
+           eos_ids: Sequence[int], batch: MultiAdapterBatch | None = None,
+           compact_fraction: float = 0.25) -> list[list[int]]:
+    """Sample completions of the left-padded ``input_ids`` rows; returns each row's completion token ids (ending
+    with its EOS token when it produced one).
+
+    ``model`` is a transformers causal LM (the PEFT-injected model under ``batch``, if any). Rows that produced
+    EOS leave the batch, with their KV cache rows, once at least ``compact_fraction`` of the live rows have
+    finished (each removal copies the cache, so it is not done at every step)."""
+    unknown = unsupported_options(config)
+    if unknown:
+        raise ValueError(f"team-level generation does not implement the generation option(s) {unknown}")
+    rows, prompt_len = input_ids.shape
+    max_new = int(config.max_new_tokens)
+    device = input_ids.device
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device) if eos_ids else None
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = _preallocated_cache(model, prompt_len + max_new)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1, :]
+    live = torch.arange(rows, device=device)  # original row of each live row
+    completions: list[list[int]] = [[] for _ in range(rows)]
+    need_seen = config.repetition_penalty not in (None, 1.0)
+    # the ids a repetition penalty looks at; padding repeats the row's last prompt token (a repeat changes nothing)
+    seen = torch.where(attention_mask.bool(), input_ids, input_ids[:, -1:]) if need_seen else None
+    next_pos = position_ids[:, -1] + 1
+    mask = attention_mask
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    for step in range(max_new):
+        tokens = sample_next(logits, config, seen, step, eos_ids)
+        for row, token in zip(live.tolist(), tokens.tolist()):
+            completions[row].append(token)
+        if eos is not None:
+            finished = finished | torch.isin(tokens, eos)
+        if step + 1 == max_new or bool(finished.all()):
+            break
+        if need_seen:
+            seen = torch.cat([seen, tokens[:, None]], dim=1)
+        mask = torch.cat([mask, mask.new_ones((mask.size(0), 1))], dim=1)
+        if int(finished.sum()) >= max(1.0, compact_fraction * live.numel()):
+            keep = (~finished).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            live, tokens, mask, next_pos, finished = live[keep], tokens[keep], mask[keep], next_pos[keep], finished[keep]
+            seen = seen[keep] if seen is not None else None
+            if batch is not None:
+                batch.select(keep)
+        # finished rows still in the batch decode on; what they add after their EOS is cut below
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache,
+                    use_cache=True)
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    eos_set = set(eos_ids)
+    for row in range(rows):  # cut after the first EOS
+        comp = completions[row]
+        cut = next((i + 1 for i, t in enumerate(comp) if t in eos_set), None)
+        if cut is not None:
+            del comp[cut:]
+    return completions
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+# ---------------------------------------------------------------------------------------------------- the team
+def generate_team(pool, requests, generation_config: GenerationConfig, max_batch_sequences: int | None = None,
+                  progress=None):
+    """:meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>`: all requests of the agents on
+    one base go through :func:`decode` together, in chunks of at most ``max_batch_sequences`` rows (longest prompts
+    first, so that a chunk pads little); bases take turns. ``progress(rows_done)`` is called after every chunk.
+
+    Options :func:`decode` does not implement (see :func:`unsupported_options`) go through transformers'
+    ``generate``, one agent at a time (logged once)."""
+    from .agents import Generation
+
+    encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
+    out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
+    by_base: dict[str, list[int]] = {}
+    for i, req in enumerate(requests):
+        by_base.setdefault(pool.policies[pool.policy_of(req.agent)].base_key, []).append(i)
+    fallback = unsupported_options(generation_config)
+    for key, idxs in by_base.items():
+        tok = pool.tokenizers[key]
+        eos_ids = pool.eos_token_ids(requests[idxs[0]].agent)
+        rows = [(i, k) for i in idxs for k in range(requests[i].num_samples)]
+        rows.sort(key=lambda row: -len(encoded[row[0]]))
+        size = max_batch_sequences or len(rows)
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            if fallback:
+                completions = _hf_generate(pool, key, requests, encoded, chunk, generation_config, eos_ids, fallback)
+            else:
+                completions = _decode_chunk(pool, key, requests, encoded, chunk, generation_config, eos_ids)
+            eos_set = set(eos_ids)
+            for (i, k), comp in zip(chunk, completions):
+                truncated = not comp or comp[-1] not in eos_set
+                out[i][k] = Generation(list(encoded[i]), comp, tok.decode(comp, skip_special_tokens=True), truncated)
+            if progress is not None:
+                progress(len(chunk))
+    return out
+
+
+def _left_padded(encoded, chunk, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(encoded[i]) for i, _ in chunk)
+    input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+    for row, (i, _) in enumerate(chunk):
+        ids = encoded[i]
+        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, width - len(ids):] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _pad_id(tok) -> int:
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[list[int]]:
+    base = pool.bases[key]
+    model = base.get_base_model()
+    device = next(base.parameters()).device
+    input_ids, attention_mask = _left_padded(encoded, chunk, _pad_id(pool.tokenizers[key]), device)
+    adapters = [pool.policy_of(requests[i].agent) if requests[i].use_adapter else None for i, _ in chunk]
+    with eval_mode(base), MultiAdapterBatch(model, adapters, dequantize=pool.generation_dequantized(key)) as batch:
+        return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch)
+
+
+_warned_fallback: set[tuple[str, ...]] = set()
+
+
+def _hf_generate(pool, key, requests, encoded, chunk, config, eos_ids, options) -> list[list[int]]:
+    """transformers' ``generate`` for options :func:`decode` does not implement: one call per (agent, adapter on/off)
+    within the chunk, with the agent's adapter active (or disabled)."""
+    import logging
+
+    if tuple(options) not in _warned_fallback:
+        _warned_fallback.add(tuple(options))
+        logging.getLogger(__name__).info("generation options %s: using transformers' generate, one agent at a time",
+                                         options)
+    tok = pool.tokenizers[key]
+    results: dict[int, list[int]] = {}
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for pos, (i, _) in enumerate(chunk):
+        groups.setdefault((requests[i].agent, requests[i].use_adapter), []).append(pos)
+    full = GenerationConfig(**{**config.to_dict(), "eos_token_id": list(eos_ids), "pad_token_id": _pad_id(tok),
+                               "num_return_sequences": 1})
+    for (agent, use_adapter), positions in groups.items():
+        base = pool.activate(pool.policy_of(agent))
+        device = next(base.parameters()).device
+        input_ids, attention_mask = _left_padded(encoded, [chunk[p] for p in positions], _pad_id(tok), device)
+        with eval_mode(base), (contextlib.nullcontext() if use_adapter else base.disable_adapter()):
+            generated = base.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=full)
+        eos_set = set(eos_ids)
+        for p, comp in zip(positions, generated[:, input_ids.size(1):].cpu().tolist()):
+            cut = next((j + 1 for j, t in enumerate(comp) if t in eos_set), None)
+            results[p] = comp[:cut] if cut is not None else comp
+    return [results[p] for p in range(len(chunk))]
