@@ -15,8 +15,8 @@ from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.generation import MultiAdapterBatch, decode, dequantized_weight, nucleus_candidates, sample_next
 
 
-def _pool(model_dir, agents=("aux", "main"), **kw):
-    pool = AgentPool([AgentSpec(a, model=model_dir, lora_r=4, **kw) for a in agents])
+def _pool(model_dir, agents=("aux", "main"), dense_copy="auto", **kw):
+    pool = AgentPool([AgentSpec(a, model=model_dir, lora_r=4, **kw) for a in agents], dense_copy=dense_copy)
     with torch.no_grad():
         for n, p in pool.named_parameters():
             if "lora_B" in n:
@@ -43,8 +43,9 @@ def _hf_greedy(pool, agent, prompt, max_new_tokens, use_adapter=True):
     return comp[:cut] if cut else comp
 
 
-def test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer(tiny_text_model):
-    pool = _pool(tiny_text_model, agents=("aux", "main", "third"))
+@pytest.mark.parametrize("quantization,dense_copy", [(None, "auto"), ("4bit", "always"), ("4bit", "never")])
+def test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer(tiny_text_model, quantization, dense_copy):
+    pool = _pool(tiny_text_model, agents=("aux", "main", "third"), quantization=quantization, dense_copy=dense_copy)
     prompts = ["abc", "hello there", "x", "what is two plus two"]
     requests = [GenerationRequest(a, p) for p in prompts for a in ("aux", "main", "third")]
     requests += [GenerationRequest("main", p, use_adapter=False) for p in prompts]
@@ -166,24 +167,40 @@ def _hf_greedy_with(pool, agent, prompt, config):
     return comp[:cut] if cut else comp
 
 
-def test_dequantized_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
+def test_dense_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
     from trl_multiagent.generation import _is_4bit
 
-    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")],
-                     generation_weights="dequantized")
-    model = pool.bases["base0"].get_base_model()
-    layers = [m for m in model.modules() if _is_4bit(m)]
-    assert layers
-    x = torch.randn(3, 5, layers[0].in_features)
-    with torch.no_grad():
-        expected = layers[0](x)
-        got = torch.nn.functional.linear(x, dequantized_weight(layers[0], x.dtype))
-    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
-    assert pool.generation_dequantized("base0")
-    # and a whole greedy answer is the same from the de-quantised copy and from the 4-bit weights
     quantized = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")],
-                          generation_weights="quantized")
-    quantized.load_state_dict(pool.state_dict(), strict=False)
+                          dense_copy="never")
+    layer = next(m for m in quantized.bases["base0"].get_base_model().modules() if _is_4bit(m))
+    x = torch.randn(3, 5, layer.in_features, requires_grad=True)
+    expected = layer(x)
+    (expected ** 2).sum().backward()
+    expected_grad = x.grad.clone()
+    x.grad = None
+    got = torch.nn.functional.linear(x, dequantized_weight(layer))
+    (got ** 2).sum().backward()
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5) and torch.allclose(x.grad, expected_grad, atol=1e-4)
+    # a whole team: the same greedy answers and the same loss gradients with and without the copy
+    dense = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")], dense_copy="always")
+    assert dense.dense_copy_of("base0") and not quantized.dense_copy_of("base0")
+    with torch.no_grad():
+        for n, p in dense.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    lora = {n: p for n, p in dense.named_parameters() if "lora_" in n}
+    with torch.no_grad():
+        for n, p in quantized.named_parameters():
+            if "lora_" in n:
+                p.copy_(lora[n])
     config = GenerationConfig(max_new_tokens=6, do_sample=False)
-    assert (pool.generate("aux", ["abc de"], 1, config)[0][0].completion_ids
+    assert (dense.generate("aux", ["abc de"], 1, config)[0][0].completion_ids
             == quantized.generate("aux", ["abc de"], 1, config)[0][0].completion_ids)
+    ids = torch.tensor([dense.encode_prompt("aux", "abc de")])
+    grads = []
+    for pool in (dense, quantized):
+        pool.zero_grad()
+        pool("aux", input_ids=ids, labels=ids).loss.backward()
+        grads.append([p.grad.clone() for p in pool.policy_parameters("aux")])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

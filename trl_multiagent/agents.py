@@ -36,16 +36,15 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
-from .generation import dense_weight_bytes, generate_team
+from .generation import dense_weight_bytes, generate_team, use_dense_copy
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .utils import available_memory
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = (None, "4bit")
-#: How a 4-bit base generates: from a de-quantised copy of its weights, from the 4-bit weights, or the faster that
-#: fits in memory (``AgentPool.generation_dequantized``).
-GENERATION_WEIGHTS = ("auto", "dequantized", "quantized")
+#: Whether a 4-bit base computes with a de-quantised copy of its frozen weights (``AgentPool.dense_copy_of``).
+DENSE_COPY = ("auto", "always", "never")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
@@ -191,16 +190,18 @@ class AgentPool(nn.Module):
         dtype: weights dtype of full-precision bases (``"auto"``: bfloat16 on CUDA, float32 otherwise).
         critics: value models to add (see :mod:`trl_multiagent.critics`); each sits on the base of the agent it
             names unless it names a model of its own.
-        generation_weights: how 4-bit bases generate (:data:`GENERATION_WEIGHTS`, :meth:`generation_dequantized`).
+        dense_copy: whether 4-bit bases compute with a de-quantised copy of their frozen weights (:data:`DENSE_COPY`):
+            ``"always"``, ``"never"``, or ``"auto"``: when the copy takes at most a quarter of the memory available
+            at load time (:meth:`dense_copy_of`).
     """
 
     def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
-                 generation_weights: str = "auto"):
+                 dense_copy: str = "auto"):
         super().__init__()
-        if generation_weights not in GENERATION_WEIGHTS:
-            raise ValueError(f"generation_weights must be one of {GENERATION_WEIGHTS}, got {generation_weights!r}")
-        self.generation_weights = generation_weights
-        self._dequantize: dict[str, bool] = {}
+        if dense_copy not in DENSE_COPY:
+            raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
+        self.dense_copy = dense_copy
+        self._dense: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         by_policy = check_team(specs)
@@ -241,6 +242,7 @@ class AgentPool(nn.Module):
             self.tokenizers[key] = load_tokenizer(source[0])
             self.base_sources[key] = source
             self.bases[key] = get_peft_model(model, config, adapter_name=adapter)
+            self._decide_dense_copy(key)
         else:
             self.bases[key].add_adapter(adapter, config)
         self._adapter_base[adapter] = key
@@ -448,24 +450,27 @@ class AgentPool(nn.Module):
         return self.generate_many([GenerationRequest(agent, p, num_samples) for p in prompts], generation_config,
                                   max_batch_sequences)
 
-    def generation_dequantized(self, base_key: str) -> bool:
-        """Whether the 4-bit base ``base_key`` generates from a de-quantised copy of its weights:
-        ``generation_weights="dequantized"`` always, ``"quantized"`` never, ``"auto"`` when the copy takes at most a
-        quarter of the memory available now (decided at the first generation, then kept)."""
-        if base_key not in self._dequantize:
-            model = self.bases[base_key].get_base_model()
-            needed = dense_weight_bytes(model)
-            if needed == 0 or self.generation_weights == "quantized":
-                decision = False
-            elif self.generation_weights == "dequantized":
-                decision = True
-            else:
-                decision = needed <= 0.25 * available_memory(next(model.parameters()).device)
-            if needed:
-                logger.info("base %s: generation from %s weights (a de-quantised copy takes %.0f MiB)", base_key,
-                            "de-quantised" if decision else "4-bit", needed / 2**20)
-            self._dequantize[base_key] = decision
-        return self._dequantize[base_key]
+    def dense_copy_of(self, base_key: str) -> bool:
+        """Whether the base ``base_key`` computes with a de-quantised copy of its 4-bit weights (decided when the base
+        loads; see ``dense_copy``)."""
+        return self._dense.get(base_key, False)
+
+    def _decide_dense_copy(self, base_key: str) -> None:
+        model = self.bases[base_key].get_base_model()
+        needed = dense_weight_bytes(model)
+        if needed == 0 or self.dense_copy == "never":
+            decision = False
+        elif self.dense_copy == "always":
+            decision = True
+        else:
+            decision = needed <= 0.25 * available_memory(next(model.parameters()).device)
+        if decision:
+            use_dense_copy(model)
+        if needed:
+            logger.info("base %s computes with %s (a de-quantised copy takes %.0f MiB)", base_key,
+                        "a de-quantised copy of its 4-bit weights" if decision else "its 4-bit weights",
+                        needed / 2**20)
+        self._dense[base_key] = decision
 
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:

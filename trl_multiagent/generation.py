@@ -9,8 +9,9 @@ rows can share every forward pass: :class:`MultiAdapterBatch` makes each LoRA li
 for a mixed batch, where ``A_cat`` / ``B_cat`` stack the adapters' LoRA matrices and ``s_row`` holds, for each row,
 its adapter's LoRA scale on that adapter's columns and zeros elsewhere (a row with no adapter, the untrained base of
 the baselines, has all zeros). That is two small matmuls per linear whatever the number of adapters, instead of one
-pass per adapter. A 4-bit (QLoRA) base can generate from a de-quantised copy of its frozen weights
-(``dequantize=True``): the numbers are those of the 4-bit matmul, which de-quantises the same weights at every step.
+pass per adapter. A 4-bit (QLoRA) base can compute with a de-quantised copy of its frozen weights
+(:func:`use_dense_copy`, chosen by the pool): the numbers are those of the 4-bit matmul, which de-quantises the same
+weights at every call, in generation and training alike.
 
 :func:`decode` is the decoding loop: one prefill that keeps only the last position's logits, then one token per
 step with a KV cache; rows that have finished are dropped from the batch (and their cache) as they accumulate; the
@@ -46,50 +47,68 @@ def unsupported_options(config: GenerationConfig) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------- weights
 def _is_4bit(module: torch.nn.Module) -> bool:
-    return type(module).__name__ == "Linear4bit" and hasattr(getattr(module, "weight", None), "quant_state")
+    """A bitsandbytes 4-bit linear (not PEFT's LoRA wrapper around one, which shares its class name)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return False
+    return isinstance(module, bnb.nn.Linear4bit)
 
 
-def dequantized_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """The frozen weight of a bitsandbytes 4-bit linear as a dense ``(out, in)`` tensor, computed once and kept on the
-    module (the base is frozen, so it never goes stale)."""
-    cached = getattr(module, "_trl_multiagent_dense_weight", None)
-    if cached is None or cached.dtype != dtype:
-        import bitsandbytes.functional as bnbf
+def dequantized_weight(module: torch.nn.Module) -> torch.Tensor:
+    """The frozen weight of a bitsandbytes 4-bit linear as a dense ``(out, in)`` tensor in its compute dtype: what its
+    matmul de-quantises at every call."""
+    import bitsandbytes.functional as bnbf
 
-        cached = bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state).to(dtype).contiguous()
-        module._trl_multiagent_dense_weight = cached
-    return cached
+    dtype = getattr(module, "compute_dtype", None) or module.weight.quant_state.dtype
+    return bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state).to(dtype).contiguous()
 
 
-def dense_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+def dense_weight_bytes(model: torch.nn.Module) -> int:
     """Memory a de-quantised copy of the model's 4-bit weights takes (0 for a full-precision model)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(m.weight.quant_state.shape.numel() * size for m in model.modules() if _is_4bit(m))
+    return sum(m.weight.quant_state.shape.numel() * torch.empty((), dtype=m.weight.quant_state.dtype).element_size()
+               for m in model.modules() if _is_4bit(m))
+
+
+def use_dense_copy(model: torch.nn.Module) -> int:
+    """From now on, every 4-bit linear of ``model`` computes ``F.linear`` with a de-quantised copy of its frozen weight
+    (kept on the module, not a parameter, not saved): the same numbers without de-quantising at every call, forward
+    and backward. Returns the number of layers switched."""
+    count = 0
+    for module in model.modules():
+        if _is_4bit(module) and "forward" not in module.__dict__:
+            weight = dequantized_weight(module)
+            bias = module.bias
+            module._trl_multiagent_dense_weight = weight
+
+            def dense(x, *args, _w=weight, _b=bias, **kwargs):
+                return F.linear(x.to(_w.dtype), _w, None if _b is None else _b.to(_w.dtype)).to(x.dtype)
+
+            module.forward = dense
+            count += 1
+    return count
 
 
 # ---------------------------------------------------------------------------------------------------- mixed batch
 class MultiAdapterBatch:
     """Within ``with``, the LoRA linears of ``model`` (a PEFT-injected transformers model) compute a mixed batch in
-    which row ``b`` uses adapter ``row_adapters[b]`` (``None``: no adapter), and its 4-bit linears use a de-quantised
-    copy of their weights when ``dequantize`` is set. :meth:`select` keeps a subset of rows (finished rows leave)."""
+    which row ``b`` uses adapter ``row_adapters[b]`` (``None``: no adapter). :meth:`select` keeps a subset of rows
+    (finished rows leave)."""
 
-    def __init__(self, model: torch.nn.Module, row_adapters: Sequence[str | None], dequantize: bool = False):
+    def __init__(self, model: torch.nn.Module, row_adapters: Sequence[str | None]):
         self.model = model
-        self.dequantize = dequantize
         self.adapters = [a for a in dict.fromkeys(row_adapters) if a is not None]
         self._row_adapters = list(row_adapters)
         self._patched: list[torch.nn.Module] = []
         self._scales: dict[int, torch.Tensor] = {}  # id(layer) -> (rows, R) per-row scales of that layer
 
     def __enter__(self) -> MultiAdapterBatch:
-        from peft.tuners.lora.layer import Linear as LoraLinear
+        from peft.tuners.lora.layer import LoraLayer
 
         try:
             for module in self.model.modules():
-                if isinstance(module, LoraLinear):
+                if isinstance(module, LoraLayer):  # plain linears and PEFT's wrappers of 4-bit / 8-bit linears
                     self._patch_lora(module)
-                elif self.dequantize and _is_4bit(module) and not self._inside_lora(module):
-                    self._patch_dense(module)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -101,33 +120,14 @@ class MultiAdapterBatch:
         self._patched.clear()
         self._scales.clear()
 
-    def _inside_lora(self, module: torch.nn.Module) -> bool:
-        return getattr(module, "_trl_multiagent_in_lora", False)
-
-    def _base_forward(self, base_layer: torch.nn.Module):
-        if self.dequantize and _is_4bit(base_layer):
-            base_layer._trl_multiagent_in_lora = True
-            bias = base_layer.bias
-
-            def dense(x):
-                return F.linear(x, dequantized_weight(base_layer, x.dtype), None if bias is None else bias.to(x.dtype))
-
-            return dense
-        return base_layer
-
-    def _patch_dense(self, module: torch.nn.Module) -> None:
-        bias = module.bias
-        module.forward = lambda x, *a, **k: F.linear(x, dequantized_weight(module, x.dtype),
-                                                     None if bias is None else bias.to(x.dtype))
-        self._patched.append(module)
-
     def _patch_lora(self, layer) -> None:
         unsupported = [a for a in self.adapters if a in getattr(layer, "lora_variant", {}) or
-                       getattr(layer, "lora_bias", {}).get(a, False)]
+                       getattr(layer, "lora_bias", {}).get(a, False) or a in getattr(layer, "lora_embedding_A", {})]
         if unsupported or getattr(layer, "merged", False):
-            raise ValueError(f"team-level generation supports plain, unmerged LoRA adapters; {unsupported or 'merged'}"
-                             f" is not (a LoRA variant such as DoRA, or a LoRA bias)")
-        base = self._base_forward(layer.base_layer)
+            raise ValueError(f"team-level generation supports plain, unmerged LoRA adapters of linear layers; "
+                             f"{unsupported or 'merged'} is not (an embedding adapter, a LoRA variant such as DoRA, "
+                             "or a LoRA bias)")
+        base = layer.base_layer
         # inside PEFT's disable_adapter() (e.g. AgentPool.reference) every row runs the base model
         present = [] if layer.disable_adapters else [a for a in self.adapters if a in layer.lora_A]
         if not present:
@@ -410,7 +410,7 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     device = next(base.parameters()).device
     input_ids, attention_mask = _left_padded(encoded, chunk, _pad_id(pool.tokenizers[key]), device)
     adapters = [pool.policy_of(requests[i].agent) if requests[i].use_adapter else None for i, _ in chunk]
-    with eval_mode(base), MultiAdapterBatch(model, adapters, dequantize=pool.generation_dequantized(key)) as batch:
+    with eval_mode(base), MultiAdapterBatch(model, adapters) as batch:
         return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch)
 
 

@@ -38,7 +38,7 @@ from transformers import ProgressCallback, enable_full_determinism
 from transformers.trainer_utils import TrainOutput
 from trl import GRPOConfig
 
-from ..agents import GENERATION_WEIGHTS, AgentPool, AgentSpec, check_team
+from ..agents import DENSE_COPY, AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..models import context_length
@@ -90,10 +90,10 @@ class MultiAgentConfig(GRPOConfig):
         "help": "torch's CPU threads in each process; None: OMP_NUM_THREADS when you set it, else the CPUs this "
                 "process may run on, shared among the processes of this machine (the 1 that accelerate launch sets "
                 "on its own would leave all but one core idle)."})
-    generation_weights: str = field(default="auto", metadata={
-        "help": "How 4-bit bases generate: 'dequantized' (a de-quantised copy of the frozen weights: several times "
-                "faster on CPU), 'quantized' (the 4-bit weights, least memory) or 'auto' (the copy when it takes at "
-                "most a quarter of the available memory)."})
+    dense_copy: str = field(default="auto", metadata={
+        "help": "4-bit (QLoRA) bases compute with a de-quantised copy of their frozen weights, the same numbers "
+                "without de-quantising at every matmul (several times faster on CPU, more memory): 'always', "
+                "'never', or 'auto' (when the copy takes at most a quarter of the available memory)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
@@ -124,8 +124,8 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
-        if self.generation_weights not in GENERATION_WEIGHTS:
-            raise ValueError(f"generation_weights must be one of {GENERATION_WEIGHTS}, got {self.generation_weights!r}")
+        if self.dense_copy not in DENSE_COPY:
+            raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {self.dense_copy!r}")
         if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
         if self.gradient_accumulation_steps != 1:
@@ -257,7 +257,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
             enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
             pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
-                             generation_weights=args.generation_weights)
+                             dense_copy=args.dense_copy)
         self.pool = pool
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
@@ -430,10 +430,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def logps(self, model, batch, compute_entropy: bool = False):
         """Per-token log-probs of a collated batch's completion tokens (the one log-prob path); with
         ``compute_entropy`` also their entropies, as ``(logps, entropies)``."""
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logps, entropies = self.token_logps(model, input_ids, attention_mask, batch["completion_ids"].size(1),
-                                            compute_entropy=compute_entropy)
+        logps, entropies = self.token_logps(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+                                            batch["completion_mask"], compute_entropy=compute_entropy)
         return (logps, entropies) if compute_entropy else logps
 
     def update(self, model, experience: Experience) -> torch.Tensor:

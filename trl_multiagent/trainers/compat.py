@@ -9,7 +9,8 @@ versions in :data:`TESTED_VERSIONS` (``pyproject.toml`` pins trl and transformer
 reads an attribute that :meth:`TeamTrainerSurface.set_grpo_state` does not set.
 
 Above this module the trainers use only public names: they call :meth:`~TeamTrainerSurface.trl_loss`,
-:meth:`~TeamTrainerSurface.token_logps` and :meth:`~TeamTrainerSurface.log_metric`, and implement ``save_team``,
+:meth:`~TeamTrainerSurface.token_logps` (also what TRL's own loss reaches, through the override of
+``_get_per_token_logps_and_entropies``) and :meth:`~TeamTrainerSurface.log_metric`, and implement ``save_team``,
 ``load_team`` and ``clip_gradients`` (:class:`~trl_multiagent.trainers.base.MultiAgentTrainer` does), which the
 overrides here call.
 """
@@ -23,6 +24,8 @@ import torch
 from transformers import GenerationConfig, Trainer
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, identity
+
+from ..logprobs import completion_logps
 
 #: The trl and transformers releases this module was written against (the pins in pyproject.toml).
 TESTED_VERSIONS = {"trl": "1.16", "transformers": "5.24"}
@@ -150,12 +153,28 @@ class TeamTrainerSurface(GRPOTrainer):
         """TRL's own loss of ``loss_type`` on one micro-batch (``trl.GRPOTrainer._compute_loss``)."""
         return self._compute_loss(model, batch)
 
-    def token_logps(self, model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False):
-        """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens at the sampling temperature,
-        through TRL's fused LM head (``trl.GRPOTrainer._get_per_token_logps_and_entropies``)."""
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                                      logits_to_keep, compute_entropy=compute_entropy)
-        return logps, entropies
+    def token_logps(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                    compute_entropy: bool = False):
+        """Per-token log-probs (and entropies) of the completion tokens at the sampling temperature: on CPU
+        :func:`trl_multiagent.logprobs.completion_logps` (shared prompts, a plain LM head), on CUDA TRL's fused LM
+        head (``trl.GRPOTrainer._get_per_token_logps_and_entropies``), which keeps the logits out of GPU memory."""
+        if completion_ids.device.type == "cuda":
+            input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+            attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+            logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                self, model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=compute_entropy)
+            return logps, entropies
+        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, self.temperature,
+                                compute_entropy=compute_entropy)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """Mirrors ``trl.GRPOTrainer._get_per_token_logps_and_entropies`` (what TRL's own loss calls): the last
+        ``logits_to_keep`` columns are the completion; :meth:`token_logps` computes them (no aux loss: text models)."""
+        split = input_ids.size(1) - logits_to_keep
+        logps, entropies = self.token_logps(model, input_ids[:, :split], attention_mask[:, :split],
+                                            input_ids[:, split:], attention_mask[:, split:], compute_entropy)
+        return logps, entropies, None
 
     def log_metric(self, key: str, value: float, mode: str = "train") -> None:
         """One value of a metric; ``GRPOTrainer.log`` averages them per logging step."""
