@@ -37,7 +37,7 @@ class RecipeError(ValueError):
 #: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
 EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion")
 #: ``evaluator:`` values besides ``"module:Class"``.
-EVALUATOR_NAMES = ("auto", "none", "episodes", "coding", "debate", "pipeline")
+EVALUATOR_NAMES = ("auto", "none", "episodes", "coding", "debate", "pipeline", "writing")
 EVAL_STAGES = ("before", "after")
 
 
@@ -84,15 +84,15 @@ class RecipeArguments:
         "Optional 'module:function' mapped over the dataset's rows (e.g. to give MBPP the columns of HumanEval)."))
     num_tasks: int = field(default=256, metadata=_help("Number of generated training tasks (dataset: generated)."))
     evaluator: str = field(default="auto", metadata=_help(
-        "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, debate, pipeline, or "
-        "episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
+        "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, writing, debate, pipeline, "
+        "or episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
         "'module:Class' of an Evaluator subclass. With 'auto', an environment without held-out tasks is not "
         "evaluated."))
     eval_stages: list[str] = field(default_factory=lambda: list(EVAL_STAGES), metadata=_help(
         "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
     eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(
-        "The trained team and the baselines to evaluate (the baselines exist for the coding evaluation: single, "
-        "naive, sequential, discussion)."))
+        "The trained team and the baselines to evaluate (the baselines exist for the coding and writing "
+        "evaluations: single, naive, sequential, discussion)."))
     eval_metric: str | None = field(default=None, metadata=_help(
         "The headline metric of the summary and the report (empty: the evaluator's own, e.g. 'reward' for coding, "
         "'success' or 'return' for episodes, 'majority_accuracy' for debates, 'f1' for the search pipeline)."))

@@ -111,7 +111,7 @@ class Run:
             (self.evaluator.sampled or recipe.trainer == "debate_ppo")
         self.num_samples = recipe.eval_num_samples if self.sampled else 1
         self.stages_planned = stages
-        self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.name == "coding"
+        self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.naive_is_untrained_team
                             and getattr(probe, "max_turns", 1) == 1 and not config.resume_from_checkpoint
                             and {"team", "naive"} <= set(methods))
 

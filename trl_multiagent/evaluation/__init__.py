@@ -5,7 +5,8 @@
   (:class:`MethodResult`), so that before/after and method-vs-method comparisons are paired by task.
 * Evaluators, one per family of tasks: :class:`EpisodeEvaluator` (any turn-based environment: success, return,
   final-state metrics), :class:`CodingEvaluator` (aux + main against the four MAGRPO baselines, @k metrics),
-  :class:`DebateEvaluator` (MAPoRL's majority vote per turn), :class:`PipelineEvaluator` (MHGPO's accuracy, EM, F1).
+  :class:`DebateEvaluator` (MAPoRL's majority vote per turn), :class:`PipelineEvaluator` (MHGPO's accuracy, EM, F1),
+  :class:`WritingEvaluator` (two writers against the four MAGRPO baselines, the writing reward and its components).
   :func:`make_evaluator` picks one for an environment.
 * :mod:`.stats`: the paired bootstrap; :mod:`.report`: ``summary.json``'s ``evaluation`` section, ``report.md``
   and ``reward_curve.png``, written in one place.
@@ -34,6 +35,7 @@ from .pipeline import PipelineEvaluator
 from .progress import EvalProgress
 from .report import evaluation_section, summarize, write_report, write_run_outputs
 from .stats import bootstrap_interval, paired_bootstrap
+from .writing import WritingEvaluator
 
 #: ``evaluator:`` names of a recipe (``auto`` picks by environment, ``none`` evaluates nothing).
 EVALUATORS: dict[str, type[Evaluator]] = {
@@ -41,12 +43,14 @@ EVALUATORS: dict[str, type[Evaluator]] = {
     "coding": CodingEvaluator,
     "debate": DebateEvaluator,
     "pipeline": PipelineEvaluator,
+    "writing": WritingEvaluator,
 }
 
 
 def evaluator_kind(env) -> str:
     """The evaluator ``auto`` chooses for an environment instance."""
     from ..environments import AuxMainCodingEnv, DebateEnv, PipelineEnvironment
+    from ..environments.writing import ArxivExpansionEnv, TLDREnv
 
     if isinstance(env, PipelineEnvironment):
         return "pipeline"
@@ -54,6 +58,8 @@ def evaluator_kind(env) -> str:
         return "debate"
     if isinstance(env, AuxMainCodingEnv):
         return "coding"
+    if isinstance(env, (TLDREnv, ArxivExpansionEnv)):
+        return "writing"
     return "episodes"
 
 
@@ -76,7 +82,7 @@ def make_evaluator(name: str, env_factory: Callable, num_turns: int = 1, agent_o
 
 __all__ = [
     "BASELINES", "EVALUATORS", "KS", "METHODS", "TEAM", "CodingEvaluator", "DebateEvaluator", "EpisodeEvaluator",
-    "EvalProgress", "Evaluator", "MethodOutput", "MethodResult", "PipelineEvaluator", "StageResult",
+    "EvalProgress", "Evaluator", "MethodOutput", "MethodResult", "PipelineEvaluator", "StageResult", "WritingEvaluator",
     "at_k_metrics", "bootstrap_interval", "debate_metrics", "evaluate_debate", "evaluate_team", "evaluation_section",
     "evaluator_kind", "expected_max_at_k", "generate", "make_evaluator", "paired_bootstrap", "pass_at_k",
     "play_episodes", "run_programs", "success_rate", "summarize", "write_report", "write_run_outputs",

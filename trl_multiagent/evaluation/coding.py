@@ -22,7 +22,7 @@ from typing import Any
 from ..agents import GenerationRequest
 from ..environments.base import Environment
 from .at_k import KS, at_k_metrics
-from .core import TEAM, Evaluator, MethodOutput, Program
+from .core import TEAM, Evaluator, MethodOutput, Program, regroup
 from .episodes import by_task, play_episodes
 from .stats import mean
 
@@ -78,6 +78,7 @@ class CodingEvaluator(Evaluator):
     sampled = True
     default_num_tasks = None  # every held-out problem
     own_held_out_split = True  # HumanEval's held-out cooperative problems, also for a team trained on MBPP
+    naive_is_untrained_team = True  # MAGRPO trains with the naive-concatenation prompts
 
     def __init__(self, env_factory: Callable[[], Environment], num_turns: int):
         env = env_factory()
@@ -135,7 +136,7 @@ class CodingEvaluator(Evaluator):
         elif method == "sequential":  # main sees the aux written for it: one prompt per sample
             auxes = texts("aux", (yield ask("aux", aux_p, m)))
             seq = [main_p[i] + SEQUENTIAL_SUFFIX.format(aux=a) for i in range(n) for a in auxes[i]]
-            mains = _regroup(texts("main", (yield ask("main", seq, 1))), m)
+            mains = regroup(texts("main", (yield ask("main", seq, 1))), m)
         else:  # discussion: one round, each agent sees both first answers and revises
             gens = yield ask("aux", aux_p, m) + ask("main", main_p, m)
             first_aux, first_main = texts("aux", gens[:n]), texts("main", gens[n:])
@@ -143,8 +144,8 @@ class CodingEvaluator(Evaluator):
             revise = ask("aux", [aux_p[i] + DISCUSSION_SUFFIX.format(own=a, other=b) for i, a, b in pairs], 1) + \
                 ask("main", [main_p[i] + DISCUSSION_SUFFIX.format(own=b, other=a) for i, a, b in pairs], 1)
             gens = yield revise
-            auxes = _regroup(texts("aux", gens[:len(pairs)]), m)
-            mains = _regroup(texts("main", gens[len(pairs):]), m)
+            auxes = regroup(texts("aux", gens[:len(pairs)]), m)
+            mains = regroup(texts("main", gens[len(pairs):]), m)
         records = self._score(tasks, auxes, mains)
         return MethodOutput(records, self._details(records, m, tokens))
 
@@ -174,8 +175,3 @@ class CodingEvaluator(Evaluator):
         details.update({f"tokens/{a}": mean(ns) for a, ns in tokens.items() if ns})
         return details
 
-
-def _regroup(single_samples: list[list[str]], m: int) -> list[list[str]]:
-    """One sample per prompt, prompts ordered problem by problem -> M samples per problem."""
-    flat = [g[0] for g in single_samples]
-    return [flat[i:i + m] for i in range(0, len(flat), m)]

@@ -97,6 +97,8 @@ class Evaluator:
             every task of the held-out split.
         own_held_out_split: the environment's generated held-out split is the evaluation's default even when the
             training data come from a hub dataset (a recipe naming ``eval_dataset_split`` still wins).
+        naive_is_untrained_team: the ``naive`` baseline plays the team's own single-turn prompts with the adapters
+            off, so it is the untrained team in distribution (``eval_team_before_is_naive`` may reuse it).
     """
 
     name = "custom"
@@ -105,6 +107,7 @@ class Evaluator:
     sampled = False
     default_num_tasks: int | None = 32
     own_held_out_split = False
+    naive_is_untrained_team = False
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -287,6 +290,12 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance)
     results = {m: MethodResult.from_output(m, ids, outputs[m]) for m in methods}
     return StageResult(stage, results, time.perf_counter() - start, sequences, calls)
+
+
+def regroup(single_samples: list[list[Generation]] | list[list[str]], m: int) -> list[list]:
+    """Generations of one sample per prompt, prompts ordered task by task -> ``m`` samples per task."""
+    flat = [g[0] for g in single_samples]
+    return [flat[i:i + m] for i in range(0, len(flat), m)]
 
 
 def nan_to_none(value: Any) -> Any:
