@@ -1,4 +1,4 @@
-"""Train a team with MAGRPO (or AT-GRPO: `grouping: agent_turn`) from a YAML recipe.
+"""Train a team with MAGRPO (`trainer: magrpo`; any trainer of the registry works) from a YAML recipe.
 
     accelerate launch recipes/magrpo.py --config recipes/configs/matrix_game.yaml [--field value ...]
 

@@ -33,6 +33,17 @@ def test_installed_versions_are_the_tested_minor_releases():
         assert version.split(".")[:2] == tested.split(".")[:2], f"{package} {version} is not the tested {tested}.x"
 
 
+def test_pyproject_pins_the_tested_minor_ranges():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    for package, tested in compat.TESTED_VERSIONS.items():
+        major, minor = (int(v) for v in tested.split(".")[:2])
+        pins = re.findall(rf'"{package}([<>=][^"]*)"', text)
+        assert pins == [f">={major}.{minor},<{major}.{minor + 1}"], f"pyproject.toml pins {package} as {pins}"
+
+
 def _self_attributes_read(func) -> set[str]:
     """Names ``self.<name>`` read in ``func``'s source (not assigned to, not called as methods)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))

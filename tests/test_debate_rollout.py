@@ -7,9 +7,9 @@ from transformers import GenerationConfig
 
 from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit.maporl import Incentives, PenaltySettings
-from trl_multiagent.debate_evaluation import debate_metrics, evaluate_debate
 from trl_multiagent.environments import CollaborationGameEnv, MathDebateEnv, NLIDebateEnv
 from trl_multiagent.environments.debate import anli_to_task, nli_problems, parse_nli_label
+from trl_multiagent.evaluation import debate_metrics, evaluate_debate
 from trl_multiagent.rollout import DebateSampler
 
 GEN = GenerationConfig(max_new_tokens=8)

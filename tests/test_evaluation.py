@@ -148,20 +148,51 @@ def test_episodes_on_the_matrix_game():
     assert team.details["turn1/team_reward"] == expected
 
 
-def test_pipeline_evaluator_agrees_with_evaluate_pipeline():
+def sampler_single_pass(pool, env, tasks):
+    """The pipeline sampler's one output per node and task (Fork-on-first with G = 1): the reference the pipeline
+    evaluator is checked against."""
+    from collections import defaultdict
+
+    from trl_multiagent.rollout.pipeline import PipelineSampler
+
+    result = PipelineSampler(num_samples=1, strategy="fork_on_first").run(pool, env, list(tasks), GREEDY)
+    out = defaultdict(list)
+    for traj in result.trajectories:
+        out["reward"].append(traj.reward)
+        for key, value in traj.info.items():
+            out[key].append(value)
+    for node in result.nodes:
+        if node.is_agent:
+            inputs = {name: result.nodes[i].output for name, i in node.inputs.items()}
+            for key, value in env.output_stats(node.name, inputs, node.output).items():
+                out[f"agent/{node.name}/{key}"].append(float(value))
+    return {key: sum(vs) / len(vs) for key, vs in out.items()}
+
+
+def test_pipeline_evaluator_agrees_with_a_single_sampler_pass():
     from tests.fake_pool import ScriptedPool
     from tests.test_mhgpo_rollout import ToyDag
-    from trl_multiagent.rollout.pipeline import evaluate_pipeline
 
     tasks = [{"id": 0, "bonus": 0.0}, {"id": 1, "bonus": 0.5}]
     script = lambda agent, prompt, k, *adapter: f"{agent}1" if "0" in str(prompt) else f"{agent}0"  # noqa: E731
-    expected = evaluate_pipeline(ScriptedPool(["a", "b", "c", "d"], script), ToyDag(), tasks, GREEDY)
+    expected = sampler_single_pass(ScriptedPool(["a", "b", "c", "d"], script), ToyDag(), tasks)
     pool = ManyPool(["a", "b", "c", "d"], script)
     result = evaluate_team(pool, PipelineEvaluator(ToyDag), tasks, generation_config=GREEDY)
     team = result.methods[TEAM]
     assert len(pool.calls) == 4  # one call per agent stage of the graph, every question in it
     for key in ("reward", "answer_is_d0", "agent/a/length", "agent/d/length"):
         assert team.mean(key) == pytest.approx(expected[key]), key
+
+
+def test_pipeline_evaluator_single_pass_per_question():
+    from tests.test_mhgpo_rollout import TASKS, ToyDag, counting_pool
+
+    pool = counting_pool()  # a pool with only the per-agent generate: served stage by stage
+    team = evaluate_team(pool, PipelineEvaluator(ToyDag), TASKS, generation_config=GREEDY).methods[TEAM]
+    assert pool.calls == [("a", 3, 1), ("b", 3, 1), ("c", 3, 1), ("d", 3, 1)]
+    # every agent says <agent>0: only question 1's bonus of 1.0 scores; d0 is the answer everywhere
+    assert team.mean("reward") == pytest.approx(1 / 3) and team.mean("answer_is_d0") == 1.0
+    assert team.mean("agent/a/length") == 2.0 and len(team.per_task("reward")) == 3
 
 
 def test_coding_evaluation_runs_every_method_in_two_generation_calls(tiny_text_model):

@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit import STD_EPS
 from trl_multiagent.environments.pipeline import PipelineEnvironment, PipelineGraph
-from trl_multiagent.rollout.pipeline import PipelineSampler, choose_fork_agents, evaluate_pipeline
+from trl_multiagent.rollout.pipeline import PipelineSampler, choose_fork_agents
 
 GEN = GenerationConfig(max_new_tokens=4)
 G = 2
@@ -230,10 +230,3 @@ def test_sampler_argument_errors():
     with pytest.raises(ValueError, match="not agents of the pipeline"):
         PipelineSampler(num_samples=2, strategy="round_robin").plan(ToyDag().graph(), 1, forks=["t"])
 
-
-def test_evaluate_pipeline_single_pass():
-    pool = counting_pool()
-    out = evaluate_pipeline(pool, ToyDag(), TASKS, GEN)
-    assert pool.calls == [("a", 3, 1), ("b", 3, 1), ("c", 3, 1), ("d", 3, 1)]
-    assert out["reward"] == pytest.approx(1 / 3) and out["answer_is_d0"] == 1.0 and out["num_questions"] == 3
-    assert out["agent/a/length"] == 2.0

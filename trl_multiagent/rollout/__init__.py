@@ -17,8 +17,8 @@ from .agent_turn import AgentTurnSampler
 from .debate import DebateSample, DebateSampler
 from .experience import Experience, JointAction, Sample, rollout_stats
 from .joint_tree import JointTreeSampler
-from .pipeline import PipelineSampler, evaluate_pipeline
-from .single_path import EpisodeBuffer, SinglePathSampler, Transition, evaluate_episodes
+from .pipeline import PipelineSampler
+from .single_path import EpisodeBuffer, SinglePathSampler, Transition
 
-__all__ = ["PipelineSampler", "evaluate_pipeline", "AgentTurnSampler", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience", "JointAction", "JointTreeSampler", "Sample", "SinglePathSampler",
-           "Transition", "evaluate_episodes", "rollout_stats"]
+__all__ = ["AgentTurnSampler", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience", "JointAction",
+           "JointTreeSampler", "PipelineSampler", "Sample", "SinglePathSampler", "Transition", "rollout_stats"]

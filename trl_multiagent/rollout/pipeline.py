@@ -331,27 +331,3 @@ class PipelineSampler:
             for agent in graph.agents:
                 stats[f"fork/{agent}"] = result.forks.count(agent) / max(len(result.forks), 1)
         return stats
-
-
-def evaluate_pipeline(pool, env: PipelineEnvironment, tasks: Sequence[Mapping[str, Any]],
-                      generation_config: GenerationConfig) -> dict[str, float]:
-    """One pass of the pipeline per task (one output per node, e.g. greedy decoding): the mean final reward, the
-    mean of every ``env.metrics`` entry (e.g. ``acc``, ``em``, ``f1``) and every agent's mean ``env.output_stats``
-    (``agent/<name>/<stat>``), plus ``num_questions``."""
-    if not tasks:
-        raise ValueError("evaluate_pipeline needs at least one task")
-    sampler = PipelineSampler(num_samples=1, strategy="fork_on_first")
-    result = sampler.run(pool, env, list(tasks), generation_config)
-    out: dict[str, list[float]] = defaultdict(list)
-    for traj in result.trajectories:
-        out["reward"].append(traj.reward)
-        for key, value in traj.info.items():
-            out[key].append(value)
-    for node in result.nodes:
-        if node.is_agent:
-            inputs = PipelineSampler._inputs(result.nodes, node)
-            for key, value in env.output_stats(node.name, inputs, node.output).items():
-                out[f"agent/{node.name}/{key}"].append(float(value))
-    summary = {key: sum(vs) / len(vs) for key, vs in out.items()}
-    summary["num_questions"] = float(len(tasks))
-    return summary

@@ -191,27 +191,3 @@ class SinglePathSampler:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
                 return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
         return [env.step(action) for env, action in zip(envs, actions)]
-
-
-def evaluate_episodes(pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
-                      num_turns: int, max_new_tokens: int) -> dict[str, Any]:
-    """Greedy (T = 0) team episodes on ``tasks``, one path each, as the actor-critic agents act after training.
-
-    Returns the mean over episodes of every ``info`` value of the final state (e.g. ``iou`` and ``adjacency`` for
-    StrBuild), of the undiscounted ``return`` (with its 95% bootstrap interval ``return_ci95``) and of the number of
-    ``turns`` played, plus ``episodes`` and the per-episode returns.
-    """
-    from ..evaluation import bootstrap_interval
-
-    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
-    buffer = SinglePathSampler(num_turns=num_turns).rollout(pool, env_factory, list(tasks), greedy)
-    finals = buffer.final_infos()
-    returns = [tr.ret for tr in buffer.transitions if tr.turn == 0]
-    turns = [1 + max(tr.turn for tr in buffer.transitions if tr.episode == e) for e in range(len(tasks))]
-    out: dict[str, Any] = {}
-    for key in dict.fromkeys(k for info in finals for k in info):
-        values = [float(info[key]) for info in finals if key in info]
-        out[key] = sum(values) / len(values)
-    out.update({"return": sum(returns) / len(returns), "return_ci95": bootstrap_interval(returns),
-                "turns": sum(turns) / len(turns), "episodes": len(tasks), "per_episode_return": returns})
-    return out

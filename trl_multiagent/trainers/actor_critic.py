@@ -104,7 +104,7 @@ class ActorCriticConfig(MultiAgentConfig):
             a pass grows with its batch times the square of its length on CPU, so long histories need a small
             value here. The loss is the same mean over the minibatch whatever the micro-batch.
 
-    Defaults changed from [`MultiAgentGRPOConfig`]: `num_generations=1` (one path per episode), `learning_rate=5e-6`
+    Defaults changed from [`MultiAgentConfig`]: `num_generations=1` (one path per episode), `learning_rate=5e-6`
     (the paper's actor rate). The actor's objective is `loss_type="response"` (Eq. 2 / Eq. 4): the ratio
     rho = pi(a|h) / pi_old(a|h) of whole-response probabilities (exp of the SUM of the token log-ratios), times the TD
     error, with the gradient of the summed token log-probs (:func:`~trl_multiagent.losses.response_policy_loss`,
