@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The main job: aux + main coders on HumanEval with MAGRPO on the embedded SmolLM2-135M-Instruct (QLoRA);
-# evaluates against four baselines on held-out problems and writes outputs/demo/.
+# The main job: two writers (summary + elaboration) on TLDR posts, trained together with MAGRPO on the embedded
+# SmolLM2-135M-Instruct (LoRA adapters on one shared base); evaluated before and after training on 50 held-out posts
+# against four inference-time baselines; writes outputs/demo/ (a rerun of make demo replaces it: --overwrite_output_dir).
 demo: install
 	$(BIN)/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
-		recipes/coding.py --config recipes/configs/demo.yaml
+		recipes/magrpo.py --config recipes/configs/demo.yaml --overwrite_output_dir true
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15

@@ -1,7 +1,7 @@
 """Cooperative coding on HumanEval (aux + main) with MAGRPO, evaluated against the four baselines.
 
-    accelerate launch recipes/coding.py --config recipes/configs/demo.yaml          (the main job: make demo)
-    accelerate launch recipes/coding.py --config recipes/configs/demo.yaml --max_steps 0   (evaluation only)
+    accelerate launch recipes/coding.py --config recipes/configs/coding_demo.yaml   (cooperative HumanEval, demo size)
+    accelerate launch recipes/coding.py --config recipes/configs/coding_demo.yaml --max_steps 0   (evaluation only)
 
 The same runner as `python -m trl_multiagent train`; this script insists on the environment humaneval_aux_main.
 Writes summary.json (before/after means with 95% intervals, paired gains, the gain over the best baseline),

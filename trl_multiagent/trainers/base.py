@@ -44,7 +44,7 @@ from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..models import context_length
 from ..rollout import Experience, Sample
 from ..utils import release_freed_memory
-from .callbacks import MetricsFileCallback
+from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
 from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
 
@@ -268,11 +268,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
         # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
         # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
         set_seed(args.seed, device_specific=True)
-        if not args.disable_tqdm:
-            from trl.trainer.callbacks import RichProgressCallback
-
+        if not args.disable_tqdm:  # a one-line rich bar (step, time left, reward) instead of tqdm's
             self.remove_callback(ProgressCallback)
-            self.add_callback(RichProgressCallback())
+            self.add_callback(TrainingProgressCallback())
         self.add_callback(MetricsFileCallback(args.output_dir))
 
     # ------------------------------------------------------------------------------------------------ hooks

@@ -40,3 +40,51 @@ class MetricsFileCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+
+
+class TrainingProgressCallback(TrainerCallback):
+    """A rich progress bar of training: steps done of ``max_steps``, elapsed time, time left, and the last logged
+    team reward (``reward``) and step time; one line fits 100 columns. The main process draws it."""
+
+    def __init__(self):
+        self.progress = None
+        self.task = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or state.max_steps <= 0:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(TextColumn("[bold]training"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                 TextColumn("steps"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[status]}"))
+        self.progress.start()
+        self.task = self.progress.add_task("training", total=state.max_steps, completed=state.global_step,
+                                           status="")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs:
+            return
+        shown = [f"{name} {logs[key]:.3f}" for key, name in (("reward", "reward"), ("loss", "loss"))
+                 if isinstance(logs.get(key), (int, float))]
+        if isinstance(logs.get("step_time"), (int, float)):
+            shown.append(f"{logs['step_time']:.0f} s/step")
+        if shown:
+            self.progress.update(self.task, status=" · ".join(shown))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,69 @@
+"""Collect the demo's seeds into one table: docs/results/demo/README.md's table and table.json.
+
+Each seed's run directory (``outputs/demo`` for seed 0 from ``make demo``, ``outputs/demo_seed<N>`` for the others)
+is copied here as ``seed<N>/`` (summary.json, report.md, reward_curve.png, metrics.jsonl), and the table lists, per
+seed, the team's held-out reward before and after training, the paired gain and the paired gain over the best
+baseline, each with its 95% bootstrap interval, and every baseline's mean.
+
+    python docs/results/demo/collect.py outputs/demo outputs/demo_seed1 outputs/demo_seed2
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl")
+
+
+def row(summary: dict) -> dict:
+    ev = summary["evaluation"]
+    team = ev["methods"]["team"]
+    seed = summary["recipe"].get("seed", 0)
+    out = {"seed": seed, "held_out_tasks": ev["held_out_tasks"], "num_samples": ev["num_samples"],
+           "before": team["before"], "after": team["after"], "gain": team["gain"],
+           "gain_vs_best_baseline": team["gain_vs_best_baseline"],
+           "baselines": {b: ev["methods"][b]["before"]["mean"] for b in ev["baselines"] if b in ev["methods"]},
+           "wall_time_s": summary["wall_time_s"]}
+    return out
+
+
+def interval(entry: dict, signed: bool = False) -> str:
+    lo, hi = entry["ci95"]
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(entry['mean'])} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def main(run_dirs: list[str]) -> int:
+    rows = []
+    for run in map(Path, run_dirs):
+        summary = json.loads((run / "summary.json").read_text())
+        r = row(summary)
+        dest = HERE / f"seed{r['seed']}"
+        dest.mkdir(exist_ok=True)
+        for name in FILES:
+            if (run / name).exists():
+                shutil.copy2(run / name, dest / name)
+        rows.append(r)
+    rows.sort(key=lambda r: r["seed"])
+    (HERE / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    baselines = list(rows[0]["baselines"])
+    lines = ["| seed | before | after | gain (paired) | gain vs best baseline | " + " | ".join(baselines) +
+             " | wall time |", "|---" * (6 + len(baselines)) + "|"]
+    for r in rows:
+        vs = r["gain_vs_best_baseline"]
+        lines.append(f"| {r['seed']} | {interval(r['before'])} | {interval(r['after'])} | "
+                     f"{interval(r['gain'], True)} | {interval(vs, True)} ({vs['baseline']}) | " +
+                     " | ".join(f"{r['baselines'][b]:.3f}" for b in baselines) +
+                     f" | {r['wall_time_s'] / 60:.1f} min |")
+    table = "\n".join(lines)
+    print(table)
+    (HERE / "table.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
