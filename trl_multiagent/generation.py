@@ -282,9 +282,13 @@ def _preallocated_cache(model: torch.nn.Module, capacity: int):
 @torch.no_grad()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
            eos_ids: Sequence[int], batch: MultiAdapterBatch | None = None,
-           compact_fraction: float = 0.25) -> list[list[int]]:
+           compact_fraction: float = 0.25, expand: torch.Tensor | None = None) -> list[list[int]]:
     """Sample completions of the left-padded ``input_ids`` rows; returns each row's completion token ids (ending
     with its EOS token when it produced one).
+
+    ``expand`` (optional, indices into the prompt rows) samples one completion per entry: the prompts are prefilled
+    once and their KV cache rows copied, so ``num_samples`` completions of one prompt cost one prefill, not
+    ``num_samples`` (``batch`` is then given per prompt row, like ``input_ids``).
 
     ``model`` is a transformers causal LM (the PEFT-injected model under ``batch``, if any). Rows that produced
     EOS leave the batch, with their KV cache rows, once at least ``compact_fraction`` of the live rows have
@@ -301,6 +305,14 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                 use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1, :]
+    if expand is not None:
+        expand = expand.to(device)
+        cache.batch_select_indices(expand)
+        if batch is not None:
+            batch.select(expand)
+        logits, input_ids, attention_mask, position_ids = (t[expand] for t in (logits, input_ids, attention_mask,
+                                                                                 position_ids))
+        rows = int(expand.numel())
     live = torch.arange(rows, device=device)  # original row of each live row
     completions: list[list[int]] = [[] for _ in range(rows)]
     need_seen = config.repetition_penalty not in (None, 1.0)
@@ -408,10 +420,14 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     base = pool.bases[key]
     model = base.get_base_model()
     device = next(base.parameters()).device
-    input_ids, attention_mask = _left_padded(encoded, chunk, _pad_id(pool.tokenizers[key]), device)
-    adapters = [pool.policy_of(requests[i].agent) if requests[i].use_adapter else None for i, _ in chunk]
+    # the samples of one request share its prompt: one prefill per request, its cache rows copied per sample
+    unique = list(dict.fromkeys(i for i, _ in chunk))
+    position = {i: p for p, i in enumerate(unique)}
+    expand = torch.tensor([position[i] for i, _ in chunk], dtype=torch.long)
+    input_ids, attention_mask = _left_padded(encoded, [(i, 0) for i in unique], _pad_id(pool.tokenizers[key]), device)
+    adapters = [pool.policy_of(requests[i].agent) if requests[i].use_adapter else None for i in unique]
     with eval_mode(base), MultiAdapterBatch(model, adapters) as batch:
-        return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch)
+        return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand)
 
 
 _warned_fallback: set[tuple[str, ...]] = set()
