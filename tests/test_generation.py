@@ -58,11 +58,12 @@ def test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer(tiny_te
 
 
 def test_samples_of_one_prompt_share_one_prefill(tiny_text_model):
-    """num_samples completions of a request: the prompt is prefilled once (the first forward holds one row per
-    request), and every sample continues from it as a fresh prompt would (greedy: the reference's answer)."""
+    """num_samples completions of a request, and requests repeating a prompt with the same adapter: the prompt is
+    prefilled once (the first forward holds one row per distinct prompt and adapter), and every sample continues from
+    it as a fresh prompt would (greedy: the reference's answer)."""
     pool = _pool(tiny_text_model)
     requests = [GenerationRequest("aux", "hello there", num_samples=3), GenerationRequest("main", "abc", num_samples=2),
-                GenerationRequest("main", "abc", num_samples=1, use_adapter=False)]
+                GenerationRequest("main", "abc", num_samples=1), GenerationRequest("main", "abc", use_adapter=False)]
     model = pool.bases[pool.policies[pool.policy_of("aux")].base_key].get_base_model()
     batch_sizes = []
     hook = model.register_forward_pre_hook(lambda m, a, k: batch_sizes.append(tuple(k["input_ids"].shape)),
@@ -71,8 +72,8 @@ def test_samples_of_one_prompt_share_one_prefill(tiny_text_model):
         out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
     finally:
         hook.remove()
-    assert batch_sizes[0][0] == 3 and batch_sizes[0][1] > 1  # the prefill: 3 requests, not 6 samples
-    assert all(shape == (6, 1) for shape in batch_sizes[1:2])  # then one token for each of the 6 samples
+    assert batch_sizes[0][0] == 3 and batch_sizes[0][1] > 1  # the prefill: 3 distinct prompts, not 7 samples
+    assert batch_sizes[1][1] == 1  # then one token at a time for the samples (less the rows that ended at once)
     for req, gens in zip(requests, out):
         assert len(gens) == req.num_samples
         expected = _hf_greedy(pool, req.agent, req.prompt, 6, use_adapter=req.use_adapter)

@@ -420,12 +420,22 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     base = pool.bases[key]
     model = base.get_base_model()
     device = next(base.parameters()).device
-    # the samples of one request share its prompt: one prefill per request, its cache rows copied per sample
-    unique = list(dict.fromkeys(i for i, _ in chunk))
-    position = {i: p for p, i in enumerate(unique)}
-    expand = torch.tensor([position[i] for i, _ in chunk], dtype=torch.long)
-    input_ids, attention_mask = _left_padded(encoded, [(i, 0) for i in unique], _pad_id(pool.tokenizers[key]), device)
-    adapters = [pool.policy_of(requests[i].agent) if requests[i].use_adapter else None for i in unique]
+    # rows with the same prompt and adapter (the samples of one request, and requests that repeat a prompt, e.g.
+    # the first round of several baselines) share one prefill; its cache rows are copied per row
+    position: dict[tuple, int] = {}
+    prompts: list[tuple[int, int]] = []  # (request, 0) of each distinct prompt, for _left_padded
+    adapters: list[str | None] = []
+    rows: list[int] = []
+    for i, _ in chunk:
+        adapter = pool.policy_of(requests[i].agent) if requests[i].use_adapter else None
+        prompt_key = (tuple(encoded[i]), adapter)
+        if prompt_key not in position:
+            position[prompt_key] = len(prompts)
+            prompts.append((i, 0))
+            adapters.append(adapter)
+        rows.append(position[prompt_key])
+    expand = torch.tensor(rows, dtype=torch.long)
+    input_ids, attention_mask = _left_padded(encoded, prompts, _pad_id(pool.tokenizers[key]), device)
     with eval_mode(base), MultiAdapterBatch(model, adapters) as batch:
         return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand)
 
