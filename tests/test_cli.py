@@ -80,6 +80,15 @@ def test_bad_values_end_in_one_clean_error(cli, base, args, needles):
     assert_clean_error(cli(base + args), *needles)
 
 
+@pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
+def test_a_tracking_backend_that_is_not_installed_is_one_error_naming_the_extra(cli, base, backend):
+    import importlib.util
+
+    if importlib.util.find_spec(backend) is not None:
+        pytest.skip(f"{backend} is installed here")
+    assert_clean_error(cli(base + ["--report_to", backend]), "report_to", backend, "trl-multiagent[tracking]")
+
+
 @pytest.mark.parametrize("env_kwargs,needle", [
     ({"max_turns": 0}, "max_turns"),
     ({"max_turns": "three"}, "max_turns"),

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -241,7 +242,11 @@ class AgentPool(nn.Module):
             model = load_base_model(source[0], quantization=source[1], dtype=self._dtype)
             self.tokenizers[key] = load_tokenizer(source[0])
             self.base_sources[key] = source
-            self.bases[key] = get_peft_model(model, config, adapter_name=adapter)
+            with warnings.catch_warnings():
+                # PEFT 0.21 reads transformers' deprecated `is_gradient_checkpointing` while wrapping the model;
+                # the FutureWarning it raises is about PEFT's call, and would print in every run
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.bases[key] = get_peft_model(model, config, adapter_name=adapter)
             self._decide_dense_copy(key)
         else:
             self.bases[key].add_adapter(adapter, config)

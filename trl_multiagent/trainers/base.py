@@ -156,6 +156,24 @@ class MultiAgentConfig(GRPOConfig):
         self.num_generations = samples
         self.steps_per_generation = 1
         self.generation_batch_size = self.per_device_train_batch_size * self.world_size
+        check_tracking_backends(self.report_to)
+
+
+#: report_to backends and the module each needs; they come with ``pip install 'trl-multiagent[tracking]'``.
+TRACKING_MODULES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_tracking_backends(report_to) -> None:
+    """Every backend named in ``report_to`` can be imported: a missing one is an error here, before any model loads
+    (transformers would fail only when the trainer is built)."""
+    import importlib.util
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    missing = [n for n in names if n in TRACKING_MODULES and importlib.util.find_spec(TRACKING_MODULES[n]) is None]
+    if missing:
+        raise ValueError(f"report_to names {missing}, which is not installed: pip install 'trl-multiagent[tracking]' "
+                         f"(tensorboard, trackio, wandb), or pip install {' '.join(TRACKING_MODULES[n] for n in missing)}"
+                         ", or set report_to: none")
 
 
 def check_loss_settings(config) -> None:
