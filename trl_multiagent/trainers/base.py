@@ -46,6 +46,7 @@ from ..rollout import Experience, Sample
 from ..utils import release_freed_memory
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
+from .completions import append_rows, completion_rows, print_completions
 from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,6 @@ class MultiAgentConfig(GRPOConfig):
         if self.use_vllm:
             raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in "
                              "transformers.")
-        if self.log_completions:
-            raise ValueError("log_completions is not supported by the multi-agent trainers; see metrics.jsonl.")
         self.remove_unused_columns = False
         if not cuda:
             self.dataloader_pin_memory = False
@@ -413,6 +412,19 @@ class MultiAgentTrainer(TeamTrainerSurface):
         release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
         return experience
 
+    def record_completions(self, experience: Experience, tasks: Sequence[Mapping[str, Any]]) -> None:
+        """``log_completions``: on logging steps, this step's joint actions go to ``completions.jsonl`` and the first
+        ``num_completions_to_print`` to the console (:mod:`~trl_multiagent.trainers.completions`); this process's
+        rollout only."""
+        step = self.state.global_step + 1  # the step being computed
+        every = self.state.logging_steps or self.args.logging_steps
+        if not self.accelerator.is_main_process or (every and step % max(1, int(every)) != 0):
+            return
+        rows = completion_rows(experience, tasks, step, self.pool.agent_names)
+        append_rows(rows, self.args.output_dir)
+        if self.args.num_completions_to_print != 0:
+            print_completions(rows, self.pool.agent_names, self.args.num_completions_to_print)
+
     def sample(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """The sampler's rollout of ``tasks``, timed: ``rollout_time``, and within it ``time/generation`` (the pool's
         team-level generation), ``time/environment`` (the rest: environment steps, rewards, sandboxed tests) and
@@ -428,6 +440,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self._timings["environment"] += max(0.0, elapsed - generation)
         if generation > 0:
             self.log_metric("rollout_tokens_per_s", tokens / generation)
+        if self.args.log_completions:
+            self.record_completions(experience, tasks)
         return experience
 
     def gather_stats(self, stats: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,92 @@
+"""``log_completions``: what each agent wrote for the same task, and what the joint reward made of it.
+
+Every logging step with ``log_completions: true``, the trainer turns the step's rollout into rows, one per joint
+action (:func:`completion_rows`): the task, each agent's completion side by side, the joint reward and its
+environment components, and the advantage each agent's response received. The rows are appended to
+``<output_dir>/completions.jsonl`` and the first ``num_completions_to_print`` (TRL's field; all when unset) are
+printed as a rich table (:func:`print_completions`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..rollout.experience import Experience
+
+#: Characters of a task's description kept in a row.
+TASK_CHARS = 200
+
+
+def describe_task(task: Any) -> str:
+    """A short text naming a task row: its ``task_id`` (or ``id``), else its first text column, else its repr."""
+    if isinstance(task, Mapping):
+        for key in ("task_id", "id"):
+            if task.get(key) is not None:
+                return str(task[key])
+        for value in task.values():
+            if isinstance(value, str) and value:
+                return value[:TASK_CHARS]
+    return repr(task)[:TASK_CHARS]
+
+
+def completion_rows(experience: Experience, tasks: Sequence[Any], step: int, agents: Sequence[str]) -> list[dict]:
+    """One row per joint action of ``experience``: ``step``, ``episode``, ``turn``, ``task``, ``completions`` and
+    ``advantages`` by agent (an agent that did not act in the joint action is left out), ``reward`` and the
+    environment's ``components`` (its info values)."""
+    by_joint: dict[int, dict[str, Any]] = {}
+    for sample in experience.samples:
+        for joint_id in sample.joint_ids:
+            by_joint.setdefault(joint_id, {})[sample.agent] = sample
+    rows = []
+    for joint in experience.joint_actions:
+        members = by_joint.get(joint.id, {})
+        task = tasks[joint.episode] if 0 <= joint.episode < len(tasks) else None
+        rows.append({
+            "step": step, "episode": joint.episode, "turn": joint.turn, "task": describe_task(task),
+            "completions": {a: members[a].generation.text for a in agents if a in members},
+            "advantages": {a: float(members[a].advantage) for a in agents if a in members},
+            "reward": float(joint.reward),
+            "components": {k: float(v) for k, v in joint.info.items()},
+        })
+    return rows
+
+
+def append_rows(rows: Sequence[dict], output_dir: str | Path) -> Path:
+    """Append ``rows`` to ``<output_dir>/completions.jsonl``; returns the path."""
+    path = Path(output_dir) / "completions.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def completions_table(rows: Sequence[dict], agents: Sequence[str], limit: int | None = None):
+    """A rich Table of the first ``limit`` rows (all when None): task, one column per agent (its completion and its
+    advantage), the joint reward and its components."""
+    from rich.table import Table
+
+    shown = list(rows)[:limit] if limit is not None else list(rows)
+    step = shown[0]["step"] if shown else ""
+    table = Table(title=f"Joint actions at step {step}", show_lines=True)
+    table.add_column("task", max_width=30, overflow="fold")
+    for agent in agents:
+        table.add_column(agent, overflow="fold")
+    table.add_column("reward", justify="right")
+    for row in shown:
+        cells = [f"{row['completions'][a]}\n[dim]advantage {row['advantages'][a]:+.3f}[/dim]"
+                 if a in row["completions"] else "" for a in agents]
+        components = ", ".join(f"{k} {v:.2f}" for k, v in row["components"].items())
+        table.add_row(f"{row['task']}\n[dim]episode {row['episode']}, turn {row['turn']}[/dim]", *cells,
+                      f"{row['reward']:.3f}" + (f"\n[dim]{components}[/dim]" if components else ""))
+    return table
+
+
+def print_completions(rows: Sequence[dict], agents: Sequence[str], limit: int | None = None, console=None) -> None:
+    """Print :func:`completions_table` with rich."""
+    from rich.console import Console
+
+    (console or Console()).print(completions_table(rows, agents, limit))
