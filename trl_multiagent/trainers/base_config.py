@@ -1,0 +1,181 @@
+"""MultiAgentConfig: the config every trainer's config extends (over TRL's ``GRPOConfig``), and the checks of the
+values all trainers share (loss settings, ranges, tracking backends), run before any model loads."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from trl import GRPOConfig
+
+from ..agents import DENSE_COPY
+from ..losses import RESPONSE_LOSS
+
+#: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+#: How TRL's loss types aggregate: a mean over responses / over a micro-batch's tokens / a sum over a global count.
+ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
+TOKEN_MEAN_LOSSES = {"bnpo"}
+TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
+
+
+# ---------------------------------------------------------------------------------------------------- config
+@dataclass
+class MultiAgentConfig(GRPOConfig):
+    r"""The fields every multi-agent trainer shares, over [`~trl.GRPOConfig`] (whose fields all keep their meaning).
+
+    Parameters:
+        episodes_per_step (`int`, defaults to `1`):
+            Tasks (dataset rows) each process rolls out per optimizer step; every sample of those episodes goes into
+            that one step.
+        model_dtype (`str`, defaults to `"auto"`):
+            Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
+            `"bfloat16"` or `"float16"`.
+        overwrite_output_dir (`bool`, defaults to `False`):
+            Replace the results of an earlier run in `output_dir`. Without it a run refuses a directory that holds
+            another run's results, unless it resumes from one of its checkpoints.
+
+    Notes:
+        `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
+        `gradient_accumulation_steps` and `steps_per_generation` must stay 1 (raise `episodes_per_step` instead).
+        `num_iterations` reuses one rollout for that many optimizer steps, as in TRL. `loss_type` is
+        `"response"` (the whole-response objective of MAGRPO Eq. 2 and CoLLM Eq. 2/4) or any TRL loss type.
+    """
+
+    #: The smallest ``num_generations`` the trainer's sampler accepts.
+    min_generations: ClassVar[int] = 2
+
+    episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
+    model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
+    num_threads: int | None = field(default=None, metadata={
+        "help": "torch's CPU threads in each process; None: OMP_NUM_THREADS when you set it, else the CPUs this "
+                "process may run on, shared among the processes of this machine (the 1 that accelerate launch sets "
+                "on its own would leave all but one core idle)."})
+    dense_copy: str = field(default="auto", metadata={
+        "help": "4-bit (QLoRA) bases compute with a de-quantised copy of their frozen weights, the same numbers "
+                "without de-quantising at every matmul (several times faster on CPU, more memory): 'always', "
+                "'never', or 'auto' (when the copy takes at most a quarter of the available memory)."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
+                "holds another run's results (unless it resumes from one of its checkpoints)."})
+    num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent and branch point."})
+    loss_type: str = field(default=RESPONSE_LOSS, metadata={
+        "help": "Policy objective: 'response' (MAGRPO Eq. 2: clipped ratio of whole-response probabilities, gradient "
+                "of the summed token log-probs, mean over responses) or one of TRL's loss types ('grpo', 'bnpo', "
+                "'dr_grpo', 'dapo', ...)."})
+    use_bias_correction_kl: bool = field(default=False, metadata={
+        "help": "TRL's importance-sampling correction of the KL term (TRL's default is True); the papers' KL is the "
+                "plain estimator."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+    activation_checkpointing: bool | None = field(default=False, metadata={
+        "help": "Recompute activations in the backward pass to save memory (about 20% slower); off by default: "
+                "turn it on only when memory needs it."})
+    gradient_checkpointing: bool | None = field(default=None, metadata={
+        "help": "transformers' deprecated alias of activation_checkpointing."})
+
+    def __post_init__(self):
+        cuda = torch.cuda.is_available()
+        if self.bf16 is None:
+            self.bf16 = cuda
+        check_loss_settings(self)
+        check_common_values(self, self.min_generations)
+        if self.episodes_per_step < 1:
+            raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
+        if self.dense_copy not in DENSE_COPY:
+            raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {self.dense_copy!r}")
+        if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError("gradient_accumulation_steps must be 1 for multi-agent trainers: every sample of a rollout "
+                             "goes into one optimizer step. Raise episodes_per_step for a larger batch.")
+        if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
+            raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
+        if self.use_vllm:
+            raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in "
+                             "transformers.")
+        self.remove_unused_columns = False
+        if not cuda:
+            self.dataloader_pin_memory = False
+        if self.ddp_broadcast_buffers is None:
+            self.ddp_broadcast_buffers = False
+        if not self.use_cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and not torch.accelerator.is_available():
+            # Launched by torchrun on a machine without an accelerator: accelerate recognises a multi-CPU (gloo) run
+            # only with cpu=True; without it every process would silently train alone with num_processes == 1.
+            self.use_cpu = True
+        # GRPOConfig checks single-agent prompt groups (at least 2 generations, generation_batch_size divisible by
+        # them), which do not apply to a team's rollout: satisfy them, then restore the values this trainer uses.
+        samples = self.num_generations
+        self.num_generations = max(2, samples)
+        self.steps_per_generation = self.num_generations
+        super().__post_init__()
+        self.num_generations = samples
+        self.steps_per_generation = 1
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size
+        check_tracking_backends(self.report_to)
+
+
+#: report_to backends and the module each needs; they come with ``pip install 'trl-multiagent[tracking]'``.
+TRACKING_MODULES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def check_tracking_backends(report_to) -> None:
+    """Every backend named in ``report_to`` can be imported: a missing one is an error here, before any model loads
+    (transformers would fail only when the trainer is built)."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    missing = [n for n in names if n in TRACKING_MODULES and importlib.util.find_spec(TRACKING_MODULES[n]) is None]
+    if missing:
+        raise ValueError(f"report_to names {missing}, which is not installed: pip install 'trl-multiagent[tracking]' "
+                         f"(tensorboard, trackio, wandb), or pip install {' '.join(TRACKING_MODULES[n] for n in missing)}"
+                         ", or set report_to: none")
+
+
+def check_loss_settings(config) -> None:
+    """``loss_type`` names a known objective, and the whole-response objective gets no per-token option it ignores."""
+    if config.loss_type != RESPONSE_LOSS and config.loss_type not in TRL_LOSS_TYPES:
+        raise ValueError(f"loss_type must be {RESPONSE_LOSS!r} or one of TRL's {list(TRL_LOSS_TYPES)}, got "
+                         f"{config.loss_type!r}")
+    if config.loss_type == RESPONSE_LOSS:
+        per_token = {"entropy_coef": config.entropy_coef != 0.0, "use_adaptive_entropy": config.use_adaptive_entropy,
+                     "top_entropy_quantile": config.top_entropy_quantile < 1.0,
+                     "off_policy_mask_threshold": config.off_policy_mask_threshold is not None}
+        used = [name for name, on in per_token.items() if on]
+        if used:
+            raise ValueError(f"{used[0]} is a per-token option of TRL's losses; the whole-response objective "
+                             f"(loss_type={RESPONSE_LOSS!r}) does not use it. Unset it or choose a TRL loss_type.")
+
+
+def check_common_values(config, min_generations: int) -> None:
+    """Values every multi-agent config needs in range, checked before GRPOConfig's own checks (some of which would
+    otherwise fail with a ZeroDivisionError, or only when the model samples)."""
+    def need(ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{name} must be {rule}, got {getattr(config, name)!r}")
+
+    k = config.num_generations
+    if min_generations >= 2:
+        need(isinstance(k, int) and k >= min_generations, "num_generations",
+             f"an integer >= {min_generations} (K: a group of one sample has advantage 0, so it teaches nothing)")
+    else:
+        need(isinstance(k, int) and k >= min_generations, "num_generations", f"an integer >= {min_generations}")
+    need(config.per_device_train_batch_size >= 1, "per_device_train_batch_size", "at least 1 (samples per micro-batch)")
+    need(config.temperature > 0, "temperature", "> 0 (training samples; use a small value for near-greedy)")
+    need(config.top_p is None or 0 < config.top_p <= 1, "top_p", "in (0, 1]")
+    need(config.top_k is None or config.top_k >= 0, "top_k", ">= 0 (0 disables it)")
+    need(config.max_completion_length is not None and config.max_completion_length >= 1, "max_completion_length",
+         "at least 1 token")
+    need(config.learning_rate > 0, "learning_rate", "> 0")
+    need(config.beta >= 0, "beta", ">= 0")
+    need(config.epsilon >= 0 and (config.epsilon_high is None or config.epsilon_high >= 0), "epsilon", ">= 0")
+    need(config.num_iterations >= 1, "num_iterations", "at least 1")
+    need(config.max_grad_norm is None or config.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)")
+    need(config.logging_steps > 0, "logging_steps", "> 0")
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
