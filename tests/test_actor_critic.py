@@ -283,7 +283,7 @@ def test_missing_reward_max_fails_before_any_model_loads(tmp_path):
 def test_recipes_parse(tmp_path):
     from pathlib import Path
 
-    from trl_multiagent.recipe import load_recipe
+    from trl_multiagent.cli import load_recipe
 
     configs = sorted(Path("recipes/configs").glob("*_cc.yaml")) + sorted(Path("recipes/configs").glob("*_dc.yaml"))
     names = {p.name for p in configs}

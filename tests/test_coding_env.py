@@ -103,7 +103,8 @@ def test_mbpp_rows_map_to_humaneval_columns():
 
 @pytest.mark.parametrize("config", ["recipes/configs/coop_humaneval.yaml", "recipes/configs/mbpp.yaml"])
 def test_hub_recipes_fail_clearly_offline(config, tmp_path, monkeypatch):
-    from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.recipe import RecipeError, build_trainer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -170,7 +170,7 @@ DEBATE_CONFIGS = ("math_debate", "nli_debate", "gsm8k_debate", "anli_debate", "d
 
 
 def test_debate_recipes_parse(tmp_path):
-    from trl_multiagent.recipe import load_recipe
+    from trl_multiagent.cli import load_recipe
 
     for name in DEBATE_CONFIGS:
         path = Path("recipes/configs") / f"{name}.yaml"

@@ -216,7 +216,8 @@ CONFIGS = ["math_at_grpo_shared", "math_at_grpo_specialized", "gsm8k_at_grpo", "
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_math_recipes_load(tmp_path, name):
-    from trl_multiagent.recipe import build_team, load_recipe, resolve_environment
+    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.recipe import build_team, resolve_environment
     from trl_multiagent.utils import import_object
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",

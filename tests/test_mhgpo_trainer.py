@@ -10,9 +10,10 @@ from datasets import Dataset
 
 from tests.test_mhgpo_learning import AB_ONLY, TwoStageGame
 from trl_multiagent.agents import AgentSpec
+from trl_multiagent.cli import load_recipe
 from trl_multiagent.credit.mhgpo import agent_loss_weights
 from trl_multiagent.environments import MatrixGameEnv
-from trl_multiagent.recipe import RecipeError, build_trainer, load_recipe
+from trl_multiagent.recipe import RecipeError, build_trainer
 from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*mhgpo*.yaml"))

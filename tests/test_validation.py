@@ -7,13 +7,13 @@ import pytest
 from datasets import Dataset
 
 from trl_multiagent.agents import AgentSpec
+from trl_multiagent.cli import load_recipe
 from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
 from trl_multiagent.recipe import (
     RecipeError,
     build_dataset,
     build_trainer,
     held_out_tasks,
-    load_recipe,
     resolve_environment,
 )
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
@@ -310,7 +310,7 @@ def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
         assert run.evaluator is None
         return
     expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "nli_debate": "debate",
-                "search_qa": "pipeline"}.get(recipe.environment, "episodes")
+                "search_qa": "pipeline", "tldr": "writing", "arxiv": "writing"}.get(recipe.environment, "episodes")
     if recipe.trainer == "actor_critic":
         expected = "episodes"
     assert run.evaluator.name == expected and run.tasks and run.stages_planned

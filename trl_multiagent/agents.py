@@ -37,7 +37,13 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .critics import CriticSpec, ValueHead, select_head
 from .environments.base import Prompt
-from .generation import dense_weight_bytes, generate_team, use_dense_copy
+from .generation import (  # noqa: F401  (Generation and GenerationRequest are re-exported)
+    Generation,
+    GenerationRequest,
+    dense_weight_bytes,
+    generate_team,
+    use_dense_copy,
+)
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .utils import available_memory
 
@@ -104,28 +110,6 @@ class AgentSpec:
         targets = self.lora_target_modules
         return (self.model_name, self.quantization, self.lora_r, self.lora_alpha, self.lora_dropout,
                 tuple(targets) if isinstance(targets, list) else targets, self.learning_rate)
-
-
-@dataclass
-class Generation:
-    """One sampled response: token ids of the prompt and the completion, and the decoded completion text."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    text: str
-    truncated: bool = False
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One prompt of one agent to sample ``num_samples`` responses for, in a team-level :meth:`AgentPool.generate_many`
-    call. ``use_adapter=False`` samples from the agent's base model with its adapter switched off (the untrained
-    model: the inference-time baselines)."""
-
-    agent: str
-    prompt: Prompt
-    num_samples: int = 1
-    use_adapter: bool = True
 
 
 @dataclass

@@ -291,6 +291,17 @@ def _launcher(script: str | None) -> str:
     return f"{launcher} {target}"
 
 
+def load_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None):
+    """Parse a recipe into ``(RecipeArguments, trainer config)``; nothing is loaded.
+
+    Args:
+        argv: command-line arguments (``--config file.yaml --key value ...``); ``None`` reads ``sys.argv``.
+        yaml_text: recipe given as a YAML string instead of ``--config``.
+    """
+    recipe, config, _ = parse_recipe(argv, yaml_text=yaml_text)
+    return recipe, config
+
+
 def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str | None = None,
                   expect: dict[str, str] | None = None) -> int:
     """Parse, build, evaluate before, train, evaluate after, write the results; returns the exit code.

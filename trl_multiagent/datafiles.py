@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .errors import RecipeError
+
 #: Suffixes of the local data files a recipe's ``dataset`` may name.
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 
 
 def _error(message: str):
-    from .recipe import RecipeError
-
     return RecipeError(message)
 
 

@@ -24,10 +24,37 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
+
+from .environments.base import Prompt
+
+
+# ---------------------------------------------------------------------------------------------------- requests
+@dataclass
+class Generation:
+    """One sampled response: token ids of the prompt and the completion, and the decoded completion text."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt of one agent to sample ``num_samples`` responses for, in a team-level :meth:`AgentPool.generate_many`
+    call. ``use_adapter=False`` samples from the agent's base model with its adapter switched off (the untrained
+    model: the inference-time baselines)."""
+
+    agent: str
+    prompt: Prompt
+    num_samples: int = 1
+    use_adapter: bool = True
+
 
 #: Generation options the loop implements; any other non-default option of a GenerationConfig is refused.
 SUPPORTED_OPTIONS = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",
@@ -372,8 +399,6 @@ def generate_team(pool, requests, generation_config: GenerationConfig, max_batch
 
     Options :func:`decode` does not implement (see :func:`unsupported_options`) go through transformers'
     ``generate``, one agent at a time (logged once)."""
-    from .agents import Generation
-
     encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
     out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
     by_base: dict[str, list[int]] = {}

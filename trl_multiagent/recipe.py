@@ -27,12 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from .agents import QUANTIZATIONS, AgentSpec, check_team
+from .errors import RecipeError  # noqa: F401  (re-exported)
 from .utils import import_object
-
-
-class RecipeError(ValueError):
-    """A recipe (YAML file or command line) that cannot be run as written."""
-
 
 #: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
 EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion")
@@ -287,19 +283,6 @@ def unknown_key_message(key: str, known, source: str) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=3)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"{source}: unknown key '{key}'{hint}"
-
-
-def load_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None):
-    """Parse a recipe into ``(RecipeArguments, trainer config)``; nothing is loaded.
-
-    Args:
-        argv: command-line arguments (``--config file.yaml --key value ...``); ``None`` reads ``sys.argv``.
-        yaml_text: recipe given as a YAML string instead of ``--config``.
-    """
-    from .cli import parse_recipe
-
-    recipe, config, _ = parse_recipe(argv, yaml_text=yaml_text)
-    return recipe, config
 
 
 # ------------------------------------------------------------------------------------------------------ building
