@@ -70,3 +70,19 @@ def available_memory(device) -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+def progress_bar(label: str, unit: str, *extra_columns, **kwargs):
+    """A rich ``Progress`` with the project's columns: ``label`` in bold, a bar, done/total ``unit``, elapsed time
+    and time left, then ``extra_columns`` (e.g. a status text)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(bar_width=24), MofNCompleteColumn(), TextColumn(unit),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), *extra_columns, **kwargs)

@@ -12,6 +12,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+from ..utils import progress_bar
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,18 +32,7 @@ class EvalProgress:
             yield lambda n: None
             logger.info("%s (%s) done in %.0f s", self.description, name, time.perf_counter() - start)
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                   TextColumn("seqs"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
-        with Progress(*columns, transient=False) as bar:
+        with progress_bar("{task.description}", "seqs", transient=False) as bar:
             task = bar.add_task(f"{self.description} {name}", total=max(1, total))
             yield lambda n: bar.advance(task, n)
             bar.update(task, completed=max(1, total))

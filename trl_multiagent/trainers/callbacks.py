@@ -8,6 +8,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from ..utils import progress_bar
+
 
 def _jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
@@ -53,18 +55,9 @@ class TrainingProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero or state.max_steps <= 0:
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+        from rich.progress import TextColumn
 
-        self.progress = Progress(TextColumn("[bold]training"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                 TextColumn("steps"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[status]}"))
+        self.progress = progress_bar("training", "steps", TextColumn("{task.fields[status]}"))
         self.progress.start()
         self.task = self.progress.add_task("training", total=state.max_steps, completed=state.global_step,
                                            status="")
