@@ -22,11 +22,11 @@ from typing import Any
 from ..agents import GenerationRequest
 from ..environments.base import Environment
 from .at_k import KS, at_k_metrics
-from .core import TEAM, Evaluator, MethodOutput, Program, regroup
+from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
 from .episodes import by_task, play_episodes
 from .stats import mean
 
-BASELINES = ("single", "naive", "sequential", "discussion")
+BASELINES = PAIR_BASELINES
 #: Every method of the coding evaluation, the team first.
 METHODS = (TEAM, *BASELINES)
 
@@ -63,7 +63,7 @@ def coding_record(reward: float, info: Mapping[str, float], coop: float) -> dict
             "coop@1": float(coop)}
 
 
-class CodingEvaluator(Evaluator):
+class CodingEvaluator(PairBaselinesEvaluator):
     """The coding evaluation (see the module docstring).
 
     Args:
@@ -74,7 +74,6 @@ class CodingEvaluator(Evaluator):
 
     name = "coding"
     metrics_preference = ("reward", "pass@1")
-    baselines = BASELINES
     sampled = True
     default_num_tasks = None  # every held-out problem
     own_held_out_split = True  # HumanEval's held-out cooperative problems, also for a team trained on MBPP
@@ -86,10 +85,6 @@ class CodingEvaluator(Evaluator):
             raise ValueError(f"the coding evaluation needs the aux/main environment, got agents {list(env.agents)}")
         self.env_factory, self.num_turns = env_factory, max(1, min(num_turns, env.max_turns))
         self.reward_fn, self.sandbox = env.reward_fn, env.sandbox
-
-    def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
-        per_sample = {TEAM: 2 * self.num_turns, "single": 1, "naive": 2, "sequential": 2, "discussion": 4}[method]
-        return num_tasks * num_samples * per_sample
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
         if method == TEAM:

@@ -130,6 +130,24 @@ class Evaluator:
         return sorted(have)[0]
 
 
+#: The inference-time baselines of MAGRPO (Sec. 5.1, App. E) for two-agent tasks, and the sequences each generates
+#: per task and sample (single: one response; naive, sequential: one per agent; discussion: two rounds of two).
+PAIR_BASELINES = ("single", "naive", "sequential", "discussion")
+PAIR_BASELINE_SEQUENCES = {"single": 1, "naive": 2, "sequential": 2, "discussion": 4}
+
+
+class PairBaselinesEvaluator(Evaluator):
+    """An evaluator of a two-agent team against :data:`PAIR_BASELINES` (the coding and writing evaluations); the team
+    plays ``num_turns`` turns of two responses."""
+
+    baselines = PAIR_BASELINES
+    num_turns = 1
+
+    def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
+        per_sample = 2 * self.num_turns if method == TEAM else PAIR_BASELINE_SEQUENCES[method]
+        return num_tasks * num_samples * per_sample
+
+
 def task_ids_of(tasks: Sequence[Mapping[str, Any]]) -> list[str]:
     """The tasks' ``task_id`` (or ``id``) when they have one, else their index."""
     ids = []

@@ -30,11 +30,11 @@ from typing import Any
 
 from ..agents import GenerationRequest
 from ..environments.base import Environment
-from .core import TEAM, Evaluator, MethodOutput, Program, regroup
+from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
 from .episodes import by_task, play_episodes
 from .stats import mean
 
-BASELINES = ("single", "naive", "sequential", "discussion")
+BASELINES = PAIR_BASELINES
 #: Every method of the writing evaluation, the team first.
 METHODS = (TEAM, *BASELINES)
 COMPONENTS = ("structure", "style", "coherence")
@@ -102,7 +102,7 @@ def writing_record(breakdown) -> dict[str, float]:
     return record
 
 
-class WritingEvaluator(Evaluator):
+class WritingEvaluator(PairBaselinesEvaluator):
     """The writing evaluation (see the module docstring).
 
     Args:
@@ -113,7 +113,6 @@ class WritingEvaluator(Evaluator):
 
     name = "writing"
     metrics_preference = ("reward",)
-    baselines = BASELINES
     sampled = True
     default_num_tasks = 64
     own_held_out_split = True
@@ -128,10 +127,6 @@ class WritingEvaluator(Evaluator):
         self.env_factory = env_factory
         self.num_turns = max(1, min(num_turns, env.max_turns))
         self.first, self.second = env.agents
-
-    def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
-        per_sample = {TEAM: 2 * self.num_turns, "single": 1, "naive": 2, "sequential": 2, "discussion": 4}[method]
-        return num_tasks * num_samples * per_sample
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
         if method == TEAM:
