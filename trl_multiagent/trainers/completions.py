@@ -4,7 +4,8 @@ Every logging step with ``log_completions: true``, the trainer turns the step's 
 action (:func:`completion_rows`): the task, each agent's completion side by side, the joint reward and its
 environment components, and the advantage each agent's response received. The rows are appended to
 ``<output_dir>/completions.jsonl`` and the first ``num_completions_to_print`` (TRL's field; all when unset) are
-printed as a rich table (:func:`print_completions`).
+printed as a rich table (:func:`print_completions`). With ``report_to: tensorboard`` the rows also go to TensorBoard's
+text tab as a markdown table (tag ``train/completions``, :func:`completions_markdown`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ def completions_table(rows: Sequence[dict], agents: Sequence[str], limit: int | 
         table.add_row(f"{row['task']}\n[dim]episode {row['episode']}, turn {row['turn']}[/dim]", *cells,
                       f"{row['reward']:.3f}" + (f"\n[dim]{components}[/dim]" if components else ""))
     return table
+
+
+def completions_markdown(rows: Sequence[dict], agents: Sequence[str]) -> str:
+    """The rows as a markdown table (for tracking backends that show text, e.g. TensorBoard's text tab)."""
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    lines = ["| task | " + " | ".join(agents) + " | reward |", "|---" * (len(agents) + 2) + "|"]
+    for row in rows:
+        answers = [f"{cell(row['completions'][a])} (advantage {row['advantages'][a]:+.3f})"
+                   if a in row["completions"] else "" for a in agents]
+        lines.append(f"| {cell(row['task'])} | " + " | ".join(answers) + f" | {row['reward']:.3f} |")
+    return "\n".join(lines)
 
 
 def print_completions(rows: Sequence[dict], agents: Sequence[str], limit: int | None = None, console=None) -> None:
