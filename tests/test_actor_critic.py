@@ -300,12 +300,13 @@ def test_hub_writing_recipes_fail_clearly_offline(tmp_path, monkeypatch, name):
     import datasets
 
     from trl_multiagent import recipe as recipe_module
+    from trl_multiagent.cli import load_recipe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "no-cache", raising=False)
-    recipe, config = recipe_module.load_recipe(["--config", f"recipes/configs/{name}.yaml",
+    recipe, config = load_recipe(["--config", f"recipes/configs/{name}.yaml",
                                                 "--output_dir", str(tmp_path)])
     assert recipe.dataset in ("trl-lib/tldr", "gfissore/arxiv-abstracts-2021")
 

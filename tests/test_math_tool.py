@@ -237,12 +237,13 @@ def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
     import datasets
 
     from trl_multiagent import recipe as recipe_module
+    from trl_multiagent.cli import load_recipe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "no-cache", raising=False)
-    recipe, config = recipe_module.load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"),
+    recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"),
                                                 "--output_dir", str(tmp_path)])
     config_cls, _ = recipe_module._trainer_registry()[recipe.trainer]
 
