@@ -6,13 +6,10 @@
 (a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
     ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
     completion length, same batch, measured side by side in one process in alternating blocks
-    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15. Both run with glibc's default allocator
-    (ours with ``cpu_malloc_mmap_threshold=0``): the setting is process-wide and would act on TRL's steps as well.
+    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15.
 (b) Memory: peak resident memory of a fresh subprocess per configuration (``VmHWM``, checked against ``ru_maxrss``)
     for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy. Target:
-    4 agents on a shared base within 1.15x of one agent's peak. The trainers run with their default
-    ``cpu_malloc_mmap_threshold`` (glibc's mmap threshold pinned); full runs add a diagnostic variant with
-    ``cpu_malloc_mmap_threshold=0`` (glibc's dynamic default), to show what the setting buys.
+    4 agents on a shared base within 1.15x of one agent's peak.
 
 Options: ``--threads N`` (torch threads, default 1), ``--steps``, ``--block-steps``, ``--memory-steps``,
 ``--skip-speed``, ``--skip-memory``, ``--profile`` (cProfile of a few steps of each trainer, stored in the JSON),
@@ -49,8 +46,6 @@ log = logging.getLogger("bench")
 SPEED_TARGET = 1.15
 MEMORY_TARGET = 1.15
 MEMORY_RESULT_TAG = "BENCH_MEMORY_RESULT "
-#: ``cpu_malloc_mmap_threshold`` of the diagnostic memory variant: 0 leaves glibc's dynamic mmap threshold in place.
-ALLOCATOR_VARIANT_THRESHOLD = 0
 
 PROMPTS = [
     "Name three colours of the rainbow.",
@@ -267,7 +262,7 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     ours = MultiAgentGRPOTrainer(
         [AgentSpec("solo", model=model_path, lora_r=r, lora_alpha=alpha, lora_dropout=0.0)], env,
         MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype="float32",
-                             cpu_malloc_mmap_threshold=0, **common),  # process-wide: keep TRL's allocator as shipped
+                             **common),
         data,
     )
     ours_build = time.perf_counter() - t0
@@ -477,7 +472,6 @@ def memory_child(cfg: dict) -> dict:
         "final_rss_mib": rss_mib(), "final": rss_breakdown_mib(), "ru_maxrss_mib": maxrss_mib(),
         "peak_rss_mib": hwm_mib(),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-        "cpu_malloc_mmap_threshold": args.cpu_malloc_mmap_threshold,
         "model_param_bytes_mib": base_bytes / 2**20, "trainable_params": trainable,
         "import_s": import_s, "build_s": build_s, "train_s": train_s, "step_s": timer.times,
     }
@@ -510,12 +504,6 @@ def run_memory(settings: dict) -> dict:
             configs.append(("shared", n, [model_path] * n, {}))
             if n > 1 or settings["memory_repeat_single"]:
                 configs.append(("separate", n, copies[:n], {}))
-        if settings["memory_allocator_variant"]:
-            # Diagnostic, not the target: the same shared-base runs with glibc's dynamic mmap threshold (the trainer's
-            # cpu_malloc_mmap_threshold=0), where freed activation buffers stay in a fragmented heap.
-            for n in sorted({min(settings["memory_agents"]), max(settings["memory_agents"])}):
-                configs.append(("shared", n, [model_path] * n,
-                                {"cpu_malloc_mmap_threshold": ALLOCATOR_VARIANT_THRESHOLD}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # the trainer's setting decides
         for layout, n, paths, overrides in configs:
             cfg = {"n_agents": n, "layout": layout, "model_paths": paths, "steps": settings["memory_steps"],
@@ -564,11 +552,6 @@ def run_memory(settings: dict) -> dict:
     ratio = summary[n_max]["shared_over_one_agent"]
     out = {"runs": results, "summary": {str(k): v for k, v in summary.items()}, "n_max": n_max,
            "ratio_shared_nmax_over_one": ratio, "target": MEMORY_TARGET, "pass": ratio <= MEMORY_TARGET}
-    if settings["memory_allocator_variant"]:
-        v1, vn = peak("shared", 1, "glibc_dynamic"), peak("shared", n_max, "glibc_dynamic")
-        out["allocator_variant"] = {"cpu_malloc_mmap_threshold": ALLOCATOR_VARIANT_THRESHOLD,
-                                    "shared_1_peak_mib": v1, "shared_nmax_peak_mib": vn,
-                                    "ratio_shared_nmax_over_one": vn / v1}
     return out
 
 
@@ -613,9 +596,7 @@ def write_markdown(report: dict, path: Path) -> None:
             f"max_completion_length), one prompt per step, beta=0, no gradient checkpointing, bf16 off, "
             f"{sp['torch_threads']} torch thread(s). {s['steps']} steps per trainer, alternating TRL / ours in blocks "
             f"of {s['block_steps']} step(s) in one process; the first {s['warmup_steps']} step(s) of each dropped as "
-            "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step). "
-            "Both trainers use glibc's default allocator (ours with `cpu_malloc_mmap_threshold: 0`; the pinned "
-            "threshold is process-wide and would act on TRL's steps as well).",
+            "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step).",
             "",
             "| median seconds | TRL GRPOTrainer | MultiAgentGRPOTrainer | ours / TRL |",
             "|---|---|---|---|",
@@ -662,21 +643,11 @@ def write_markdown(report: dict, path: Path) -> None:
                 lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | - | - | - | - | failed | - | - |")
                 continue
             one = mem["summary"]["1"]["shared_peak_mib"]
-            if r.get("allocator") != "default":
-                one = mem.get("allocator_variant", {}).get("shared_1_peak_mib", float("nan"))
             lines.append(f"| {r['n_agents']} | {r['layout']} | {r.get('allocator')} | {r['n_bases']} | "
                          f"{r['after_imports']['rss_mib']:.0f} | {r['after_build']['rss_mib']:.0f} | "
                          f"{r['after_build'].get('RssFile', float('nan')):.0f} | {r['peak_rss_mib']:.0f} | "
                          f"{r['ru_maxrss_mib']:.0f} | "
                          f"{r['peak_rss_mib'] / one:.3f} |")
-        if "allocator_variant" in mem:
-            av = mem["allocator_variant"]
-            lines += ["", "Allocator: the 'default' rows run the trainer as shipped (`cpu_malloc_mmap_threshold` = "
-                      "131072: glibc's mmap threshold pinned, so freed activation buffers go back to the OS). The "
-                      f"'glibc_dynamic' rows (diagnostic, not the target) set `cpu_malloc_mmap_threshold: "
-                      f"{av['cpu_malloc_mmap_threshold']}` and keep glibc's dynamic threshold: {mem['n_max']} shared "
-                      f"agents / 1 agent = {av['ratio_shared_nmax_over_one']:.3f} "
-                      f"({av['shared_nmax_peak_mib']:.0f} vs {av['shared_1_peak_mib']:.0f} MiB)."]
         lines.append("")
     path.write_text("\n".join(lines))
 
@@ -691,8 +662,6 @@ def main(argv=None) -> int:
                              "processes' OpenMP threads oversubscribe the cores)")
     parser.add_argument("--memory-steps", type=int, default=None, help="memory: optimizer steps per subprocess")
     parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--no-allocator-variant", action="store_true",
-                        help="memory: skip the diagnostic runs with a fixed glibc mmap threshold")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="speed: also cProfile a few steps of each trainer")
     parser.add_argument("--out-dir", default=str(ROOT / "docs" / "results"))
@@ -723,7 +692,6 @@ def main(argv=None) -> int:
         "memory_agents": [1, 2, 4] if not args.quick else [1, 4],
         "memory_steps": args.memory_steps or (1 if args.quick else 2),
         "memory_repeat_single": False,
-        "memory_allocator_variant": not args.quick and not args.no_allocator_variant,
         "profile": args.profile,
         "profile_steps": 2,
     }
