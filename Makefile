@@ -36,7 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/bench.py
 
 lint: install
-	$(BIN)/ruff check trl_multiagent recipes rewards tests benchmarks
+	$(BIN)/ruff check trl_multiagent recipes tests benchmarks
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -116,6 +116,42 @@ def test_one_generation_call_per_round_for_all_methods():
         evaluate_team(pool, TwoRounds(), tasks, methods=["naive"])
 
 
+class SameFirstRound(Evaluator):
+    """Two baselines that open with the same requests (as sequential and discussion open with naive's drafts): 'echo'
+    scores its first answers, 'twice' answers again after reading its own."""
+
+    name = "toy"
+    baselines = ("echo", "twice")
+
+    def program(self, method, tasks, num_samples):
+        first = yield [GenerationRequest("solo", t["q"], num_samples, False) for t in tasks]
+        if method == "twice":
+            again = yield [GenerationRequest("solo", gs[0].text + "?", 1, False) for gs in first]
+            first = [[a[0]] + gs[1:] for a, gs in zip(again, first)]
+        return MethodOutput([[{"reward": float(len(g.text)), "last": float(g.completion_ids[-1])} for g in gs]
+                             for gs in first])
+
+
+def test_methods_with_the_same_first_round_share_its_draws():
+    counter = iter(range(1000))
+    pool = ManyPool(["solo"], lambda agent, prompt, k, adapter: prompt + chr(ord("a") + next(counter) % 26))
+    tasks = [{"task_id": "x", "q": "aa"}, {"task_id": "y", "q": "aa"}]  # two equal tasks: independent draws
+    result = evaluate_team(pool, SameFirstRound(), tasks, methods=["echo", "twice"], num_samples=2,
+                           generation_config=GREEDY)
+    first, second = pool.calls
+    assert len(first) == 2 and [r.num_samples for r in first] == [2, 2]  # one copy of the round, not two
+    assert result.generated_sequences == 4 + 2
+    echo = [[chr(int(v)) for v in row] for row in result.methods["echo"].samples["last"]]
+    assert echo == [["a", "b"], ["c", "d"]]  # the two equal tasks were drawn apart within the method
+    # 'twice' revised exactly the drafts 'echo' is scored on: "aaa?" and "aac?" (+ a new letter)
+    assert [r.prompt for r in second] == ["aaa?", "aac?"]
+    assert result.methods["twice"].samples["reward"] == [[5.0, 3.0], [5.0, 3.0]]
+    unshared = ManyPool(["solo"], lambda agent, prompt, k, adapter: prompt + "z")
+    result = evaluate_team(unshared, SameFirstRound(), tasks, methods=["echo", "twice"], num_samples=2,
+                           generation_config=GREEDY, share_draws=False)
+    assert len(unshared.calls[0]) == 4 and result.generated_sequences == 8 + 2
+
+
 def test_evaluation_leaves_the_random_state_as_it_was():
     import random
 
@@ -214,10 +250,10 @@ def test_coding_evaluation_runs_every_method_in_two_generation_calls(tiny_text_m
     evaluator = CodingEvaluator(AuxMainCodingEnv, num_turns=1)
     result = evaluate_team(pool, evaluator, list(problems), METHODS, num_samples=3,
                            generation_config=GenerationConfig(max_new_tokens=3, do_sample=True))
-    # round 1 (one request per problem and agent, 3 samples each): team (aux, main), single, naive (aux, main),
-    # sequential's aux, discussion's first answers; round 2: sequential's main and discussion's revisions, one
-    # request per sample (each sees its own first answers)
-    assert calls == [2 * 2 + 2 + 2 * 2 + 2 + 2 * 2, 2 * 3 + 2 * 2 * 3]
+    # round 1 (one request per problem and agent, 3 samples each): team (aux, main), single, naive (aux, main);
+    # sequential's aux and discussion's first answers are naive's drafts; round 2: sequential's main and
+    # discussion's revisions, one request per sample (each sees its own first answers)
+    assert calls == [2 * 2 + 2 + 2 * 2, 2 * 3 + 2 * 2 * 3]
     for method, res in result.methods.items():
         assert [len(s) for s in res.samples["reward"]] == [3, 3], method
         assert {"pass@1", "acc@1", "coop@1"} <= set(res.samples)

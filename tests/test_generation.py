@@ -1,6 +1,8 @@
 """Team-level generation (trl_multiagent/generation.py): the mixed-adapter batch, the sampler and the decoding loop
 against transformers' own generate and logits processors."""
 
+import os
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -12,7 +14,14 @@ from transformers.generation.logits_process import (
 )
 
 from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
-from trl_multiagent.generation import MultiAdapterBatch, decode, dequantized_weight, nucleus_candidates, sample_next
+from trl_multiagent.generation import (
+    MultiAdapterBatch,
+    decode,
+    dequantized_weight,
+    nucleus_candidates,
+    sample_next,
+    shared_prefixes,
+)
 
 
 def _pool(model_dir, agents=("aux", "main"), dense_copy="auto", **kw):
@@ -78,6 +87,55 @@ def test_samples_of_one_prompt_share_one_prefill(tiny_text_model):
         assert len(gens) == req.num_samples
         expected = _hf_greedy(pool, req.agent, req.prompt, 6, use_adapter=req.use_adapter)
         assert all(g.completion_ids == expected for g in gens), (req.agent, req.use_adapter)
+
+
+def test_shared_prefixes_groups_prompts_by_adapter_and_saves_the_most_tokens():
+    a = [1, 2, 3, 4, 5, 6, 7, 8]
+    prompts = [a + [9], a + [10, 11], a[:2] + [20, 21], a + [9], [1, 2, 30, 31, 32], [5, 6]]
+    keys = ["x", "x", "x", "y", "x", "x"]
+    group_of, prefix_len = shared_prefixes(prompts, keys)
+    # "x": the two prompts that share 8 tokens form one group (saving 8); the others, which share 2 tokens with them,
+    # would save less as one group of four (3 x 2 = 6); "y" holds one prompt; [5, 6] shares nothing
+    assert group_of[0] == group_of[1] and prefix_len[group_of[0]] == 8
+    assert len(set(group_of)) == 5
+    assert prefix_len[group_of[3]] == 8 and prefix_len[group_of[5]] == 1  # alone: all but the last token
+    assert {prefix_len[group_of[2]], prefix_len[group_of[4]]} == {3, 4}
+    for p, g in zip(prompts, group_of):  # every prompt keeps at least one token of its own
+        assert 1 <= prefix_len[g] < len(p)
+    # many prompts sharing a short prefix beat a pair sharing a longer one
+    many = [[1, 2, 3, i] for i in range(10, 20)] + [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 8]]
+    group_of, prefix_len = shared_prefixes(many, ["x"] * len(many))
+    assert len(set(group_of)) == 1 and prefix_len == [3]
+    assert shared_prefixes([[1], [1, 2]], ["x", "x"]) == ([0, 1], [0, 0])  # a one-token prompt: no grouping
+
+
+def test_prompts_with_a_shared_prefix_prefill_it_once(tiny_text_model):
+    """Prompts of one adapter that begin alike (a long task text, then different answers to revise): the first
+    forward holds one row per group of prompts (their shared prefix), the second the prompts' own tokens, and every
+    prompt's greedy answer is the reference's, which prefills each prompt whole."""
+    pool = _pool(tiny_text_model)
+    task = "please read this long text about apples and pears, then answer: "
+    prompts = [task + "abc", task + "what now", task + "x", "hello"]
+    requests = [GenerationRequest("main", p, num_samples=2) for p in prompts] + \
+        [GenerationRequest("aux", p) for p in prompts[:2]]
+    model = pool.bases[pool.policies[pool.policy_of("aux")].base_key].get_base_model()
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
+    finally:
+        hook.remove()
+    encoded = [pool.encode_prompt("main", p) for p in prompts[:3]]
+    prefix = len(os.path.commonprefix(encoded))
+    assert prefix >= len(task)  # (one token per character) the chat template's opening and the task text
+    # the prefixes: main's three task prompts, main's "hello" alone, aux's two task prompts
+    assert shapes[0] == (3, max(prefix, len(pool.encode_prompt("main", "hello")) - 1))
+    # the prompts' own tokens: 6 distinct prompts, as wide as the longest remainder
+    assert shapes[1] == (6, max(len(e) for e in encoded) - prefix)
+    for req, gens in zip(requests, out):
+        expected = _hf_greedy(pool, req.agent, req.prompt, 6)
+        assert all(g.completion_ids == expected for g in gens), (req.agent, req.prompt)
 
 
 def test_dropping_finished_rows_changes_no_other_row(tiny_text_model):

@@ -13,8 +13,9 @@ pass per adapter. A 4-bit (QLoRA) base can compute with a de-quantised copy of i
 (:func:`use_dense_copy`, chosen by the pool): the numbers are those of the 4-bit matmul, which de-quantises the same
 weights at every call, in generation and training alike.
 
-:func:`decode` is the decoding loop: one prefill that keeps only the last position's logits, then one token per
-step with a KV cache; rows that have finished are dropped from the batch (and their cache) as they accumulate; the
+:func:`decode` is the decoding loop: one prefill that keeps only the last position's logits (prompts that begin
+with the same tokens prefill that shared prefix once, :func:`shared_prefixes`), then one token per step with a KV
+cache; rows that have finished are dropped from the batch (and their cache) as they accumulate; the
 sampler (:func:`sample_next`) applies temperature, top-k, top-p, min-p, repetition penalty and suppressed tokens
 with the semantics of transformers' logits processors, without sorting the whole vocabulary at every step.
 """
@@ -262,6 +263,64 @@ def nucleus_candidates(scores: torch.Tensor, config: GenerationConfig):
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _runs(prompts, order: list[int], lcp: list[int], threshold: int) -> list[tuple[list[int], int]]:
+    """The runs of the sorted ``order`` whose neighbours share at least ``threshold`` tokens, each with its prefix
+    length (their common prefix, leaving every member at least one token; at least 1)."""
+    out, run, common = [], [order[0]], len(prompts[order[0]])
+    for j, shared in enumerate(lcp):
+        nxt = order[j + 1]
+        if shared >= threshold:
+            run.append(nxt)
+            common = min(common, shared)
+        else:
+            out.append((run, common))
+            run, common = [nxt], len(prompts[nxt])
+    out.append((run, common))
+    return [(run, max(1, min(common, min(len(prompts[i]) for i in run) - 1))) for run, common in out]
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], keys: Sequence[object]) -> tuple[list[int], list[int]]:
+    """Groups of prompts (token ids) that begin with the same tokens, to prefill each group's prefix once.
+
+    Prompts group only with prompts of the same ``key`` (their adapter: the prefix's cache depends on it). Within a
+    key, the prompts are sorted; a group is a run of neighbours whose common prefix is at least a threshold, and its
+    prefix is the run's common prefix, shortened to leave every prompt at least one token of its own. The threshold
+    is the one (among the neighbours' common prefix lengths) that saves the most prefilled tokens,
+    ``sum over groups of (size - 1) x prefix length``. A prompt that shares nothing forms a group of its own (its
+    prefix is all but its last token).
+
+    Returns the group of each prompt and each group's prefix length, at least 1 when every prompt has at least two
+    tokens; otherwise each prompt is its own group with a prefix of 0 (the caller then prefills as usual).
+    """
+    if any(len(p) < 2 for p in prompts):
+        return list(range(len(prompts))), [0] * len(prompts)
+    group_of = [0] * len(prompts)
+    prefix_len: list[int] = []
+    by_key: dict[object, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_key.setdefault(key, []).append(i)
+    for members in by_key.values():
+        order = sorted(members, key=lambda i: tuple(prompts[i]))
+        lcp = [_common_prefix(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]
+
+        candidates = sorted({t for t in lcp if t > 1})
+        best = max((_runs(prompts, order, lcp, t) for t in candidates), default=_runs(prompts, order, lcp, 10**9),
+                   key=lambda groups: sum((len(run) - 1) * length for run, length in groups))
+        for run, length in best:
+            for i in run:
+                group_of[i] = len(prefix_len)
+            prefix_len.append(length)
+    return group_of, prefix_len
+
+
 def _preallocated_cache(model: torch.nn.Module, capacity: int):
     """A DynamicCache whose full-attention layers write into preallocated tensors of ``capacity`` positions instead
     of concatenating at every step (a copy of the whole cache per token)."""
@@ -309,7 +368,8 @@ def _preallocated_cache(model: torch.nn.Module, capacity: int):
 @torch.no_grad()
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
            eos_ids: Sequence[int], batch: MultiAdapterBatch | None = None,
-           compact_fraction: float = 0.25, expand: torch.Tensor | None = None) -> list[list[int]]:
+           compact_fraction: float = 0.25, expand: torch.Tensor | None = None,
+           prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> list[list[int]]:
     """Sample completions of the left-padded ``input_ids`` rows; returns each row's completion token ids (ending
     with its EOS token when it produced one).
 
@@ -317,20 +377,39 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     once and their KV cache rows copied, so ``num_samples`` completions of one prompt cost one prefill, not
     ``num_samples`` (``batch`` is then given per prompt row, like ``input_ids``).
 
+    ``prefix`` (optional) is ``(prefix_ids, prefix_mask, group)``: left-padded prefixes, one per group of prompts,
+    and the group (a row of the prefixes) of each prompt row, whose ``input_ids`` are then the rest of the prompt,
+    left-padded. The prefixes are prefilled once and their cache rows copied to their prompts, which continue from
+    them (the padding between a prefix and the rest is masked; positions count real tokens only). ``batch`` is then
+    given per prefix row.
+
     ``model`` is a transformers causal LM (the PEFT-injected model under ``batch``, if any). Rows that produced
     EOS leave the batch, with their KV cache rows, once at least ``compact_fraction`` of the live rows have
     finished (each removal copies the cache, so it is not done at every step)."""
     unknown = unsupported_options(config)
     if unknown:
         raise ValueError(f"team-level generation does not implement the generation option(s) {unknown}")
-    rows, prompt_len = input_ids.shape
     max_new = int(config.max_new_tokens)
     device = input_ids.device
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device) if eos_ids else None
+    width = input_ids.size(1) + (prefix[0].size(1) if prefix is not None else 0)
+    cache = _preallocated_cache(model, width + max_new)
+    start = 0
+    if prefix is not None:  # the groups' prefixes first; their cache rows are copied to the group's prompts
+        prefix_ids, prefix_mask, group = (t.to(device) for t in prefix)
+        model(input_ids=prefix_ids, attention_mask=prefix_mask,
+              position_ids=(prefix_mask.long().cumsum(-1) - 1).clamp(min=0), cache=cache, use_cache=True,
+              logits_to_keep=1)
+        cache.batch_select_indices(group)
+        if batch is not None:
+            batch.select(group)
+        start = prefix_ids.size(1)
+        input_ids = torch.cat([prefix_ids[group], input_ids], dim=1)
+        attention_mask = torch.cat([prefix_mask[group], attention_mask], dim=1)
+    rows = input_ids.size(0)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = _preallocated_cache(model, prompt_len + max_new)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask, position_ids=position_ids[:, start:],
+                cache=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1, :]
     if expand is not None:
         expand = expand.to(device)
@@ -426,11 +505,13 @@ def generate_team(pool, requests, generation_config: GenerationConfig, max_batch
     return out
 
 
-def _left_padded(encoded, chunk, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(encoded[i]) for i, _ in chunk)
-    input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-    for row, (i, _) in enumerate(chunk):
+def _left_padded(encoded, rows, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``encoded[i]`` for ``i`` in ``rows`` (indices, or ``(index, sample)`` pairs), left-padded, and their mask."""
+    index = [r[0] if isinstance(r, tuple) else r for r in rows]
+    width = max(len(encoded[i]) for i in index)
+    input_ids = torch.full((len(index), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(index), width), dtype=torch.long)
+    for row, i in enumerate(index):
         ids = encoded[i]
         input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, width - len(ids):] = 1
@@ -448,7 +529,7 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     # rows with the same prompt and adapter (the samples of one request, and requests that repeat a prompt, e.g.
     # the first round of several baselines) share one prefill; its cache rows are copied per row
     position: dict[tuple, int] = {}
-    prompts: list[tuple[int, int]] = []  # (request, 0) of each distinct prompt, for _left_padded
+    prompts: list[tuple[int, int]] = []  # (request, 0) of each distinct prompt
     adapters: list[str | None] = []
     rows: list[int] = []
     for i, _ in chunk:
@@ -460,9 +541,24 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
             adapters.append(adapter)
         rows.append(position[prompt_key])
     expand = torch.tensor(rows, dtype=torch.long)
-    input_ids, attention_mask = _left_padded(encoded, prompts, _pad_id(pool.tokenizers[key]), device)
-    with eval_mode(base), MultiAdapterBatch(model, adapters) as batch:
-        return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand)
+    pad = _pad_id(pool.tokenizers[key])
+    tokens = [encoded[i] for i, _ in prompts]
+    group_of, prefix_len = shared_prefixes(tokens, adapters)
+    if len(prefix_len) == len(tokens):  # no two prompts share a prefix: one prefill
+        input_ids, attention_mask = _left_padded(tokens, range(len(tokens)), pad, device)
+        with eval_mode(base), MultiAdapterBatch(model, adapters) as batch:
+            return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand)
+    first = {}
+    for i, g in enumerate(group_of):
+        first.setdefault(g, i)
+    heads = [tokens[first[g]][:length] for g, length in enumerate(prefix_len)]
+    prefix_ids, prefix_mask = _left_padded(heads, range(len(heads)), pad, device)
+    input_ids, attention_mask = _left_padded([t[prefix_len[g]:] for t, g in zip(tokens, group_of)],
+                                             range(len(tokens)), pad, device)
+    group = torch.tensor(group_of, dtype=torch.long)
+    with eval_mode(base), MultiAdapterBatch(model, [adapters[first[g]] for g in range(len(heads))]) as batch:
+        return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand,
+                      prefix=(prefix_ids, prefix_mask, group))
 
 
 _warned_fallback: set[tuple[str, ...]] = set()

@@ -190,9 +190,22 @@ def generate(pool, requests: Sequence[GenerationRequest], generation_config, max
     return out
 
 
+def _request_key(request: GenerationRequest) -> tuple:
+    prompt = request.prompt if isinstance(request.prompt, str) else \
+        tuple(tuple(sorted(message.items())) for message in request.prompt)
+    return request.agent, prompt, request.num_samples, request.use_adapter
+
+
 def run_programs(pool, programs: Mapping[str, Program], generation_config, max_batch_sequences: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, MethodOutput], int, int]:
+                 progress: Callable[[int], None] | None = None,
+                 share_draws: bool = True) -> tuple[dict[str, MethodOutput], int, int]:
     """Drive ``programs`` in lock step: every round, ONE generation call for the requests of all of them.
+
+    With ``share_draws``, a program's request that equals (agent, prompt, samples, adapter on/off) a request of an
+    earlier program in the same round takes that request's generations instead of new ones: the baselines whose
+    first round is the naive baseline's drafts (sequential, discussion) then revise the very drafts the naive
+    baseline is scored on. Each program still sees draws from its own distribution, and within one program equal
+    requests are never shared (they stay independent samples).
 
     Returns each program's output, the number of generation calls and the number of generated sequences.
     """
@@ -219,17 +232,36 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
     calls = sequences = 0
     while pending:
         names = list(pending)
-        flat = [req for name in names for req in pending[name]]
+        flat: list[GenerationRequest] = []
+        served: dict[str, list[int]] = {}  # each program's requests -> their index in flat
+        earlier: dict[tuple, list[int]] = {}  # the requests of the programs before, by key, in order
+        for name in names:
+            taken: dict[tuple, int] = {}
+            mine: dict[tuple, list[int]] = {}
+            served[name] = []
+            for req in pending[name]:
+                key = _request_key(req)
+                used = taken.get(key, 0)
+                if share_draws and used < len(earlier.get(key, ())):
+                    served[name].append(earlier[key][used])
+                    taken[key] = used + 1
+                    continue
+                mine.setdefault(key, []).append(len(flat))
+                served[name].append(len(flat))
+                flat.append(req)
+            for key, idxs in mine.items():
+                earlier.setdefault(key, []).extend(idxs)
         generations = generate(pool, flat, generation_config, max_batch_sequences, progress)
         if len(generations) != len(flat):
             raise RuntimeError(f"generate_many returned {len(generations)} results for {len(flat)} requests")
         calls += 1
         sequences += sum(r.num_samples for r in flat)
-        start = 0
+        if progress is not None:  # the shared requests are done too
+            shared = sum(r.num_samples for name in names for r in pending[name]) - sum(r.num_samples for r in flat)
+            if shared:
+                progress(shared)
         for name in names:
-            count = len(pending[name])
-            chunk, start = generations[start:start + count], start + count
-            advance(name, chunk)
+            advance(name, [generations[i] for i in served[name]])
     return outputs, calls, sequences
 
 
@@ -267,7 +299,7 @@ def inference_mode(pool):
 
 def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]], methods: Sequence[str] = (TEAM,),
                   num_samples: int = 1, generation_config=None, stage: str = "eval", seed: int = 0,
-                  max_batch_sequences: int | None = None, progress=None) -> StageResult:
+                  max_batch_sequences: int | None = None, progress=None, share_draws: bool = True) -> StageResult:
     """Evaluate ``methods`` (the team and/or the evaluator's baselines) on ``tasks``, ``num_samples`` each.
 
     All methods advance together: one generation call per round covers every task, sample and method. The team
@@ -284,6 +316,8 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         seed: the evaluation's random seed (the global random state is restored afterwards).
         max_batch_sequences: the most sequences one forward batch may hold (memory bound), ``None``: no bound.
         progress: an :class:`~trl_multiagent.evaluation.progress.EvalProgress` (or ``None``).
+        share_draws: methods asking the same requests in the same round share one draw (:func:`run_programs`): the
+            sequential and discussion baselines start from the naive baseline's drafts.
     """
     from transformers import GenerationConfig
 
@@ -305,7 +339,8 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         stack.enter_context(isolated_rng(seed))
         stack.enter_context(inference_mode(pool))
         programs = {m: evaluator.program(m, tasks, num_samples) for m in methods}
-        outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance)
+        outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance,
+                                                 share_draws=share_draws)
     results = {m: MethodResult.from_output(m, ids, outputs[m]) for m in methods}
     return StageResult(stage, results, time.perf_counter() - start, sequences, calls)
 

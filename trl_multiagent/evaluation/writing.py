@@ -15,6 +15,10 @@ fixed and only minimal coordination instructions added:
 * ``discussion``: one round: both write as in ``naive``, then each is shown its own and the other's first answer and
   writes its part again; the revised parts are scored.
 
+When they are evaluated together, ``sequential`` and ``discussion`` start from the very drafts the ``naive`` baseline
+is scored on (:func:`~trl_multiagent.evaluation.core.run_programs` shares equal requests of one round between
+methods): each method's samples keep their own distribution, and a third of the generation is saved.
+
 ``team`` is the pair with its adapters on, playing the training environment's episodes.
 
 Per task and sample: ``reward`` (the joint writing reward of the environment's reward function, at most 1.0) and
