@@ -1,19 +1,22 @@
 """Benchmarks of trl-multiagent against TRL, on the embedded SmolLM2-135M-Instruct, CPU.
 
-    python benchmarks/bench.py            # full run (~10 min on a 2-core CPU), writes docs/results/bench.{json,md}
+    python benchmarks/bench.py            # full run (~15 min on a 2-core CPU), writes docs/results/bench.{json,md}
     python benchmarks/bench.py --quick    # smoke version (fewer steps, fewer memory configurations)
 
 (a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
     ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
     completion length, same batch, measured side by side in one process in alternating blocks
-    (TRL, ours, TRL, ours, ...). Target: median ours / median TRL <= 1.15.
+    (TRL, ours, TRL, ours, ...).
 (b) Memory: peak resident memory of a fresh subprocess per configuration (``VmHWM``, checked against ``ru_maxrss``)
-    for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy. Target:
-    4 agents on a shared base within 1.15x of one agent's peak.
+    for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy.
+(c) Targets (issue 16), written to ``bench.json`` under ``"targets"`` as ``{name: {value, target, met}}``: the two
+    ratios above (``step_vs_trl`` <= 0.8, ``memory_4_agents_vs_1`` <= 1.05) and the main job's measurements of
+    ``benchmarks/targets.py`` (rollout against plain generate and the compute limit, 4 agents against 1 per token,
+    the main job's step time, the evaluation's speed-up).
 
-Options: ``--threads N`` (torch threads, default 1), ``--steps``, ``--block-steps``, ``--memory-steps``,
-``--skip-speed``, ``--skip-memory``, ``--profile`` (cProfile of a few steps of each trainer, stored in the JSON),
-``--strict`` (exit 1 when a target is missed), ``--out-dir``.
+Options: ``--threads N`` (torch threads, default: every core), ``--steps``, ``--block-steps``, ``--memory-steps``,
+``--skip-speed``, ``--skip-memory``, ``--skip-targets``, ``--profile`` (cProfile of a few steps of each trainer,
+stored in the JSON), ``--strict`` (exit 1 when a target is missed), ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 log = logging.getLogger("bench")
 
-SPEED_TARGET = 1.15
-MEMORY_TARGET = 1.15
+SPEED_TARGET = 0.8  # issue 16: step_vs_trl
+MEMORY_TARGET = 1.05  # issue 16: memory_4_agents_vs_1
 MEMORY_RESULT_TAG = "BENCH_MEMORY_RESULT "
 
 PROMPTS = [
@@ -200,6 +203,26 @@ class _GenerateTimer:
         return out
 
 
+class _GenerateManyTimer:
+    """Wraps a pool's team-level ``generate_many`` (our trainers' only generation call) like :class:`_GenerateTimer`;
+    the shapes are those ``generate`` would return: rows x (longest prompt + longest completion)."""
+
+    def __init__(self, pool):
+        self.calls: list[dict] = []
+        self._orig = pool.generate_many
+        pool.generate_many = self
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = self._orig(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        gens = [g for group in out for g in group]
+        prompt = max(len(g.prompt_ids) for g in gens)
+        self.calls.append({"seconds": elapsed, "input_shape": [len(gens), prompt],
+                           "output_shape": [len(gens), prompt + max(len(g.completion_ids) for g in gens)]})
+        return out
+
+
 def _step_timer_callback():
     from transformers import TrainerCallback
 
@@ -211,7 +234,7 @@ def _step_timer_callback():
             self.cpu_times: list[float] = []  # process CPU time (all threads) of the step
             self.loadavg: list[float] = []  # 1-minute load average at the step's end (other processes' activity)
             self._start = self._cpu_start = None
-            self.gen_timer: _GenerateTimer | None = None
+            self.gen_timer: _GenerateTimer | _GenerateManyTimer | None = None
 
         def on_step_begin(self, args, state, control, **kwargs):
             self._start, self._cpu_start = time.perf_counter(), time.process_time()
@@ -290,7 +313,7 @@ def run_speed(settings: dict) -> dict:
         trainers = {"trl": trl_trainer, "ours": ours}
         timers = {name: _step_timer_callback() for name in trainers}
         timers["trl"].gen_timer = _GenerateTimer(trl_trainer.model)
-        timers["ours"].gen_timer = _GenerateTimer(ours.pool.base_of("solo"))
+        timers["ours"].gen_timer = _GenerateManyTimer(ours.pool)
         for name, t in trainers.items():
             t.remove_callback(PrinterCallback)  # the per-step metric dicts would drown the benchmark's own log
             t.remove_callback(ProgressCallback)
@@ -556,6 +579,49 @@ def run_memory(settings: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------ report
+TARGET_MEANING = {
+    "rollout_vs_plain_generate": "tokens/s of a team step's rollout (2 agents, QLoRA adapters, one 4-bit base) over "
+                                 "plain HF generate of the base, same rows and length",
+    "rollout_vs_roofline": "rollout tokens/s over the compute limit (matmul FLOP/s of the same run / 2 x parameters)",
+    "step_vs_trl": "one agent's optimizer step over TRL GRPOTrainer's, same model, data, tokens, threads",
+    "per_token_4_agents_vs_1": "seconds per generated token, 4 agents (4 adapters) on one base over 1 agent, same "
+                               "rows",
+    "memory_4_agents_vs_1": "peak RSS of a 4-agent team step on one shared 4-bit base over a 1-agent step",
+    "demo_step_s": "mean seconds of a training step of the main job's configuration (steps after the first)",
+    "eval_speedup": "the main job's before-training evaluation (10 posts): the code before the speed work over "
+                    "today's, each in matmul-seconds of its own run",
+}
+
+
+def _targets_markdown(report: dict) -> list[str]:
+    m = report["target_measurements"]
+    lines = ["## Targets (issue 16)", "", "| target | measured | goal | met | what |", "|---|---|---|---|---|"]
+    for name, t in report["targets"].items():
+        way = ">=" if name in ("rollout_vs_plain_generate", "rollout_vs_roofline", "eval_speedup") else "<="
+        lines.append(f"| `{name}` | {t['value']:.3f} | {way} {t['target']} | {'yes' if t['met'] else 'no'} | "
+                     f"{TARGET_MEANING[name]} |")
+    g, a, d, e = (m.get(k) for k in ("generation", "agents", "demo_step", "evaluation"))
+    lines += ["", "Measurements behind them (`benchmarks/targets.py`; raw numbers in `bench.json`):", ""]
+    if g:
+        lines.append(f"- generation: team rollout {g['team_rollout']['tokens_per_s']:.1f} tokens/s, plain generate "
+                     f"{g['plain_generate']['tokens_per_s']:.1f} tokens/s, compute limit "
+                     f"{g['roofline_tokens_per_s']:.1f} tokens/s (matmul {g['matmul_gflops']:.1f} GFLOP/s, "
+                     f"{g['threads']} threads, {g['sequences']} rows).")
+    if a:
+        lines.append(f"- agents: {a['prompts']} prompts x {a['samples']} samples x {a['new_tokens']} tokens: 1 agent "
+                     f"{a['1_agents']['seconds']:.1f} s, 4 agents {a['4_agents']['seconds']:.1f} s.")
+    if d:
+        parts = ", ".join(f"{k.split('/')[1]} {v:.1f} s" for k, v in d["mean_parts_after_first_s"].items())
+        lines.append(f"- main job's step: {', '.join(f'{x:.1f}' for x in d['step_time_s'])} s ({parts}).")
+    if e:
+        lines.append(f"- evaluation: {e['new']['seconds']:.0f} s today (matmul {e['new']['matmul_gflops']:.0f} "
+                     f"GFLOP/s, {e['new']['generated_sequences']} sequences generated, {e['new']['prompt_tokens']} "
+                     f"prompt tokens prefilled) against {e['reference']['seconds']:.0f} s before (matmul "
+                     f"{e['reference']['matmul_gflops']:.0f} GFLOP/s, {e['reference']['generated_sequences']} "
+                     f"sequences, {e['reference']['prompt_tokens']} prompt tokens); raw ratio {e['speedup_raw']:.2f}.")
+    return lines + [""]
+
+
 def write_markdown(report: dict, path: Path) -> None:
     s, sp, mem = report["settings"], report.get("speed"), report.get("memory")
     v = report["environment"]["versions"]
@@ -586,6 +652,8 @@ def write_markdown(report: dict, path: Path) -> None:
             f"{mem['summary'][n]['shared_peak_mib']:.0f} MiB vs {one:.0f} MiB | "
             f"{mem['ratio_shared_nmax_over_one']:.3f} | <= {mem['target']} | {'PASS' if mem['pass'] else 'FAIL'} |")
     lines.append("")
+    if report.get("targets"):
+        lines += _targets_markdown(report)
     if sp:
         t, o = sp["trl"], sp["ours"]
         lines += [
@@ -608,7 +676,7 @@ def write_markdown(report: dict, path: Path) -> None:
             f"{sp['ratio_cpu_ours_over_trl']:.3f} |",
             f"| rollout (TRL `_generate_and_score_completions`, ours `rollout`) | {t['median_rollout_s']:.3f} | "
             f"{o['median_rollout_s']:.3f} | {sp['ratio_rollout_ours_over_trl']:.3f} |",
-            f"| of which `model.generate()` | {t['median_generate_s']:.3f} | {o['median_generate_s']:.3f} | "
+            f"| of which generation (TRL `model.generate()`, ours `pool.generate_many()`) | {t['median_generate_s']:.3f} | {o['median_generate_s']:.3f} | "
             f"{sp['ratio_generate_ours_over_trl']:.3f} |",
             f"| update (step minus rollout: loss, backward, optimizer) | {t['median_update_s']:.3f} | "
             f"{o['median_update_s']:.3f} | {sp['ratio_update_ours_over_trl']:.3f} |",
@@ -657,9 +725,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke version: fewer steps and memory configurations")
     parser.add_argument("--steps", type=int, default=None, help="speed: optimizer steps per trainer (default 8; 4 quick)")
     parser.add_argument("--block-steps", type=int, default=None, help="speed: steps per alternating block (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: robust on a small shared CPU, where several "
-                             "processes' OpenMP threads oversubscribe the cores)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="torch intra-op threads of both trainers (default: every core this process may use)")
+    parser.add_argument("--skip-targets", action="store_true",
+                        help="skip the main job's measurements (benchmarks/targets.py)")
     parser.add_argument("--memory-steps", type=int, default=None, help="memory: optimizer steps per subprocess")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
@@ -725,13 +794,23 @@ def main(argv=None) -> int:
         log.info("speed: ours %.3f s/step vs TRL %.3f s/step -> ratio %.3f (target <= %.2f: %s)",
                  sp["ours"]["median_step_s"], sp["trl"]["median_step_s"], sp["ratio_ours_over_trl"], SPEED_TARGET,
                  "PASS" if sp["pass"] else "FAIL")
+    if not args.skip_targets and not args.quick:
+        from targets import collect
+
+        t0 = time.perf_counter()
+        measured = collect(report.get("speed"), report.get("memory"), log)
+        report["targets"], report["target_measurements"] = measured["targets"], measured["measurements"]
+        report["target_measurements"]["wall_s"] = time.perf_counter() - t0
+        for name, t in report["targets"].items():
+            log.info("target %s: %.3f (target %s): %s", name, t["value"], t["target"], "met" if t["met"] else "MISSED")
     report["runtime_s"] = time.perf_counter() - started
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     write_markdown(report, out / "bench.md")
     log.info("wrote %s and %s (%.0f s)", out / "bench.json", out / "bench.md", report["runtime_s"])
-    ok = all(report[k]["pass"] for k in ("speed", "memory") if k in report)
+    ok = all(report[k]["pass"] for k in ("speed", "memory") if k in report) and \
+        all(t["met"] for t in report.get("targets", {}).values())
     return 0 if ok or not args.strict else 1
 
 

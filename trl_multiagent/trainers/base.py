@@ -52,7 +52,7 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
 )
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
-from .completions import append_rows, completion_rows, completions_markdown, print_completions
+from .completions import append_rows, completion_rows, log_to_trackers, print_completions
 from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
 
 logger = logging.getLogger(__name__)
@@ -262,10 +262,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             return
         rows = completion_rows(experience, tasks, step, self.pool.agent_names)
         append_rows(rows, self.args.output_dir)
-        for callback in self.callback_handler.callbacks:  # report_to: tensorboard -> its text tab
-            writer = getattr(callback, "tb_writer", None)
-            if writer is not None:
-                writer.add_text("train/completions", completions_markdown(rows, self.pool.agent_names), step)
+        log_to_trackers(rows, self.pool.agent_names, step, self.args.report_to or [], self.callback_handler.callbacks)
         if self.args.num_completions_to_print != 0:
             print_completions(rows, self.pool.agent_names, self.args.num_completions_to_print)
 

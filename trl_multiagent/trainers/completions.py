@@ -4,8 +4,10 @@ Every logging step with ``log_completions: true``, the trainer turns the step's 
 action (:func:`completion_rows`): the task, each agent's completion side by side, the joint reward and its
 environment components, and the advantage each agent's response received. The rows are appended to
 ``<output_dir>/completions.jsonl`` and the first ``num_completions_to_print`` (TRL's field; all when unset) are
-printed as a rich table (:func:`print_completions`). With ``report_to: tensorboard`` the rows also go to TensorBoard's
-text tab as a markdown table (tag ``train/completions``, :func:`completions_markdown`).
+printed as a rich table (:func:`print_completions`). The rows also go to the tracking backends of ``report_to``
+(:func:`log_to_trackers`): TensorBoard's text tab as a markdown table (tag ``train/completions``,
+:func:`completions_markdown`), and a table named ``completions`` in trackio and wandb (:func:`completions_frame`:
+one column per agent's completion and advantage), as TRL's GRPOTrainer logs its own.
 """
 
 from __future__ import annotations
@@ -104,3 +106,55 @@ def print_completions(rows: Sequence[dict], agents: Sequence[str], limit: int | 
     from rich.console import Console
 
     (console or Console()).print(completions_table(rows, agents, limit))
+
+
+def completions_frame(rows: Sequence[dict], agents: Sequence[str]):
+    """The rows as a pandas DataFrame: ``step``, ``episode``, ``turn``, ``task``, ``completion/<agent>`` and
+    ``advantage/<agent>`` for each agent (empty / NaN where the agent did not act), ``reward`` and one column per
+    environment component."""
+    import pandas as pd
+
+    components = list(dict.fromkeys(k for row in rows for k in row["components"]))
+    records = []
+    for row in rows:
+        record = {k: row[k] for k in ("step", "episode", "turn", "task")}
+        for agent in agents:
+            record[f"completion/{agent}"] = row["completions"].get(agent, "")
+            record[f"advantage/{agent}"] = row["advantages"].get(agent, float("nan"))
+        record["reward"] = row["reward"]
+        record.update({k: row["components"].get(k, float("nan")) for k in components})
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def log_to_trackers(rows: Sequence[dict], agents: Sequence[str], step: int, report_to: Sequence[str],
+                    callbacks: Sequence[Any] = ()) -> list[str]:
+    """Send one logging step's rows to the tracking backends of ``report_to`` that take them; returns their names.
+
+    ``tensorboard``: the markdown table in the text tab of the TensorBoard callback's writer (tag
+    ``train/completions``). ``trackio`` / ``wandb``: a ``Table`` of :func:`completions_frame` named ``completions``
+    logged with ``train/global_step`` = ``step``, as transformers' callbacks log the metrics (wandb: only when its
+    callback has started a run).
+    """
+    sent = []
+    for callback in callbacks:
+        writer = getattr(callback, "tb_writer", None)
+        if writer is not None and "tensorboard" in report_to:
+            writer.add_text("train/completions", completions_markdown(rows, agents), step)
+            sent.append("tensorboard")
+    if "trackio" in report_to:
+        import trackio
+
+        # no explicit step: transformers' callback logs without one (trackio counts log calls), with
+        # train/global_step as the training step; so does the table
+        trackio.log({"completions": trackio.Table(dataframe=completions_frame(rows, agents)),
+                     "train/global_step": step})
+        sent.append("trackio")
+    if "wandb" in report_to:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.log({"completions": wandb.Table(dataframe=completions_frame(rows, agents)),
+                       "train/global_step": step})
+            sent.append("wandb")
+    return sent

@@ -1,0 +1,171 @@
+"""The speed targets of ``make bench`` that need the main job's model and data (called by benchmarks/bench.py).
+
+Each measurement runs in a fresh subprocess, one after the other (never two side by side):
+
+* ``generation``: ``benchmarks/generation_throughput.py``: a team step's rollout (2 agents, QLoRA adapters on one
+  4-bit base) against plain HF ``generate`` of the base, and against the compute limit from a matmul timed in the
+  same run -> ``rollout_vs_plain_generate``, ``rollout_vs_roofline``.
+* ``agents`` (this file, ``python benchmarks/targets.py agents``): seconds per generated token of the team-level
+  generation with 4 agents (4 adapters) on one base against 1 agent, the same 8 prompts x 4 samples, every row
+  forced to the same length -> ``per_token_4_agents_vs_1``.
+* ``demo step``: the main job's configuration (recipes/configs/demo.yaml) for a few steps without evaluation; the
+  mean ``step_time`` of the steps after the first -> ``demo_step_s``.
+* ``evaluation``: ``benchmarks/eval_speed.py`` (the main job's before-training evaluation on 10 held-out posts)
+  against the same command run once on the code before the speed work (``docs/results/eval_speed/reference.json``),
+  with each side's seconds scaled by its own matmul rate -> ``eval_speedup``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_EVAL = ROOT / "docs" / "results" / "eval_speed" / "reference.json"
+
+#: name -> (target, "ge" | "le")
+TARGETS = {
+    "rollout_vs_plain_generate": (1.0, "ge"),
+    "rollout_vs_roofline": (0.5, "ge"),
+    "step_vs_trl": (0.8, "le"),
+    "per_token_4_agents_vs_1": (1.0, "le"),
+    "memory_4_agents_vs_1": (1.05, "le"),
+    "demo_step_s": (10.0, "le"),
+    "eval_speedup": (10.0, "ge"),
+}
+
+
+def target(name: str, value: float) -> dict:
+    goal, way = TARGETS[name]
+    met = value >= goal if way == "ge" else value <= goal
+    return {"value": round(float(value), 4), "target": goal, "met": bool(met)}
+
+
+def _run(cmd: list[str], log) -> float:
+    log.info("targets: %s", " ".join(cmd))
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def measure_generation(tmp: Path, log) -> dict:
+    out = tmp / "generation.json"
+    wall = _run([sys.executable, "benchmarks/generation_throughput.py", "--out", str(out)], log)
+    return {**json.loads(out.read_text()), "wall_s": wall}
+
+
+def measure_agents(tmp: Path, log) -> dict:
+    out = tmp / "agents.json"
+    wall = _run([sys.executable, "benchmarks/targets.py", "agents", "--out", str(out)], log)
+    return {**json.loads(out.read_text()), "wall_s": wall}
+
+
+def measure_demo_step(tmp: Path, log, steps: int = 4) -> dict:
+    out = tmp / "demo"
+    wall = _run([sys.executable, "-m", "trl_multiagent", "train", "--config", "recipes/configs/demo.yaml",
+                 "--max_steps", str(steps), "--evaluator", "none", "--output_dir", str(out), "--disable_tqdm",
+                 "true"], log)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    times = [r["step_time"] for r in records if "step_time" in r]
+    parts = {k: statistics.fmean(r[k] for r in records[1:len(times)] if k in r)
+             for k in ("time/generation", "time/forward", "time/backward", "time/optimizer", "time/environment")
+             if any(k in r for r in records[1:len(times)])}
+    return {"command": f"python -m trl_multiagent train --config recipes/configs/demo.yaml --max_steps {steps} "
+                       "--evaluator none", "step_time_s": times, "mean_step_s_after_first": statistics.fmean(times[1:]),
+            "mean_parts_after_first_s": parts, "wall_s": wall}
+
+
+def measure_evaluation(tmp: Path, log) -> dict:
+    out = tmp / "eval.json"
+    reference = json.loads(REFERENCE_EVAL.read_text())
+    wall = _run([sys.executable, "benchmarks/eval_speed.py", "--problems", str(reference["problems"]),
+                 "--samples", str(reference["samples"]), "--out", str(out)], log)
+    new = json.loads(out.read_text())
+    raw = reference["seconds"] / new["seconds"]
+    # each side's time in matmul units (seconds x FLOP/s of its own run), so that a slower or faster machine state
+    # during one of the two runs does not count as a speed-up
+    scaled = (reference["seconds"] * reference["matmul_gflops"]) / (new["seconds"] * new["matmul_gflops"])
+    return {"new": new, "reference": reference, "speedup_raw": raw, "speedup_matmul_scaled": scaled, "wall_s": wall}
+
+
+def collect(speed: dict | None, memory: dict | None, log) -> dict:
+    """Run the four measurements above and return ``{"targets": {...}, "measurements": {...}}``; ``speed`` and
+    ``memory`` are bench.py's sections (for ``step_vs_trl`` and ``memory_4_agents_vs_1``)."""
+    measurements, targets = {}, {}
+    with tempfile.TemporaryDirectory(prefix="bench-targets-") as tmp:
+        tmp = Path(tmp)
+        g = measurements["generation"] = measure_generation(tmp, log)
+        targets["rollout_vs_plain_generate"] = target("rollout_vs_plain_generate", g["rollout_vs_plain_generate"])
+        targets["rollout_vs_roofline"] = target("rollout_vs_roofline", g["rollout_vs_roofline"])
+        if speed is not None:
+            targets["step_vs_trl"] = target("step_vs_trl", speed["ratio_ours_over_trl"])
+        a = measurements["agents"] = measure_agents(tmp, log)
+        targets["per_token_4_agents_vs_1"] = target("per_token_4_agents_vs_1", a["per_token_4_agents_vs_1"])
+        if memory is not None and memory.get("n_max") == 4:
+            targets["memory_4_agents_vs_1"] = target("memory_4_agents_vs_1", memory["ratio_shared_nmax_over_one"])
+        d = measurements["demo_step"] = measure_demo_step(tmp, log)
+        targets["demo_step_s"] = target("demo_step_s", d["mean_step_s_after_first"])
+        e = measurements["evaluation"] = measure_evaluation(tmp, log)
+        targets["eval_speedup"] = target("eval_speedup", e["speedup_matmul_scaled"])
+    return {"targets": targets, "measurements": measurements}
+
+
+# ------------------------------------------------------------------------------------------------ agents
+def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, repeats: int = 2) -> dict:
+    """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent, then by 4 agents on one base
+    (agent i takes every 4th prompt), every row forced to ``new_tokens``; the faster of ``repeats`` timed calls."""
+    import torch
+    from transformers import GenerationConfig
+
+    from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
+    from trl_multiagent.environments.writing import TLDREnv
+
+    torch.manual_seed(0)
+    env = TLDREnv()
+    texts = [env.reset(task)["summary"] for task in TLDREnv.make_rows(prompts)]
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                              temperature=0.8, top_p=0.95)
+    result = {"prompts": prompts, "samples": samples, "new_tokens": new_tokens, "threads": torch.get_num_threads()}
+    for n in (1, 4):
+        names = [f"agent{i}" for i in range(n)]
+        pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
+                          for a in names])
+        with torch.no_grad():  # adapters as after training (B = 0 at initialisation would be a no-op)
+            for name, p in pool.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.01)
+        requests = [GenerationRequest(names[i % n], t, num_samples=samples) for i, t in enumerate(texts)]
+        pool.generate_many(requests[:n], config)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out_ = pool.generate_many(requests, config)
+            best = min(best, time.perf_counter() - start)
+        tokens = sum(len(g.completion_ids) for gens in out_ for g in gens)
+        result[f"{n}_agents"] = {"seconds": best, "tokens": tokens, "seconds_per_token": best / tokens}
+        del pool
+    result["per_token_4_agents_vs_1"] = (result["4_agents"]["seconds_per_token"] /
+                                         result["1_agents"]["seconds_per_token"])
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["agents"])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    print(json.dumps(agents_main(args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
