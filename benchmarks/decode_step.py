@@ -12,25 +12,15 @@ token; for batch 64, the torch profiler's share of the step per operator (matmul
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
+from measure import matmul_flops, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import _preallocated_cache
-
-
-def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return repeats * 2 * n**3 / (time.perf_counter() - start)
 
 
 def steps(model, batch: int, prompt: int = 200, count: int = 10, profile: bool = False):
@@ -85,9 +75,7 @@ def main(argv=None) -> int:
     result = {"command": "python benchmarks/decode_step.py", "threads": torch.get_num_threads(),
               "parameters": params, "matmul_gflops": flops / 1e9, "steps": rows,
               "batch_64_profile_share_of_self_cpu_time": top}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

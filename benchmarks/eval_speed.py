@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from measure import matmul_flops, write_result
 from transformers import GenerationConfig
 
 import trl_multiagent.generation as generation
@@ -26,15 +26,6 @@ from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.environments.writing import TLDREnv
 from trl_multiagent.evaluation.core import evaluate_team
 from trl_multiagent.evaluation.writing import BASELINES, WritingEvaluator
-
-
-def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return repeats * 2 * n**3 / (time.perf_counter() - start)
 
 
 def main(argv=None) -> int:
@@ -84,10 +75,7 @@ def main(argv=None) -> int:
               **counts, **forward, "matmul_gflops": round(flops / 1e9, 1), "torch_threads": torch.get_num_threads(),
               "reward": {m: round(r.mean("reward"), 4) for m, r in result.methods.items()},
               "code": str(Path(generation.__file__).resolve().parent.parent)}
-    print(json.dumps(record, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    write_result(args.out, record)
     return 0
 
 

@@ -14,25 +14,15 @@ are what carry over between machines.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
+from measure import matmul_flops, write_result
 from transformers import GenerationConfig
 
 from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.writing import TLDREnv
-
-
-def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return repeats * 2 * n**3 / (time.perf_counter() - start)
 
 
 def main(argv=None) -> int:
@@ -88,9 +78,7 @@ def main(argv=None) -> int:
         "rollout_vs_plain_generate": (team_tokens / team_s) / (plain_tokens / plain_s),
         "rollout_vs_roofline": (team_tokens / team_s) / roofline,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

@@ -52,6 +52,18 @@ def _hf_greedy(pool, agent, prompt, max_new_tokens, use_adapter=True):
     return comp[:cut] if cut else comp
 
 
+def _generate_with_forward_shapes(pool, requests, config):
+    """``pool.generate_many(requests, config)`` and the ``input_ids`` shape of every forward of the (one) base."""
+    (base,) = pool.bases.values()
+    shapes = []
+    hook = base.get_base_model().register_forward_pre_hook(
+        lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    try:
+        return pool.generate_many(requests, config), shapes
+    finally:
+        hook.remove()
+
+
 @pytest.mark.parametrize("quantization,dense_copy", [(None, "auto"), ("4bit", "always"), ("4bit", "never")])
 def test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer(tiny_text_model, quantization, dense_copy):
     pool = _pool(tiny_text_model, agents=("aux", "main", "third"), quantization=quantization, dense_copy=dense_copy)
@@ -73,14 +85,8 @@ def test_samples_of_one_prompt_share_one_prefill(tiny_text_model):
     pool = _pool(tiny_text_model)
     requests = [GenerationRequest("aux", "hello there", num_samples=3), GenerationRequest("main", "abc", num_samples=2),
                 GenerationRequest("main", "abc", num_samples=1), GenerationRequest("main", "abc", use_adapter=False)]
-    model = pool.bases[pool.policies[pool.policy_of("aux")].base_key].get_base_model()
-    batch_sizes = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: batch_sizes.append(tuple(k["input_ids"].shape)),
-                                           with_kwargs=True)
-    try:
-        out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
-    finally:
-        hook.remove()
+    out, batch_sizes = _generate_with_forward_shapes(pool, requests, GenerationConfig(max_new_tokens=6,
+                                                                                      do_sample=False))
     assert batch_sizes[0][0] == 3 and batch_sizes[0][1] > 1  # the prefill: 3 distinct prompts, not 7 samples
     assert batch_sizes[1][1] == 1  # then one token at a time for the samples (less the rows that ended at once)
     for req, gens in zip(requests, out):
@@ -118,14 +124,7 @@ def test_prompts_with_a_shared_prefix_prefill_it_once(tiny_text_model):
     prompts = [task + "abc", task + "what now", task + "x", "hello"]
     requests = [GenerationRequest("main", p, num_samples=2) for p in prompts] + \
         [GenerationRequest("aux", p) for p in prompts[:2]]
-    model = pool.bases[pool.policies[pool.policy_of("aux")].base_key].get_base_model()
-    shapes = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)),
-                                           with_kwargs=True)
-    try:
-        out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
-    finally:
-        hook.remove()
+    out, shapes = _generate_with_forward_shapes(pool, requests, GenerationConfig(max_new_tokens=6, do_sample=False))
     encoded = [pool.encode_prompt("main", p) for p in prompts[:3]]
     prefix = len(os.path.commonprefix(encoded))
     assert prefix >= len(task)  # (one token per character) the chat template's opening and the task text
