@@ -112,6 +112,9 @@ class ActorCriticConfig(MultiAgentConfig):
     """
 
     min_generations: ClassVar[int] = 1
+    #: Refused under FSDP (trainers/sharding.py): the critics run outside the pool's forward.
+    fsdp_refusal: ClassVar[str | None] = ("its critics' value heads run outside the team's FSDP forward and their "
+                                          "losses take a per-process number of backward passes")
 
     num_turns: int = field(default=1, metadata={"help": "H: the horizon."})
     gamma: float = field(default=1.0, metadata={"help": "Discount of the TD targets and returns."})

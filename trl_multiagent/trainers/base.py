@@ -24,6 +24,7 @@ import functools
 import logging
 import math
 import os
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,15 @@ from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
 from .completions import append_rows, completion_rows, log_to_trackers, print_completions
 from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
+from .sharding import (
+    gathered_adapter_state,
+    is_fsdp,
+    layer_classes,
+    plain_norm,
+    refresh_parameters,
+    sharded_adapter_loading,
+    unsharded,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +126,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
                              dense_copy=args.dense_copy)
         self.pool = pool
+        self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
         self.sampler = self.build_sampler(args)
@@ -200,7 +211,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+            norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))  # FSDP: all shards
             self.log_metric(f"{group['kind']}/{group['name']}/grad_norm", float(norm))
             norms.append(norm.detach().float())
         return torch.stack(norms).pow(2).sum().sqrt() if norms else torch.zeros(())
@@ -208,6 +219,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
     # ------------------------------------------------------------------------------------------------ the step
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
+        if is_fsdp(self.accelerator) and not getattr(self, "_sharded_parameters", False):
+            refresh_parameters(self.pool)  # FSDP replaced the adapters' parameters by sharded ones
+            self._sharded_parameters = True
         model.train()
         # The phase of the num_iterations cycle comes from global_step (restored on resume), not from a counter of
         # this run's calls: a run resumed mid-cycle re-rolls (the buffer is not checkpointed) and stays in phase
@@ -235,6 +249,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """Roll the team out on ``tasks`` (advantages included); add behaviour log-probs when a rollout serves
         several updates (``num_iterations > 1``) and reference log-probs when ``beta > 0``, and nothing else."""
+        with unsharded(self.pool):  # FSDP: the decoding loop and the reference call the bases directly
+            return self._rollout(tasks)
+
+    def _rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         experience = self.sample(tasks)
         need_old = self.num_iterations > 1
         if need_old or self.beta != 0.0:
@@ -315,6 +333,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         loss calls, so TRL's metric collectives stay aligned).
         """
         world = self.accelerator.num_processes
+        # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
+        sync_at_end = world > 1 and not is_fsdp(self.accelerator)
         response = self.loss_type == RESPONSE_LOSS
         plan = {p: experience.samples_of(p) for p in self.pool.policies}
         weights = {p: self.sample_weights(p, rows) for p, rows in plan.items()}
@@ -334,7 +354,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             for i, p in enumerate(plan):
                 chunk_counts[p], global_tokens[p] = int(maxed[i, 0]), float(summed[i, 1])
         total_loss = torch.zeros((), device=self.accelerator.device)
-        with self.accelerator.no_sync(model) if world > 1 else contextlib.nullcontext():
+        with self.accelerator.no_sync(model) if sync_at_end else contextlib.nullcontext():
             for policy in plan:
                 chunks = chunked[policy]
                 for c in range(chunk_counts[policy]):
@@ -360,7 +380,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                         self.accelerator.backward(loss)
                     total_loss = total_loss + loss.detach()
                 release_freed_memory()
-        if world > 1:
+        if sync_at_end:
             self.average_gradients_across_processes()
         return total_loss
 
@@ -443,14 +463,28 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     # ------------------------------------------------------------------------------------------------ saving
     def save_team(self, output_dir: str) -> None:
-        """Every policy's adapter (and every critic) under ``<output_dir>/adapters/`` (not the frozen bases)."""
-        if self.args.should_save:
+        """Every policy's adapter (and every critic) under ``<output_dir>/adapters/`` (not the frozen bases). Under FSDP
+        every process takes part (the adapters are gathered from their shards) and the main process writes."""
+        if is_fsdp(self.accelerator):
+            with gathered_adapter_state(self.pool), tempfile.TemporaryDirectory() as scratch:
+                self.pool.save_adapters(output_dir if self.args.should_save else scratch)
+        elif self.args.should_save:
             self.pool.save_adapters(output_dir)
+        if self.args.should_save:
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """``Trainer.save_model``; under FSDP every process saves the team (:meth:`save_team` gathers the adapters
+        only, where transformers would first gather the whole model onto the main process)."""
+        if is_fsdp(self.accelerator):
+            self._save(output_dir if output_dir is not None else self.args.output_dir)
+            return
+        super().save_model(output_dir, _internal_call)
 
     def load_team(self, checkpoint_dir: str) -> None:
         logger.info("Loading adapters from %s", checkpoint_dir)
-        self.pool.load_adapters(checkpoint_dir)
+        with sharded_adapter_loading(self.pool) if is_fsdp(self.accelerator) else contextlib.nullcontext():
+            self.pool.load_adapters(checkpoint_dir)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs) -> TrainOutput:
         """Train, then write the final adapters and ``<output_dir>/summary.json``. ``run_status.json`` marks the

@@ -13,6 +13,7 @@ from trl import GRPOConfig
 
 from ..agents import DENSE_COPY
 from ..losses import RESPONSE_LOSS
+from .sharding import check_parallelism
 
 #: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -47,6 +48,8 @@ class MultiAgentConfig(GRPOConfig):
 
     #: The smallest ``num_generations`` the trainer's sampler accepts.
     min_generations: ClassVar[int] = 2
+    #: Why this trainer cannot run under FSDP, or None where it can (checked before any model loads).
+    fsdp_refusal: ClassVar[str | None] = None
 
     episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
     model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
@@ -97,6 +100,7 @@ class MultiAgentConfig(GRPOConfig):
                              "goes into one optimizer step. Raise episodes_per_step for a larger batch.")
         if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
+        check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
         if self.use_vllm:
             raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in "
                              "transformers.")

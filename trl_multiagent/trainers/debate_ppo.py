@@ -109,6 +109,9 @@ class DebatePPOConfig(MultiAgentConfig):
     """
 
     min_generations: ClassVar[int] = 1
+    #: Refused under FSDP (trainers/sharding.py): the critics run outside the pool's forward.
+    fsdp_refusal: ClassVar[str | None] = ("its critics' value heads run outside the team's FSDP forward and their "
+                                          "losses take a per-process number of backward passes")
 
     num_turns: int = field(default=3, metadata={"help": "T: debate turns (earlier end when all agents agree)."})
     num_generations: int | None = field(default=1, metadata={"help": "Independent debates per task."})

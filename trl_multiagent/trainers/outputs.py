@@ -110,7 +110,8 @@ def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -
                 list(handle.keys())
         except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
             problems.append(f"{name} is not a readable safetensors file ({type(exc).__name__})")
-    if not (path / "optimizer.pt").is_file():
+    # optimizer.pt; under FSDP accelerate writes optimizer.bin (full state dict) or optimizer_0/ (sharded)
+    if not ((path / "optimizer.pt").is_file() or (path / "optimizer.bin").is_file() or (path / "optimizer_0").is_dir()):
         problems.append("optimizer.pt is missing")
     if problems:
         raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}")
