@@ -189,6 +189,9 @@ class AgentPool(nn.Module):
         self._dense: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
+        #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
+        #: (:class:`~trl_multiagent.vllm_generation.VLLMGenerationBackend`, ``use_vllm``).
+        self.generation_backend = None
         by_policy = check_team(specs)
         check_critics(specs, critics)
         self.specs: dict[str, AgentSpec] = {s.name: s for s in specs}
@@ -415,7 +418,10 @@ class AgentPool(nn.Module):
         if not requests:
             return []
         start = time.perf_counter()
-        out = generate_team(self, requests, generation_config, max_batch_sequences, progress)
+        if self.generation_backend is not None:
+            out = self.generation_backend.generate(requests, generation_config, max_batch_sequences, progress)
+        else:
+            out = generate_team(self, requests, generation_config, max_batch_sequences, progress)
         self.generation_stats["seconds"] += time.perf_counter() - start
         self.generation_stats["tokens"] += sum(len(g.completion_ids) for gens in out for g in gens)
         return out
@@ -509,6 +515,8 @@ class AgentPool(nn.Module):
                 raise FileNotFoundError(f"No value head for critic {name!r} at {path}")
             self.value_heads[name].load_state_dict(load_file(str(path)))
         self._keep_all_adapters_trainable()
+        if self.generation_backend is not None:
+            self.generation_backend.mark_stale()
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: str = "auto") -> AgentPool:

@@ -104,6 +104,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
         agents = self.prepare_agents(agents, args)
         specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
         check_team(specs)
+        if args.use_vllm:  # a base vLLM can serve with LoRA, before any weights load
+            from ..vllm_generation import check_vllm_team
+
+            check_vllm_team(specs)
         probe = environment()
         self.validate_environment(probe, [s.name for s in specs], train_dataset, args)
         self.agent_order = list(probe.agents)
@@ -126,6 +130,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
             pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
                              dense_copy=args.dense_copy)
         self.pool = pool
+        if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
+            from ..vllm_generation import VLLMGenerationBackend, VLLMSettings
+
+            pool.generation_backend = VLLMGenerationBackend(pool, VLLMSettings.from_config(args))
         self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment
@@ -196,7 +204,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
             @functools.wraps(step)
             def timed_step(*args, **kwargs):  # runs after training_step has logged: its time goes to the next step
                 with self.timed("optimizer"):
-                    return step(*args, **kwargs)
+                    result = step(*args, **kwargs)
+                if self.pool.generation_backend is not None:  # vLLM: the new adapters are synced before the next rollout
+                    self.pool.generation_backend.mark_stale()
+                return result
 
             self.optimizer.step = timed_step
         return self.optimizer
@@ -254,7 +265,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     def _rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         experience = self.sample(tasks)
-        need_old = self.num_iterations > 1
+        # vLLM's importance-sampling correction compares the trainer's log-probs with the engine's (as in TRL)
+        need_old = self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction)
         if need_old or self.beta != 0.0:
             for policy in self.pool.policies:
                 for chunk in _chunks(experience.samples_of(policy), self.args.per_device_train_batch_size):
@@ -389,6 +401,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         policy's loss), through the one log-prob path; logs entropy, clipped fraction and KL as TRL's loss does."""
         logps, entropies = self.logps(functools.partial(model, policy), batch, compute_entropy=True)
         old = batch.get("old_per_token_logps")
+        if "importance_sampling_ratio" in batch:  # vLLM's sequence-level correction weighs each response (as TRL)
+            weights = weights * batch["importance_sampling_ratio"].view(-1)
         loss, stats = response_policy_loss(
             logps, logps.detach() if old is None else old, batch["completion_mask"], batch["advantages"],
             self.epsilon_low, self.epsilon_high, ref_per_token_logps=batch.get("ref_per_token_logps"),
@@ -446,6 +460,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
         for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
             if all(getattr(s, attr) is not None for s in samples):
                 batch[key] = _pad_rows([getattr(s, attr) for s in samples], c_len)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            from ..vllm_generation import add_importance_sampling
+
+            add_importance_sampling(batch, samples, self)
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
 
     def dummy_batch(self, policy: str) -> dict[str, torch.Tensor]:
@@ -457,8 +475,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
                  "completion_mask": torch.ones_like(one), "advantages": torch.zeros(1, device=one.device)}
         if self.beta != 0.0:
             batch["ref_per_token_logps"] = torch.zeros((1, 1), device=one.device)
-        if self.num_iterations > 1:
+        if self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction):
             batch["old_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            batch["sampling_per_token_logps"] = torch.zeros((1, 1), device=one.device)
+            batch["importance_sampling_ratio"] = torch.ones((1, 1), device=one.device)
         return batch
 
     # ------------------------------------------------------------------------------------------------ saving

@@ -101,9 +101,10 @@ class MultiAgentConfig(GRPOConfig):
         if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
         check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
-        if self.use_vllm:
-            raise ValueError("use_vllm is not supported by the multi-agent trainers yet; generation runs in "
-                             "transformers.")
+        if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
+            from ..vllm_generation import check_vllm_config
+
+            check_vllm_config(self)
         self.remove_unused_columns = False
         if not cuda:
             self.dataloader_pin_memory = False

@@ -88,8 +88,11 @@ class TeamTrainerSurface(GRPOTrainer):
         self.off_policy_mask_threshold = args.off_policy_mask_threshold
         self.aux_loss_enabled = False  # no MoE load-balancing loss (router_aux_loss_coef is then unused)
         self.router_aux_loss_coef = 0.0
-        self.use_vllm = False
-        self.vllm_importance_sampling_correction = False
+        self.use_vllm = args.use_vllm  # generation through vLLM (trl_multiagent.vllm_generation); TRL's correction:
+        self.vllm_importance_sampling_correction = args.use_vllm and args.vllm_importance_sampling_correction
+        self.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
+        self.vllm_importance_sampling_clip_min = args.vllm_importance_sampling_clip_min
+        self.vllm_importance_sampling_clip_max = args.vllm_importance_sampling_clip_max
         self.entropy_coef = args.entropy_coef
         self.use_adaptive_entropy = args.use_adaptive_entropy
         self._entropy_bonus_enabled = self.entropy_coef != 0.0 or self.use_adaptive_entropy
