@@ -284,3 +284,42 @@ def test_dense_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
         grads.append([p.grad.clone() for p in pool.policy_parameters("aux")])
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("quantization,dense_copy", [(None, "auto"), ("4bit", "always")])
+def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model, quantization, dense_copy,
+                                                                 monkeypatch):
+    import trl_multiagent.generation as generation
+
+    monkeypatch.setattr(generation, "PACK_MIN_WEIGHTS", 0)  # the tiny model's layers are all small
+    pool = _pool(tiny_text_model, quantization=quantization, dense_copy=dense_copy)
+    (key,) = pool.bases
+    if not generation.packing_available(pool.bases[key]):
+        pytest.skip("this torch build has no oneDNN linear op")
+    assert pool.packs_weights(key)
+    model = pool.bases[key].get_base_model().eval()
+    ids = torch.tensor([pool.encode_prompt("aux", "what is two plus two")])
+    before = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with generation.PackedFrozenLinears(model) as packed:
+            # every frozen linear is switched, the LM head included; the LoRA matrices are not
+            names = {n for n, m in model.named_modules() if m in {mod for mod, _ in packed._patched}}
+            assert "lm_head" in names and not any("lora_" in n for n in names)
+            assert len(names) == sum(1 for m in model.modules() if generation.PackedFrozenLinears.frozen_weight(m)
+                                     is not None)
+            got = model(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+    # leaving restores every layer's own forward (the 4-bit layers' de-quantised-copy forward included)
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == before
+    # the decoding loop with packed weights: each row still gets its own agent's greedy answer
+    prompts = ["abc", "hello there", "what is two plus two"]
+    requests = [GenerationRequest(a, p) for p in prompts for a in ("aux", "main")]
+    out = pool.generate_many(requests, GenerationConfig(max_new_tokens=8, do_sample=False))
+    for req, gens in zip(requests, out):
+        assert gens[0].completion_ids == _hf_greedy(pool, req.agent, req.prompt, 8)
+    # under autograd the layers compute as before (the packed op has no derivative)
+    with generation.PackedFrozenLinears(model):
+        loss = model(input_ids=ids).logits.sum()
+    loss.backward()
+    assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)

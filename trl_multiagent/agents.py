@@ -42,6 +42,7 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
     GenerationRequest,
     dense_weight_bytes,
     generate_team,
+    packed_weight_bytes,
     use_dense_copy,
 )
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
@@ -187,6 +188,7 @@ class AgentPool(nn.Module):
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
         self.dense_copy = dense_copy
         self._dense: dict[str, bool] = {}
+        self._packed: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
@@ -466,6 +468,18 @@ class AgentPool(nn.Module):
                         "a de-quantised copy of its 4-bit weights" if decision else "its 4-bit weights",
                         needed / 2**20)
         self._dense[base_key] = decision
+        packed = packed_weight_bytes(model)
+        self._packed[base_key] = 0 < packed <= 0.25 * available_memory(next(model.parameters()).device)
+        if packed:
+            logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB)", base_key,
+                        "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
+                        packed / 2**20)
+
+    def packs_weights(self, base_key: str) -> bool:
+        """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
+        (:class:`~trl_multiagent.generation.PackedFrozenLinears`: CPU, float32, where a copy of the frozen weights
+        takes at most a quarter of the memory available at load time)."""
+        return self._packed.get(base_key, False)
 
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:
