@@ -323,3 +323,56 @@ def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model
         loss = model(input_ids=ids).logits.sum()
     loss.backward()
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+
+
+def test_prefill_buckets_minimise_padded_positions_exactly():
+    from itertools import combinations
+
+    from trl_multiagent.generation import prefill_buckets
+
+    lengths = [5, 50, 6, 48, 7, 5, 49, 51, 6, 30]
+    buckets = prefill_buckets(lengths, min_rows=2, overhead=3)
+    # every row once, each bucket as wide as its longest row, at least 2 rows each
+    assert sorted(r for rows, _ in buckets for r in rows) == list(range(len(lengths)))
+    assert all(len(rows) >= 2 and width == max(lengths[r] for r in rows) for rows, width in buckets)
+    cost = sum(len(rows) * width + 3 for rows, width in buckets)
+    # brute force over every split of the sorted rows into runs of at least 2
+    ordered = sorted(lengths)
+    best = None
+    for k in range(0, len(ordered)):
+        for cuts in combinations(range(2, len(ordered) - 1), k):
+            bounds = [0, *cuts, len(ordered)]
+            runs = [ordered[a:b] for a, b in zip(bounds, bounds[1:])]
+            if all(len(r) >= 2 for r in runs):
+                c = sum(len(r) * max(r) + 3 for r in runs)
+                best = c if best is None else min(best, c)
+    assert cost == best < len(lengths) * max(lengths) + 3
+    # too few rows, or nothing to gain: one bucket in the original order
+    assert prefill_buckets([5, 50, 6], min_rows=2) == [([0, 1, 2], 50)]
+    assert prefill_buckets([7] * 40, min_rows=2, overhead=1) == [(list(range(40)), 7)]
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_bucketed_prefill_gives_every_row_its_greedy_answer_and_pads_less(tiny_text_model, shared_prefix,
+                                                                          monkeypatch):
+    """Prompts of very different lengths (short questions and long texts, two adapters and the base): the prefill
+    runs in buckets no wider than their longest prompt, and every row's greedy answer is HF generate's."""
+    import trl_multiagent.generation as generation
+
+    monkeypatch.setattr(generation, "PREFILL_BUCKET_MIN_ROWS", 3)
+    pool = _pool(tiny_text_model)
+    task = "please read this long text about apples and pears and plums, then answer: " if shared_prefix else ""
+    short = [task + w for w in ("a", "bc", "hey", "x y")]
+    long = [task + "a much longer prompt that goes on " * 2 + w for w in ("and on", "for a while", "to the end")]
+    requests = [GenerationRequest(a, p, num_samples=2) for p in short + long for a in ("aux", "main")]
+    requests += [GenerationRequest("main", p, use_adapter=False) for p in (short[0], long[0])]
+    out, shapes = _generate_with_forward_shapes(pool, requests, GenerationConfig(max_new_tokens=5, do_sample=False))
+    for req, gens in zip(requests, out):
+        expected = _hf_greedy(pool, req.agent, req.prompt, 5, use_adapter=req.use_adapter)
+        assert all(g.completion_ids == expected for g in gens), (req.agent, req.prompt, req.use_adapter)
+    prefills = [s for s in shapes if s[1] > 1]
+    widest = max(len(pool.encode_prompt("main", p)) for p in long)
+    # more than one prefill of the prompts' own tokens, and the short prompts' bucket is narrow
+    own = prefills[1:] if shared_prefix else prefills
+    assert len(own) >= 2 and sum(rows for rows, _ in own) == len(short + long) * 2 + 2
+    assert min(width for _, width in own) < widest // 2

@@ -280,6 +280,16 @@ class MultiAdapterBatch:
         layer.forward = forward
         self._patched.append(layer)
 
+    @contextlib.contextmanager
+    def rows(self, rows: slice) -> Iterator[None]:
+        """Within ``with``, the batch is the rows ``rows`` of the current one (a bucket of the prefill)."""
+        whole = self._scales
+        self._scales = {key: scales[rows] for key, scales in whole.items()}
+        try:
+            yield
+        finally:
+            self._scales = whole
+
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` (indices into the current batch) from now on."""
         for key, scales in self._scales.items():
@@ -453,10 +463,106 @@ def _preallocated_cache(model: torch.nn.Module, capacity: int):
                 self._k, self._v = self._k[indices], self._v[indices]
                 self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
 
-    cache = DynamicCache(config=getattr(model, "config", None))
+    class PreallocatedCache(DynamicCache):
+        def row_view(self, rows: slice, length: int) -> PreallocatedCache:
+            """A cache over the rows ``rows`` of this one (a view: what it stores lands here) whose next positions
+            go at ``length``; the positions from this cache's length up to ``length`` are zeroed (masked padding)."""
+            view = PreallocatedCache(config=getattr(model, "config", None))
+            view.layers = []
+            for layer in self.layers:
+                if not layer.is_initialized:
+                    raise RuntimeError("row_view needs a cache allocated for its rows (allocate)")
+                part = PreallocatedLayer()
+                part._k, part._v = layer._k[rows], layer._v[rows]
+                part._k[:, :, layer.length:length] = 0
+                part._v[:, :, layer.length:length] = 0
+                part.is_initialized, part.device, part.length = True, layer.device, length
+                part.keys, part.values = part._k[:, :, :length], part._v[:, :, :length]
+                view.layers.append(part)
+            return view
+
+        def supports_row_views(self) -> bool:
+            return all(isinstance(layer, PreallocatedLayer) for layer in self.layers)
+
+        def allocate(self, rows: int, device, dtype) -> None:
+            """Allocate every layer for ``rows`` rows before any forward (as its first update would)."""
+            config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            empty = torch.zeros((rows, heads, 0, dim), device=device, dtype=dtype)
+            for layer in self.layers:
+                if not layer.is_initialized:
+                    layer.lazy_initialization(empty, empty)
+                    layer.keys, layer.values = layer._k[:, :, :0], layer._v[:, :, :0]
+
+        def set_length(self, length: int) -> None:
+            for layer in self.layers:
+                layer.length = length
+                layer.keys, layer.values = layer._k[:, :, :length], layer._v[:, :, :length]
+
+    cache = PreallocatedCache(config=getattr(model, "config", None))
     cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
+
+
+#: Buckets of the prefill (:func:`prefill_buckets`) hold at least this many rows (smaller ones compute less well).
+PREFILL_BUCKET_MIN_ROWS = 16
+#: What one more prefill call costs, in padded positions (its per-call overhead).
+PREFILL_BUCKET_OVERHEAD = 32
+
+
+def prefill_buckets(lengths: Sequence[int], min_rows: int | None = None,
+                    overhead: int | None = None) -> list[tuple[list[int], int]]:
+    """Rows grouped for the prefill, to pad little: ``[(rows, width), ...]``, each bucket's rows sorted by length
+    and its width their longest. The buckets are runs of the rows sorted by length, chosen (exactly, by dynamic
+    programming) to minimise the positions computed, ``sum(len(rows) x width)``, plus ``overhead`` per bucket; each
+    holds at least ``min_rows`` rows. With fewer than ``2 x min_rows`` rows (or no gain) it is one bucket, in the
+    original order."""
+    min_rows = PREFILL_BUCKET_MIN_ROWS if min_rows is None else min_rows
+    overhead = PREFILL_BUCKET_OVERHEAD if overhead is None else overhead
+    n = len(lengths)
+    single = [(list(range(n)), max(lengths, default=0))]
+    if n < 2 * min_rows:
+        return single
+    order = sorted(range(n), key=lambda i: lengths[i])
+    ordered = [lengths[i] for i in order]
+    # best[j]: the least cost of the first j sorted rows in buckets; cut[j]: where the last bucket starts
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for j in range(min_rows, n + 1):
+        width = ordered[j - 1]
+        for i in range(0, j - min_rows + 1):
+            if best[i] < math.inf and (cost := best[i] + (j - i) * width + overhead) < best[j]:
+                best[j], cut[j] = cost, i
+    if best[n] >= n * ordered[-1] + overhead:
+        return single
+    out, j = [], n
+    while j > 0:
+        out.append(([order[k] for k in range(cut[j], j)], ordered[j - 1]))
+        j = cut[j]
+    return out[::-1]
+
+
+def _bucketed_prefill(model, cache, input_ids, attention_mask, position_ids, start: int, sizes: Sequence[int],
+                      widths: Sequence[int], batch: MultiAdapterBatch | None) -> torch.Tensor:
+    """Prefill the left-padded rows (positions ``start`` on) in consecutive buckets of ``sizes`` rows, each only
+    ``widths[b]`` positions wide: a bucket writes its keys and values into its rows of ``cache`` at the last
+    ``widths[b]`` positions; the positions left out are padding, masked, and their cache entries zero. Returns the
+    last position's logits of every row."""
+    total = input_ids.size(1)
+    logits, row = [], 0
+    for size, width in zip(sizes, widths):
+        rows = slice(row, row + size)
+        view = cache.row_view(rows, total - width)
+        with batch.rows(rows) if batch is not None else contextlib.nullcontext():
+            out = model(input_ids=input_ids[rows, total - width:], attention_mask=attention_mask[rows],
+                        position_ids=position_ids[rows, total - width:], cache=view, use_cache=True,
+                        logits_to_keep=1)
+        logits.append(out.logits[:, -1, :])
+        row += size
+    cache.set_length(total)
+    return torch.cat(logits)
 
 
 @torch.no_grad()
@@ -502,9 +608,25 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         attention_mask = torch.cat([prefix_mask[group], attention_mask], dim=1)
     rows = input_ids.size(0)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask, position_ids=position_ids[:, start:],
-                cache=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1, :]
+    buckets = prefill_buckets(attention_mask[:, start:].sum(-1).tolist()) if cache.supports_row_views() else [()]
+    if len(buckets) == 1:
+        out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask,
+                    position_ids=position_ids[:, start:], cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+    else:  # rows of similar length prefill together, each bucket only as wide as its longest prompt
+        order = torch.tensor([row for bucket, _ in buckets for row in bucket], dtype=torch.long, device=device)
+        if start == 0:  # nothing cached yet: allocate the rows the buckets write into
+            cache.allocate(rows, device, model.get_input_embeddings().weight.dtype)
+        else:
+            cache.batch_select_indices(order)
+        if batch is not None:
+            batch.select(order)
+        input_ids, attention_mask, position_ids = input_ids[order], attention_mask[order], position_ids[order]
+        logits = _bucketed_prefill(model, cache, input_ids, attention_mask, position_ids, start,
+                                   [len(bucket) for bucket, _ in buckets], [w for _, w in buckets], batch)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(rows, device=device)
+        expand = back if expand is None else back[expand.to(device)]  # the prompt rows' new places
     if expand is not None:
         expand = expand.to(device)
         cache.batch_select_indices(expand)
