@@ -128,7 +128,7 @@ def _environment():
                                required_columns=["topic"])
 
 
-def _trainer(pool, tmp_path, **kw):
+def _trainer(pool, tmp_path, greedy: bool = True, **kw):
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS,
@@ -137,17 +137,40 @@ def _trainer(pool, tmp_path, **kw):
                                 shuffle_dataset=False, **kw)
     data = Dataset.from_dict({"topic": ["The sea", "Bread", "Mountains", "Rain"]})
     trainer = MultiAgentGRPOTrainer(pool, _environment, args, data)
-    trainer.generation_config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False)
+    if greedy:
+        trainer.generation_config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False)
     return trainer
 
 
-def test_team_step_with_vllm_matches_the_hf_path_rewards_under_greedy_decoding(pool, tmp_path):
+class _TransformersGenerate:
+    """The HF path of the reward test: transformers' ``generate`` (PEFT, the agent's adapter active) row by row.
+    (The pool's own decoding loop is not the reference here: in .venv-vllm, on transformers 5.19, it does not decode
+    correctly; the package's pins are transformers 5.24.)"""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def generate(self, requests, generation_config, max_batch_sequences=None, progress=None):
+        from trl_multiagent.generation import Generation
+
+        assert not generation_config.do_sample
+        out = []
+        for req in requests:
+            comp = _hf_greedy(self.pool, req.agent, req.prompt, req.use_adapter, generation_config.max_new_tokens)
+            eos = set(self.pool.eos_token_ids(req.agent))
+            text = self.pool.tokenizer_of(req.agent).decode(comp, skip_special_tokens=True)
+            out.append([Generation(self.pool.encode_prompt(req.agent, req.prompt), list(comp), text,
+                                   not comp or comp[-1] not in eos) for _ in range(req.num_samples)])
+        return out
+
+
+def test_team_step_with_vllm_matches_transformers_generate_rewards_under_greedy_decoding(pool, tmp_path):
     trainer = _trainer(pool, tmp_path / "rewards")
     assert pool.generation_backend is not None and trainer.use_vllm
     tasks = [{"topic": "The sea"}, {"topic": "Bread"}]
     with torch.no_grad():
         via_vllm = trainer.sampler.rollout(pool, _environment, tasks, trainer.generation_config)
-        backend, pool.generation_backend = pool.generation_backend, None
+        backend, pool.generation_backend = pool.generation_backend, _TransformersGenerate(pool)
         try:
             via_hf = trainer.sampler.rollout(pool, _environment, tasks, trainer.generation_config)
         finally:
@@ -159,7 +182,7 @@ def test_team_step_with_vllm_matches_the_hf_path_rewards_under_greedy_decoding(p
 
 
 def test_a_training_step_syncs_the_new_adapters_into_the_engine(pool, tmp_path):
-    trainer = _trainer(pool, tmp_path / "step")
+    trainer = _trainer(pool, tmp_path / "step", greedy=False)  # sampled: a group of equal answers teaches nothing
     backend = pool.generation_backend
     before = {p: [t.detach().clone() for t in pool.policy_parameters(p)] for p in pool.policies}
     ids_before = {p: r.lora_int_id for p, r in backend.lora_requests.items()}
