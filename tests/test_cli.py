@@ -328,6 +328,24 @@ def test_max_steps_zero_evaluates_the_untrained_team_only(cli, tiny_ab_model, tm
     assert summary["evaluation"]["decoding"]["do_sample"] is False and summary["evaluation"]["num_samples"] == 1
 
 
+def test_baselines_can_take_fewer_samples_than_the_team(cli, tiny_ab_model, tmp_path):
+    out, recipe = tmp_path / "fewer", tmp_path / "tldr.yaml"
+    recipe.write_text((ROOT / TINY_RECIPE).read_text().replace("{name: agent1}", "{name: summary}")
+                      .replace("{name: agent2}", "{name: elaboration}"))
+    result = cli(["train", "--config", recipe, "--model", tiny_ab_model, "--environment", "tldr",
+                  "--max_steps", "0", "--eval_num_problems", "2", "--eval_temperature", "1", "--eval_num_samples", "3",
+                  "--eval_baseline_num_samples", "1", "--eval_team_before_is_naive", "true",
+                  "--eval_max_new_tokens", "2", "--output_dir", out])
+    assert result.returncode == 0, result.output[-4000:]
+    ev = json.loads((out / "summary.json").read_text())["evaluation"]
+    # the naive baseline stands for the untrained team, so it keeps the team's samples; the others take one
+    assert ev["num_samples_per_method"] == {"team": 3, "single": 1, "naive": 3, "sequential": 1, "discussion": 1}
+    # generated: single 1 x 2 tasks, naive 3 x 2 agents x 2 tasks, sequential's second writer 1 x 2 (its first
+    # writer's part is naive's first draft), discussion's revisions 1 x 2 agents x 2 (its drafts are naive's)
+    assert ev["stages"]["before"]["generated_sequences"] == 2 + 12 + 2 + 4
+    assert "samples per task: " in (out / "report.md").read_text()
+
+
 def test_other_files_and_import_paths(cli, base, tmp_path):
     rows = tmp_path / "train.jsonl"
     rows.write_text('{"question": "1+1?", "answer": "2"}\n')

@@ -152,6 +152,34 @@ def test_methods_with_the_same_first_round_share_its_draws():
     assert len(unshared.calls[0]) == 4 and result.generated_sequences == 8 + 2
 
 
+def test_a_method_with_fewer_samples_revises_the_first_of_the_shared_drafts():
+    counter = iter(range(1000))
+    pool = ManyPool(["solo"], lambda agent, prompt, k, adapter: prompt + chr(ord("a") + next(counter) % 26))
+    tasks = [{"task_id": "x", "q": "aa"}, {"task_id": "y", "q": "bb"}]
+    result = evaluate_team(pool, SameFirstRound(), tasks, methods=["echo", "twice"],
+                           num_samples={"echo": 3, "twice": 2}, generation_config=GREEDY)
+    first, second = pool.calls
+    assert [r.num_samples for r in first] == [3, 3]  # 'twice' drew nothing of its own in the first round
+    assert result.generated_sequences == 6 + 2
+    echo = [[chr(int(v)) for v in row] for row in result.methods["echo"].samples["last"]]
+    assert echo == [["a", "b", "c"], ["d", "e", "f"]]
+    # 'twice' revised the first of each task's drafts and kept the second: its 2 samples are echo's first 2
+    assert [r.prompt for r in second] == ["aaa?", "bbd?"]
+    assert result.methods["twice"].samples["reward"] == [[5.0, 3.0], [5.0, 3.0]]
+    assert [len(v) for v in result.methods["twice"].samples["reward"]] == [2, 2]
+    # a later method asking for MORE samples than the earlier draw cannot take it: it draws its own
+    pool = ManyPool(["solo"], lambda agent, prompt, k, adapter: prompt + "z")
+    result = evaluate_team(pool, SameFirstRound(), tasks, methods=["echo", "twice"],
+                           num_samples={"echo": 1, "twice": 2}, generation_config=GREEDY)
+    assert [r.num_samples for r in pool.calls[0]] == [1, 1, 2, 2]
+    with pytest.raises(ValueError, match="no count for the method"):
+        evaluate_team(pool, SameFirstRound(), tasks, methods=["echo", "twice"], num_samples={"echo": 1},
+                      generation_config=GREEDY)
+    with pytest.raises(ValueError, match="at least 1"):
+        evaluate_team(pool, SameFirstRound(), tasks, methods=["echo"], num_samples={"echo": 0},
+                      generation_config=GREEDY)
+
+
 def test_evaluation_leaves_the_random_state_as_it_was():
     import random
 

@@ -261,6 +261,8 @@ def test_recipe_arguments_check_their_ranges():
     from trl_multiagent.recipe import RecipeArguments
 
     for kwargs, match in [({"num_tasks": 0}, "num_tasks"), ({"eval_num_samples": 0}, "eval_num_samples"),
+                          ({"eval_num_samples": 4, "eval_baseline_num_samples": 5}, "eval_baseline_num_samples"),
+                          ({"eval_baseline_num_samples": -1}, "eval_baseline_num_samples"),
                           ({"eval_stages": ["before", "before"]}, "eval_stages"), ({"lora_alpha": 0}, "lora_alpha"),
                           ({"quantization": "8bit"}, "quantization"), ({"env_kwargs": [1]}, "env_kwargs"),
                           ({"agents": ["aux"]}, "agents"), ({"eval_max_batch_sequences": -1}, "max_batch"),

@@ -98,6 +98,11 @@ class RecipeArguments:
     eval_num_samples: int = field(default=10, metadata=_help(
         "Samples per held-out task and method with sampled decoding (the largest k of pass@k is at most this); "
         "greedy decoding takes one."))
+    eval_baseline_num_samples: int = field(default=0, metadata=_help(
+        "Samples per held-out task for the baselines, when fewer than eval_num_samples are enough for them; 0: "
+        "eval_num_samples. The team, and the naive baseline when it stands for the untrained team "
+        "(eval_team_before_is_naive), keep eval_num_samples; a baseline that revises the naive drafts revises the "
+        "first of them."))
     eval_max_new_tokens: int = field(default=128, metadata=_help("Response length during evaluation."))
     eval_temperature: float | None = field(default=None, metadata=_help(
         "Sampling temperature of the evaluation; 0: greedy. Empty: the training temperature for the coding and debate "
@@ -148,6 +153,8 @@ class RecipeArguments:
         need(whole(self.eval_num_problems) and self.eval_num_problems >= 0, "eval_num_problems",
              "an integer >= 0 (0: the evaluator's default)")
         need(whole(self.eval_num_samples) and self.eval_num_samples >= 1, "eval_num_samples", "an integer >= 1")
+        need(whole(self.eval_baseline_num_samples) and 0 <= self.eval_baseline_num_samples <= self.eval_num_samples,
+             "eval_baseline_num_samples", f"an integer from 0 to eval_num_samples ({self.eval_num_samples})")
         need(whole(self.eval_max_new_tokens) and self.eval_max_new_tokens >= 1, "eval_max_new_tokens",
              "an integer >= 1")
         need(self.eval_temperature is None or self.eval_temperature >= 0, "eval_temperature", ">= 0 (0: greedy)")

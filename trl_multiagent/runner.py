@@ -113,6 +113,9 @@ class Run:
         self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.naive_is_untrained_team
                             and getattr(probe, "max_turns", 1) == 1 and not config.resume_from_checkpoint
                             and {"team", "naive"} <= set(methods))
+        baseline_samples = min(recipe.eval_baseline_num_samples or self.num_samples, self.num_samples)
+        self.method_samples = {m: self.num_samples if m == "team" or (m == "naive" and self.reuse_naive)
+                               else baseline_samples for m in methods}
 
     def generation_config(self):
         from transformers import GenerationConfig
@@ -143,9 +146,10 @@ class Run:
         generation, _ = self.generation_config()
         progress = EvalProgress(enabled=not getattr(config, "disable_tqdm", False),
                                 description="held-out eval")
-        logger.info("Evaluating %s on %d held-out tasks (%s), %d sample(s) each", ", ".join(methods),
-                    len(self.tasks), stage, self.num_samples)
-        result = evaluate_team(self.trainer.pool, self.evaluator, self.tasks, methods, self.num_samples, generation,
+        samples = {m: self.method_samples[m] for m in methods}
+        logger.info("Evaluating %s on %d held-out tasks (%s); samples per task: %s", ", ".join(methods),
+                    len(self.tasks), stage, ", ".join(f"{m} {n}" for m, n in samples.items()))
+        result = evaluate_team(self.trainer.pool, self.evaluator, self.tasks, methods, samples, generation,
                                stage=stage, seed=config.seed,
                                max_batch_sequences=self.recipe.eval_max_batch_sequences or None, progress=progress)
         for method, res in result.methods.items():
@@ -221,7 +225,8 @@ class Run:
             section = evaluation_section(
                 self.stages, metric, self.evaluator.name, self.num_samples, decoding,
                 baselines=self.evaluator.baselines, num_resamples=self.recipe.eval_bootstrap_resamples,
-                seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive)})
+                seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive),
+                                              "num_samples_per_method": dict(self.method_samples)})
             team = section["methods"].get("team", {})
             if "gain" in team:
                 logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],

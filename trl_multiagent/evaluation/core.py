@@ -191,9 +191,11 @@ def generate(pool, requests: Sequence[GenerationRequest], generation_config, max
 
 
 def _request_key(request: GenerationRequest) -> tuple:
+    """What makes two requests draw from one distribution: the agent, the prompt and the adapter on/off (not the
+    number of samples: the first ``n`` of ``m >= n`` independent draws are ``n`` independent draws)."""
     prompt = request.prompt if isinstance(request.prompt, str) else \
         tuple(tuple(sorted(message.items())) for message in request.prompt)
-    return request.agent, prompt, request.num_samples, request.use_adapter
+    return request.agent, prompt, request.use_adapter
 
 
 def run_programs(pool, programs: Mapping[str, Program], generation_config, max_batch_sequences: int | None = None,
@@ -201,11 +203,12 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
                  share_draws: bool = True) -> tuple[dict[str, MethodOutput], int, int]:
     """Drive ``programs`` in lock step: every round, ONE generation call for the requests of all of them.
 
-    With ``share_draws``, a program's request that equals (agent, prompt, samples, adapter on/off) a request of an
-    earlier program in the same round takes that request's generations instead of new ones: the baselines whose
-    first round is the naive baseline's drafts (sequential, discussion) then revise the very drafts the naive
-    baseline is scored on. Each program still sees draws from its own distribution, and within one program equal
-    requests are never shared (they stay independent samples).
+    With ``share_draws``, a program's request for ``n`` samples that equals (agent, prompt, adapter on/off) a request
+    of an earlier program in the same round for ``m >= n`` samples takes the first ``n`` of that request's
+    generations instead of new ones: the baselines whose first round is the naive baseline's drafts (sequential,
+    discussion) then revise the very drafts the naive baseline is scored on (all of them, or the first ``n`` when
+    they are evaluated with fewer samples). Each program still sees draws from its own distribution, and within one
+    program equal requests are never shared (they stay independent samples).
 
     Returns each program's output, the number of generation calls and the number of generated sequences.
     """
@@ -233,7 +236,7 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
     while pending:
         names = list(pending)
         flat: list[GenerationRequest] = []
-        served: dict[str, list[int]] = {}  # each program's requests -> their index in flat
+        served: dict[str, list[tuple[int, int]]] = {}  # each program's requests -> (index in flat, samples taken)
         earlier: dict[tuple, list[int]] = {}  # the requests of the programs before, by key, in order
         for name in names:
             taken: dict[tuple, int] = {}
@@ -242,12 +245,13 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
             for req in pending[name]:
                 key = _request_key(req)
                 used = taken.get(key, 0)
-                if share_draws and used < len(earlier.get(key, ())):
-                    served[name].append(earlier[key][used])
+                if share_draws and used < len(earlier.get(key, ())) and \
+                        flat[earlier[key][used]].num_samples >= req.num_samples:
+                    served[name].append((earlier[key][used], req.num_samples))
                     taken[key] = used + 1
                     continue
                 mine.setdefault(key, []).append(len(flat))
-                served[name].append(len(flat))
+                served[name].append((len(flat), req.num_samples))
                 flat.append(req)
             for key, idxs in mine.items():
                 earlier.setdefault(key, []).extend(idxs)
@@ -261,7 +265,7 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
             if shared:
                 progress(shared)
         for name in names:
-            advance(name, [generations[i] for i in served[name]])
+            advance(name, [generations[i][:n] for i, n in served[name]])
     return outputs, calls, sequences
 
 
@@ -298,7 +302,7 @@ def inference_mode(pool):
 
 
 def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]], methods: Sequence[str] = (TEAM,),
-                  num_samples: int = 1, generation_config=None, stage: str = "eval", seed: int = 0,
+                  num_samples: int | Mapping[str, int] = 1, generation_config=None, stage: str = "eval", seed: int = 0,
                   max_batch_sequences: int | None = None, progress=None, share_draws: bool = True) -> StageResult:
     """Evaluate ``methods`` (the team and/or the evaluator's baselines) on ``tasks``, ``num_samples`` each.
 
@@ -310,7 +314,8 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         evaluator: how the tasks are played and scored.
         tasks: the held-out tasks (dataset rows).
         methods: ``"team"`` and/or names in ``evaluator.baselines``.
-        num_samples: samples (episodes) per task and method.
+        num_samples: samples (episodes) per task and method: one number for every method, or one per method
+            (a mapping from every name in ``methods``).
         generation_config: a ``transformers.GenerationConfig`` (greedy when ``None``, 128 new tokens).
         stage: a label for the result and the progress bar.
         seed: the evaluation's random seed (the global random state is restored afterwards).
@@ -323,22 +328,30 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
 
     if not tasks:
         raise ValueError("evaluate_team needs at least one task")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     unknown = [m for m in methods if m not in evaluator.methods]
     if unknown or not methods:
         raise ValueError(f"the {evaluator.name} evaluation has the methods {list(evaluator.methods)}, got "
                          f"{list(methods)}")
+    if isinstance(num_samples, Mapping):
+        missing = [m for m in methods if m not in num_samples]
+        if missing:
+            raise ValueError(f"num_samples has no count for the method(s) {missing}")
+        samples = {m: num_samples[m] for m in methods}
+    else:
+        samples = {m: num_samples for m in methods}
+    bad = {m: n for m, n in samples.items() if not isinstance(n, int) or n < 1}
+    if bad:
+        raise ValueError(f"num_samples must be at least 1, got {bad}")
     generation_config = generation_config or GenerationConfig(max_new_tokens=128, do_sample=False)
     tasks = list(tasks)
     ids = task_ids_of(tasks)
     start = time.perf_counter()
-    total = sum(evaluator.expected_sequences(m, len(tasks), num_samples) for m in methods)
+    total = sum(evaluator.expected_sequences(m, len(tasks), samples[m]) for m in methods)
     with contextlib.ExitStack() as stack:
         advance = stack.enter_context(progress.stage(stage, total)) if progress is not None else None
         stack.enter_context(isolated_rng(seed))
         stack.enter_context(inference_mode(pool))
-        programs = {m: evaluator.program(m, tasks, num_samples) for m in methods}
+        programs = {m: evaluator.program(m, tasks, samples[m]) for m in methods}
         outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance,
                                                  share_draws=share_draws)
     results = {m: MethodResult.from_output(m, ids, outputs[m]) for m in methods}

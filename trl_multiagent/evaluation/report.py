@@ -110,6 +110,14 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
     return section
 
 
+def _samples_text(ev: Mapping[str, Any]) -> str:
+    """``4 sample(s) per task and method``, or the count of each method when they differ."""
+    per_method = ev.get("num_samples_per_method") or {}
+    if len(set(per_method.values())) > 1:
+        return "samples per task: " + ", ".join(f"{METHOD_NAMES.get(m, m)} {n}" for m, n in per_method.items())
+    return f"{ev['num_samples']} sample(s) per task and method"
+
+
 # ------------------------------------------------------------------------------------------------------- files
 def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | None, run: Mapping[str, Any],
                       stages: Mapping[str, StageResult] | None = None) -> Path:
@@ -171,7 +179,7 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
         lines += [
             f"## Held-out evaluation ({ev['evaluator']})",
             "",
-            f"{ev['held_out_tasks']} held-out tasks, {ev['num_samples']} sample(s) per task and method; decoding: "
+            f"{ev['held_out_tasks']} held-out tasks, {_samples_text(ev)}; decoding: "
             f"{decoding}. Values are means over tasks of `{metric}` (a task's value is the mean over its samples); "
             "brackets: 95% bootstrap interval over tasks; gains are paired by task.",
             "",
