@@ -6,12 +6,15 @@ seed, the team's held-out reward before and after training, the paired gain and 
 baseline, each with its 95% bootstrap interval, and every baseline's mean.
 
     python docs/results/demo/collect.py outputs/demo outputs/demo_seed1 outputs/demo_seed2
+
+It then rebuilds the table of every trainer in docs/results/README.md (docs/results/collect.py --table-only).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +26,9 @@ def row(summary: dict) -> dict:
     ev = summary["evaluation"]
     team = ev["methods"]["team"]
     seed = summary["recipe"].get("seed", 0)
-    out = {"seed": seed, "held_out_tasks": ev["held_out_tasks"], "num_samples": ev["num_samples"],
+    out = {"trainer": summary.get("algorithm", "MAGRPO"), "task": summary["recipe"].get("environment", "tldr"),
+           "metric": ev["metric"], "steps": summary.get("global_step"),
+           "seed": seed, "held_out_tasks": ev["held_out_tasks"], "num_samples": ev["num_samples"],
            "before": team["before"], "after": team["after"], "gain": team["gain"],
            "gain_vs_best_baseline": team["gain_vs_best_baseline"],
            "baselines": {b: ev["methods"][b]["before"]["mean"] for b in ev["baselines"] if b in ev["methods"]},
@@ -62,6 +67,8 @@ def main(run_dirs: list[str]) -> int:
     table = "\n".join(lines)
     print(table)
     (HERE / "table.md").write_text(table + "\n")
+    # the table of every trainer in docs/results/README.md
+    subprocess.run([sys.executable, str(HERE.parent / "collect.py"), "--table-only"], check=True)
     return 0
 
 
