@@ -376,3 +376,17 @@ def test_bucketed_prefill_gives_every_row_its_greedy_answer_and_pads_less(tiny_t
     own = prefills[1:] if shared_prefix else prefills
     assert len(own) >= 2 and sum(rows for rows, _ in own) == len(short + long) * 2 + 2
     assert min(width for _, width in own) < widest // 2
+
+
+def test_the_decoding_loop_refuses_a_transformers_older_than_its_pin(monkeypatch):
+    import transformers
+
+    from trl_multiagent.generation import check_transformers_for_decode, generate_team
+
+    check_transformers_for_decode("5.24.0")
+    check_transformers_for_decode("6.0.1")
+    with pytest.raises(RuntimeError, match=r"needs transformers >= 5\.24, this environment has 5\.19\.0.*use_vllm"):
+        check_transformers_for_decode("5.19.0")
+    monkeypatch.setattr(transformers, "__version__", "5.19.0")
+    with pytest.raises(RuntimeError, match="decoding loop needs transformers"):
+        generate_team(None, [], GenerationConfig(max_new_tokens=1))  # refused before anything is encoded

