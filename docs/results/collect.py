@@ -53,12 +53,11 @@ def interval(entry: dict, signed: bool = False) -> str:
     return f"{f.format(entry['mean'])} [{f.format(lo)}, {f.format(hi)}]"
 
 
-def collect(name: str, run_dirs: list[str]) -> list[dict]:
-    dest_root = HERE / name
+def copy_seeds(dest_root: Path, run_dirs: list[str], make_row=row) -> list[dict]:
+    """Copy each run's files to ``dest_root/seed<N>/`` and write ``dest_root/table.json``; returns the rows by seed."""
     rows = []
     for run in map(Path, run_dirs):
-        summary = json.loads((run / "summary.json").read_text())
-        r = row(summary)
+        r = make_row(json.loads((run / "summary.json").read_text()))
         dest = dest_root / f"seed{r['seed']}"
         dest.mkdir(parents=True, exist_ok=True)
         for file in FILES:
@@ -67,6 +66,12 @@ def collect(name: str, run_dirs: list[str]) -> list[dict]:
         rows.append(r)
     rows.sort(key=lambda r: r["seed"])
     (dest_root / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def collect(name: str, run_dirs: list[str]) -> list[dict]:
+    dest_root = HERE / name
+    rows = copy_seeds(dest_root, run_dirs)
     lines = ["| seed | held-out tasks x samples | before | after | gain (paired) | steps | wall time |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -7,19 +7,17 @@ baseline, each with its 95% bootstrap interval, and every baseline's mean.
 
     python docs/results/demo/collect.py outputs/demo outputs/demo_seed1 outputs/demo_seed2
 
-It then rebuilds the table of every trainer in docs/results/README.md (docs/results/collect.py --table-only).
+It then rebuilds the table of every trainer in docs/results/README.md (docs/results/collect.py).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl")
+sys.path.insert(0, str(HERE.parent))
+import collect as results  # noqa: E402  (docs/results/collect.py: the copying shared by every recipe's seeds)
 
 
 def row(summary: dict) -> dict:
@@ -43,18 +41,7 @@ def interval(entry: dict, signed: bool = False) -> str:
 
 
 def main(run_dirs: list[str]) -> int:
-    rows = []
-    for run in map(Path, run_dirs):
-        summary = json.loads((run / "summary.json").read_text())
-        r = row(summary)
-        dest = HERE / f"seed{r['seed']}"
-        dest.mkdir(exist_ok=True)
-        for name in FILES:
-            if (run / name).exists():
-                shutil.copy2(run / name, dest / name)
-        rows.append(r)
-    rows.sort(key=lambda r: r["seed"])
-    (HERE / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    rows = results.copy_seeds(HERE, run_dirs, row)
     baselines = list(rows[0]["baselines"])
     lines = ["| seed | before | after | gain (paired) | gain vs best baseline | " + " | ".join(baselines) +
              " | wall time |", "|---" * (6 + len(baselines)) + "|"]
@@ -67,8 +54,7 @@ def main(run_dirs: list[str]) -> int:
     table = "\n".join(lines)
     print(table)
     (HERE / "table.md").write_text(table + "\n")
-    # the table of every trainer in docs/results/README.md
-    subprocess.run([sys.executable, str(HERE.parent / "collect.py"), "--table-only"], check=True)
+    results.rebuild_readme()  # the table of every trainer in docs/results/README.md
     return 0
 
 
