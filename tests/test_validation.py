@@ -311,8 +311,8 @@ def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
     if recipe.environment == "matrix_game":  # no held-out tasks: trained without an evaluation
         assert run.evaluator is None
         return
-    expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "nli_debate": "debate",
-                "search_qa": "pipeline", "tldr": "writing", "arxiv": "writing"}.get(recipe.environment, "episodes")
+    expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "math_debate_easy": "debate",
+                "nli_debate": "debate", "search_qa": "pipeline", "tldr": "writing", "arxiv": "writing"}.get(recipe.environment, "episodes")
     if recipe.trainer == "actor_critic":
         expected = "episodes"
     assert run.evaluator.name == expected and run.tasks and run.stages_planned

@@ -41,3 +41,24 @@ def text_after_boxed(text: str) -> str | None:
     """What follows the last complete ``\\boxed{...}``; ``None`` if there is none."""
     span = last_boxed_span(text)
     return None if span is None else text[span[1]:]
+
+
+_LAST_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (``12``, ``-3``, ``1,250``, ``2.5``, ``3/4``; thousands separators
+    dropped, a trailing sentence period not part of it); ``None`` when the text has no digit."""
+    matches = _LAST_NUMBER.findall(text)
+    if not matches:
+        return None
+    return re.sub(r"\s+", "", matches[-1]).replace(",", "")
+
+
+def final_answer(text: str, accept_last_number: bool = False) -> str | None:
+    """An answer's final value: the content of its last ``\\boxed{...}``; without a box, the last number of the text
+    when ``accept_last_number`` (issue 18's extraction for small models that rarely box), else ``None``."""
+    boxed = last_boxed(text)
+    if boxed is not None or not accept_last_number:
+        return boxed
+    return last_number(text)

@@ -4,9 +4,9 @@ from .base import Environment, FunctionEnvironment, Prompt, StepResult
 from .coder_tester import CoderTesterEnv
 from .coding import AuxMainCodingEnv
 from .collab_game import CollaborationGameEnv
-from .debate import DebateEnv, MathDebateEnv, NLIDebateEnv
+from .debate import DebateEnv, MathDebateEasyEnv, MathDebateEnv, NLIDebateEnv
 from .games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
-from .math_tool import MathToolEnv
+from .math_tool import MathToolEasyEnv, MathToolEnv
 from .matrix_game import MatrixGameEnv
 from .minecraft import HouseBuildEnv, StrBuildEnv
 from .pipeline import PipelineEnvironment
@@ -23,7 +23,9 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "sokoban": SokobanEnv,
     "coder_tester": CoderTesterEnv,
     "math_tool": MathToolEnv,
+    "math_tool_easy": MathToolEasyEnv,
     "math_debate": MathDebateEnv,
+    "math_debate_easy": MathDebateEasyEnv,
     "nli_debate": NLIDebateEnv,
     "collaboration_game": CollaborationGameEnv,
     "search_qa": SearchQAEnv,
@@ -33,6 +35,6 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "arxiv_expansion": ArxivExpansionEnv,
 }
 
-__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
+__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
            "Prompt", "SokobanEnv", "StepResult", "Sudoku9x9Env", "SudokuEnv",
            "ArxivExpansionEnv", "HouseBuildEnv", "StrBuildEnv", "TLDREnv"]

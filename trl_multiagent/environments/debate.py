@@ -36,10 +36,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..answers import final_answer, last_boxed
 from ..credit.maporl import majority_vote_accuracy
 from .base import Environment, StepResult
 from .checks import need_bool, need_int, need_tasks
-from .math_tool import NAMES, answers_match, last_boxed, word_problems
+from .math_tool import NAMES, answers_match, word_problems
 
 MATH_PROMPT = (
     "Solve the following math problem. Reason step by step, then write the final answer as \\boxed{{answer}} "
@@ -51,6 +52,13 @@ NLI_PROMPT = (
     "contradicts it (contradiction), or neither (neutral). Reason step by step, then give your final answer as "
     "\\boxed{{entailment}}, \\boxed{{neutral}} or \\boxed{{contradiction}}.\n\nPremise: {premise}\nHypothesis: "
     "{hypothesis}"
+)
+
+#: The easy level's prompt shows the expected format with a worked example (issue 18: a 135M model rarely boxes).
+EASY_MATH_PROMPT = (
+    "Solve the math problem. Write the calculation with the numbers from the problem, then the final answer as "
+    "\\boxed{{answer}}. Format example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is "
+    "\\boxed{{7}}.\n\nProblem: {question}"
 )
 
 REVISION = """{first_prompt}
@@ -202,18 +210,42 @@ class MathDebateEnv(DebateEnv):
 
     required_columns = ("question", "answer")
     prompt_template = MATH_PROMPT
+    #: The :func:`~trl_multiagent.environments.math_tool.word_problems` level of :meth:`make_dataset`.
+    level = "standard"
+    #: Whether an answer without a box answers with its last number (``accept_final_number=None``).
+    accepts_final_number = False
+
+    def __init__(self, num_agents: int = 2, max_turns: int = 3, early_stop: bool = True,
+                 max_feedback_chars: int = 1200, accept_final_number: bool | None = None):
+        super().__init__(num_agents, max_turns, early_stop, max_feedback_chars)
+        self.accept_final_number = self.accepts_final_number if accept_final_number is None else \
+            need_bool("accept_final_number", accept_final_number)
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
-        """Generated arithmetic word problems (:func:`~trl_multiagent.environments.math_tool.word_problems`)."""
+        """Generated arithmetic word problems of the class's ``level``
+        (:func:`~trl_multiagent.environments.math_tool.word_problems`)."""
         from datasets import Dataset
 
         need_tasks(num_tasks)
 
-        return Dataset.from_list(word_problems(num_tasks or 256, seed, split))
+        return Dataset.from_list(word_problems(num_tasks or 256, seed, split, cls.level))
+
+    def extract_answer(self, response: str) -> str | None:
+        return final_answer(response, self.accept_final_number)
 
     def same_answer(self, a: str, b: str) -> bool:
         return answers_match(a, b)
+
+
+class MathDebateEasyEnv(MathDebateEnv):
+    """:class:`MathDebateEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with a
+    worked format example in the first prompt, and an answer without a box answering with its last number (issue 18:
+    the closest task to MAPoRL's math debate on which the embedded 135M model can make progress)."""
+
+    prompt_template = EASY_MATH_PROMPT
+    level = "easy"
+    accepts_final_number = True
 
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")

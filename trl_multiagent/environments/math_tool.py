@@ -56,10 +56,10 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
-from ..answers import last_boxed
+from ..answers import final_answer, last_boxed
 from ..sandbox import SandboxConfig, run_python
 from .base import Environment, StepResult, merge_weights
-from .checks import need_int, need_tasks, need_weights, sandbox_settings
+from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
 
@@ -82,6 +82,21 @@ TOOL_PROMPT = (
     "the problem below and prints ONLY the final answer as its last line (for example `print(answer)`). Use exact "
     "arithmetic (integers or fractions.Fraction) where you can. Reply with the program in a single ```python code "
     "block.\n\nProblem: {question}"
+)
+
+#: The easy level's prompts show the expected format with a worked example (issue 18: a 135M model rarely boxes).
+EASY_REASONER_PROMPT = (
+    "You are the reasoning agent in a team of two: you solve math problems in words, while a tool agent solves the "
+    "same problem with Python code. Write the calculation with the numbers from the problem, then the final answer "
+    "as \\boxed{{answer}}. Format example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is "
+    "\\boxed{{7}}.\n\nProblem: {question}"
+)
+
+EASY_TOOL_PROMPT = (
+    "You are the Python tool agent in a team of two: you solve math problems with Python code, while a reasoning "
+    "agent solves the same problem in words. Reply with a short Python program in a single ```python code block "
+    "that prints only the answer. Format example: if a problem asks for 2 more than 5, reply:\n```python\n"
+    "print(5 + 2)\n```\n\nProblem: {question}"
 )
 
 REASONER_REVISION = """{first_prompt}
@@ -345,23 +360,71 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, Fraction, dict]]] = {
 }
 
 
+# One-operation problems with small numbers (level "easy"): what a 135M model can sometimes solve (issue 18).
+def _gain(rng: random.Random):
+    a, b = rng.randint(2, 10), rng.randint(2, 10)
+    name, other = rng.sample(NAMES, 2)
+    things = rng.choice(THINGS)
+    q = f"{name} has {a} {things}. {other} gives {name} {b} more. How many {things} does {name} have now?"
+    return q, Fraction(a + b), {"a": a, "b": b}
+
+
+def _loss(rng: random.Random):
+    a, b = rng.sample(range(2, 11), 2)
+    a, b = max(a, b), min(a, b)
+    name, other = rng.sample(NAMES, 2)
+    things = rng.choice(THINGS)
+    q = f"{name} has {a} {things} and gives {b} of them to {other}. How many {things} does {name} have left?"
+    return q, Fraction(a - b), {"a": a, "b": b}
+
+
+def _together(rng: random.Random):
+    a, b = rng.randint(2, 10), rng.randint(2, 10)
+    name, other = rng.sample(NAMES, 2)
+    things = rng.choice(THINGS)
+    q = f"{name} has {a} {things} and {other} has {b} {things}. How many {things} do they have together?"
+    return q, Fraction(a + b), {"a": a, "b": b}
+
+
+def _groups(rng: random.Random):
+    a, b = rng.randint(2, 5), rng.randint(2, 10)
+    name = rng.choice(NAMES)
+    things = rng.choice(THINGS)
+    q = f"{name} has {a} bags with {b} {things} in each bag. How many {things} does {name} have in all?"
+    return q, Fraction(a * b), {"a": a, "b": b}
+
+
+#: One-operation templates (level ``"easy"``): addition, subtraction and small products, operands at most 10.
+EASY_TEMPLATES: dict[str, Callable[[random.Random], tuple[str, Fraction, dict]]] = {
+    "gain": _gain, "loss": _loss, "together": _together, "groups": _groups,
+}
+
+#: Problem levels of :func:`word_problems`: level -> its templates.
+LEVELS = {"standard": TEMPLATES, "easy": EASY_TEMPLATES}
+
+
 def question_split(question: str, test_fraction: int = 5) -> str:
     """The split a generated question belongs to: ``"test"`` for one hash bucket in ``test_fraction``."""
     bucket = int(hashlib.sha256(question.encode()).hexdigest(), 16) % test_fraction
     return "test" if bucket == 0 else "train"
 
 
-def word_problems(num_tasks: int, seed: int = 0, split: str = "train") -> list[dict[str, str]]:
-    """``num_tasks`` distinct generated word problems of ``split`` (``"train"`` or ``"test"``).
+def word_problems(num_tasks: int, seed: int = 0, split: str = "train", level: str = "standard") -> list[dict[str, str]]:
+    """``num_tasks`` distinct generated word problems of ``split`` (``"train"`` or ``"test"``) and ``level``
+    (:data:`LEVELS`: ``"standard"``, multi-step; ``"easy"``, one operation on numbers up to 10).
 
-    Each split draws from its own seed stream (``random.Random("math-word-problems/<split>/<seed>")``) and keeps
-    only the problems whose :func:`question_split` is that split, so the splits are disjoint for every pair of seeds.
-    Rows: ``task_id``, ``question``, ``answer`` (:func:`format_answer`), ``template``, ``params`` (JSON).
+    Each split draws from its own seed stream (``random.Random("math-word-problems/<split>/<seed>")``, the level
+    appended for ``"easy"``) and keeps only the problems whose :func:`question_split` is that split, so the splits
+    are disjoint for every pair of seeds. Rows: ``task_id``, ``question``, ``answer`` (:func:`format_answer`),
+    ``template``, ``params`` (JSON).
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    rng = random.Random(f"math-word-problems/{split}/{seed}")
-    names = sorted(TEMPLATES)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level!r}")
+    templates = LEVELS[level]
+    rng = random.Random(f"math-word-problems/{split}/{seed}" + ("" if level == "standard" else f"/{level}"))
+    names = sorted(templates)
     rows: list[dict[str, str]] = []
     seen: set[str] = set()
     attempts = 0
@@ -370,11 +433,12 @@ def word_problems(num_tasks: int, seed: int = 0, split: str = "train") -> list[d
         if attempts > 100 * num_tasks + 1000:
             raise RuntimeError(f"could only generate {len(rows)} distinct {split} problems of {num_tasks}")
         template = rng.choice(names)
-        question, answer, params = TEMPLATES[template](rng)
+        question, answer, params = templates[template](rng)
         if question in seen or question_split(question) != split:
             continue
         seen.add(question)
-        rows.append({"task_id": f"word/{split}/{seed}/{len(rows)}", "question": question,
+        prefix = "word" if level == "standard" else f"word-{level}"
+        rows.append({"task_id": f"{prefix}/{split}/{seed}/{len(rows)}", "question": question,
                      "answer": format_answer(answer), "template": template, "params": json.dumps(params)})
     return rows
 
@@ -404,12 +468,20 @@ class MathToolEnv(Environment):
     required_columns = ("question", "answer")
     concurrent_steps = True
     supports_partial_actions = True
+    #: The :func:`word_problems` level of :meth:`make_dataset`, and the first-turn prompts.
+    level = "standard"
+    reasoner_prompt = REASONER_PROMPT
+    tool_prompt = TOOL_PROMPT
+    #: Whether a reasoner reply without a box answers with its last number (``accept_final_number=None``).
+    accepts_final_number = False
 
     def __init__(self, max_turns: int = 3, sandbox: SandboxConfig | Mapping | None = None,
                  reasoner_weights: Mapping[str, float] | None = None,
                  tool_weights: Mapping[str, float] | None = None, max_answer_chars: int = 200,
-                 max_feedback_chars: int = 1500):
+                 max_feedback_chars: int = 1500, accept_final_number: bool | None = None):
         self.max_turns = need_int("max_turns", max_turns, minimum=1)
+        self.accept_final_number = self.accepts_final_number if accept_final_number is None else \
+            need_bool("accept_final_number", accept_final_number)
         self.sandbox = sandbox_settings(sandbox, {"timeout_s": 10})
         self.reasoner_weights = merge_weights(need_weights("reasoner_weights", reasoner_weights), REASONER_WEIGHTS,
                                               "reasoner_weights")
@@ -426,31 +498,33 @@ class MathToolEnv(Environment):
         self.output = ""
         self.tool_answer: str | None = None
         self.tool_ran = False
+        self.reasoner_boxed = False
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
-        """Generated arithmetic word problems (:func:`word_problems`) as a ``datasets.Dataset``."""
+        """Generated arithmetic word problems of the class's ``level`` (:func:`word_problems`) as a ``Dataset``."""
         from datasets import Dataset
 
         need_tasks(num_tasks)
 
-        return Dataset.from_list(word_problems(num_tasks or 256, seed, split))
+        return Dataset.from_list(word_problems(num_tasks or 256, seed, split, cls.level))
 
     # ------------------------------------------------------------------------------------------- protocol
     def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
         self.question, self.gold = str(task["question"]), str(task["answer"]).strip()
         self.turn, self.acted = 0, set()
         self.solution = self.reasoner_answer = self.code = self.tool_answer = None
-        self.output, self.tool_ran = "", False
-        self.first_prompts = {"reasoner": REASONER_PROMPT.format(question=self.question),
-                              "tool": TOOL_PROMPT.format(question=self.question)}
+        self.output, self.tool_ran, self.reasoner_boxed = "", False, False
+        self.first_prompts = {"reasoner": self.reasoner_prompt.format(question=self.question),
+                              "tool": self.tool_prompt.format(question=self.question)}
         return dict(self.first_prompts)
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         acting = self.acting_agents(joint_action, self.acted, self.turn)
         if "reasoner" in joint_action:
             self.solution = joint_action["reasoner"]
-            self.reasoner_answer = last_boxed(self.solution)
+            self.reasoner_answer = final_answer(self.solution, self.accept_final_number)
+            self.reasoner_boxed = last_boxed(self.solution) is not None
         if "tool" in joint_action:
             self._run_tool(joint_action["tool"])
 
@@ -462,14 +536,14 @@ class MathToolEnv(Environment):
         local: dict[str, float] = {}
         if "reasoner" in acting:
             local["reasoner"] = masked_convex_combination(
-                {"format": float(self.reasoner_answer is not None), "correct": float(reasoner_correct)},
+                {"format": float(self.reasoner_boxed), "correct": float(reasoner_correct)},
                 self.reasoner_weights)
         if "tool" in acting:
             local["tool"] = masked_convex_combination(
                 {"executes": float(self.tool_ran), "correct": float(tool_correct)}, self.tool_weights)
         info = {"team_correct": float(team_correct), "reasoner_correct": float(reasoner_correct),
                 "tool_correct": float(tool_correct), "agreed": float(agreed),
-                "reasoner_format": float(self.reasoner_answer is not None), "tool_executes": float(self.tool_ran)}
+                "reasoner_format": float(self.reasoner_boxed), "tool_executes": float(self.tool_ran)}
 
         self.acted |= set(acting)
         if self.acted == set(self.agents):
@@ -515,7 +589,7 @@ class MathToolEnv(Environment):
     def _mismatch(self) -> str:
         notes = []
         if self.solution is not None and self.reasoner_answer is None:
-            notes.append("The reasoning agent's reply has no final \\boxed{} answer.")
+            notes.append("The reasoning agent's reply has no final answer.")
         if self.code is not None and self.tool_answer is None:
             notes.append("The tool agent's program did not print a usable answer.")
         if self.solution is None or self.code is None:
@@ -546,3 +620,15 @@ class MathToolEnv(Environment):
         return TOOL_REVISION.format(first_prompt=self.first_prompts["tool"], code=code, output=output,
                                     answer=self.tool_answer or "(none)", solution=solution,
                                     other_answer=self.reasoner_answer or "(none)", mismatch=self._mismatch())
+
+
+class MathToolEasyEnv(MathToolEnv):
+    """:class:`MathToolEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with a
+    worked format example in both first prompts, and a reasoner reply without a box answering with its last number
+    (issue 18: the closest task to AT-GRPO's math on which the embedded 135M model can make progress). The reasoner's
+    format reward still asks for the box."""
+
+    level = "easy"
+    reasoner_prompt = EASY_REASONER_PROMPT
+    tool_prompt = EASY_TOOL_PROMPT
+    accepts_final_number = True
