@@ -48,6 +48,7 @@ import copy
 import hashlib
 import json
 import logging
+import operator
 import random
 import re
 import threading
@@ -361,43 +362,41 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, Fraction, dict]]] = {
 
 
 # One-operation problems with small numbers (level "easy"): what a 135M model can sometimes solve (issue 18).
-def _gain(rng: random.Random):
-    a, b = rng.randint(2, 10), rng.randint(2, 10)
-    name, other = rng.sample(NAMES, 2)
-    things = rng.choice(THINGS)
-    q = f"{name} has {a} {things}. {other} gives {name} {b} more. How many {things} does {name} have now?"
-    return q, Fraction(a + b), {"a": a, "b": b}
+#: name -> (question, operation); the operands ``a``, ``b`` are drawn by :func:`_one_operation`.
+EASY_FORMS: dict[str, tuple[str, Callable[[int, int], int]]] = {
+    "gain": ("{name} has {a} {things}. {other} gives {name} {b} more. How many {things} does {name} have now?",
+             operator.add),
+    "loss": ("{name} has {a} {things} and gives {b} of them to {other}. How many {things} does {name} have left?",
+             operator.sub),
+    "together": ("{name} has {a} {things} and {other} has {b} {things}. How many {things} do they have together?",
+                 operator.add),
+    "groups": ("{name} has {a} bags with {b} {things} in each bag. How many {things} does {name} have in all?",
+               operator.mul),
+}
 
 
-def _loss(rng: random.Random):
-    a, b = rng.sample(range(2, 11), 2)
-    a, b = max(a, b), min(a, b)
-    name, other = rng.sample(NAMES, 2)
-    things = rng.choice(THINGS)
-    q = f"{name} has {a} {things} and gives {b} of them to {other}. How many {things} does {name} have left?"
-    return q, Fraction(a - b), {"a": a, "b": b}
+def _one_operation(kind: str) -> Callable[[random.Random], tuple[str, Fraction, dict]]:
+    """The template of ``EASY_FORMS[kind]``: operands 2-10 (a product's first factor 2-5; a difference's first
+    operand the larger of two distinct ones), so every answer is a positive integer of at most 50."""
+    question, operation = EASY_FORMS[kind]
 
+    def make(rng: random.Random):
+        if operation is operator.sub:
+            a, b = sorted(rng.sample(range(2, 11), 2), reverse=True)
+        elif operation is operator.mul:
+            a, b = rng.randint(2, 5), rng.randint(2, 10)
+        else:
+            a, b = rng.randint(2, 10), rng.randint(2, 10)
+        name, other = rng.sample(NAMES, 2) if "{other}" in question else (rng.choice(NAMES), "")
+        text = question.format(name=name, other=other, a=a, b=b, things=rng.choice(THINGS))
+        return text, Fraction(operation(a, b)), {"a": a, "b": b}
 
-def _together(rng: random.Random):
-    a, b = rng.randint(2, 10), rng.randint(2, 10)
-    name, other = rng.sample(NAMES, 2)
-    things = rng.choice(THINGS)
-    q = f"{name} has {a} {things} and {other} has {b} {things}. How many {things} do they have together?"
-    return q, Fraction(a + b), {"a": a, "b": b}
-
-
-def _groups(rng: random.Random):
-    a, b = rng.randint(2, 5), rng.randint(2, 10)
-    name = rng.choice(NAMES)
-    things = rng.choice(THINGS)
-    q = f"{name} has {a} bags with {b} {things} in each bag. How many {things} does {name} have in all?"
-    return q, Fraction(a * b), {"a": a, "b": b}
+    return make
 
 
 #: One-operation templates (level ``"easy"``): addition, subtraction and small products, operands at most 10.
 EASY_TEMPLATES: dict[str, Callable[[random.Random], tuple[str, Fraction, dict]]] = {
-    "gain": _gain, "loss": _loss, "together": _together, "groups": _groups,
-}
+    kind: _one_operation(kind) for kind in EASY_FORMS}
 
 #: Problem levels of :func:`word_problems`: level -> its templates.
 LEVELS = {"standard": TEMPLATES, "easy": EASY_TEMPLATES}
