@@ -40,7 +40,7 @@ from ..answers import final_answer, last_boxed
 from ..credit.maporl import majority_vote_accuracy
 from .base import Environment, StepResult
 from .checks import need_bool, need_int, need_tasks
-from .math_tool import NAMES, answers_match, word_problems
+from .math_tool import EASY_ANSWER_FORMAT, NAMES, answers_match, word_problems
 
 MATH_PROMPT = (
     "Solve the following math problem. Reason step by step, then write the final answer as \\boxed{{answer}} "
@@ -55,11 +55,7 @@ NLI_PROMPT = (
 )
 
 #: The easy level's prompt shows the expected format with a worked example (issue 18: a 135M model rarely boxes).
-EASY_MATH_PROMPT = (
-    "Solve the math problem. Write the calculation with the numbers from the problem, then the final answer as "
-    "\\boxed{{answer}}. Format example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is "
-    "\\boxed{{7}}.\n\nProblem: {question}"
-)
+EASY_MATH_PROMPT = "Solve the math problem. " + EASY_ANSWER_FORMAT
 
 REVISION = """{first_prompt}
 

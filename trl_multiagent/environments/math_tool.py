@@ -86,11 +86,15 @@ TOOL_PROMPT = (
 )
 
 #: The easy level's prompts show the expected format with a worked example (issue 18: a 135M model rarely boxes).
+EASY_ANSWER_FORMAT = (
+    "Write the calculation with the numbers from the problem, then the final answer as \\boxed{{answer}}. Format "
+    "example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is \\boxed{{7}}.\n\nProblem: "
+    "{question}"
+)
+
 EASY_REASONER_PROMPT = (
     "You are the reasoning agent in a team of two: you solve math problems in words, while a tool agent solves the "
-    "same problem with Python code. Write the calculation with the numbers from the problem, then the final answer "
-    "as \\boxed{{answer}}. Format example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is "
-    "\\boxed{{7}}.\n\nProblem: {question}"
+    "same problem with Python code. " + EASY_ANSWER_FORMAT
 )
 
 EASY_TOOL_PROMPT = (
