@@ -10,9 +10,16 @@ import pytest
 
 from trl_multiagent.answers import final_answer, last_number
 from trl_multiagent.environments import ENVIRONMENTS
-from trl_multiagent.environments.debate import MathDebateEasyEnv, MathDebateEnv
+from trl_multiagent.environments.base import chat_with_examples, revise_last_message
+from trl_multiagent.environments.debate import EASY_MATH_PROMPT, EASY_MATH_SYSTEM, MathDebateEasyEnv, MathDebateEnv
 from trl_multiagent.environments.math_tool import (
+    EASY_EXAMPLES,
+    EASY_REASONER_PROMPT,
+    EASY_REASONER_SYSTEM,
     EASY_TEMPLATES,
+    EASY_TOOL_PROMPT,
+    EASY_TOOL_SYSTEM,
+    THINGS,
     MathToolEasyEnv,
     MathToolEnv,
     question_split,
@@ -75,9 +82,7 @@ CODE = "```python\nprint(4 + 3)\n```"
 
 def test_math_tool_easy_reads_a_final_number_but_pays_format_only_for_a_box():
     env = MathToolEasyEnv(max_turns=2)
-    prompts = env.reset(TASK)
-    assert "\\boxed{7}" in prompts["reasoner"] and "print(5 + 2)" in prompts["tool"] and TASK["question"] in \
-        prompts["tool"]
+    env.reset(TASK)
     result = env.step({"reasoner": "4 + 3 = 7 beads.", "tool": CODE})
     assert result.done and result.team_reward == 1.0  # both say 7: agreement ends the episode
     assert result.local_rewards == {"reasoner": pytest.approx(0.8), "tool": pytest.approx(1.0)}  # no box: no format
@@ -90,7 +95,7 @@ def test_math_tool_easy_reads_a_final_number_but_pays_format_only_for_a_box():
     env.reset(TASK)
     result = env.step({"reasoner": "4 + 3 = 8", "tool": CODE})  # a wrong final number: disagreement, turn 2
     assert not result.done and result.team_reward == 0.0 and result.local_rewards["reasoner"] == 0.0
-    assert "says 8" in result.next_prompts["tool"]
+    assert "says 8" in result.next_prompts["tool"][-1]["content"]
 
     strict = MathToolEasyEnv(max_turns=2, accept_final_number=False)  # the paper's box-only reading
     strict.reset(TASK)
@@ -108,8 +113,7 @@ def test_math_tool_standard_level_still_needs_a_box():
 
 def test_math_debate_easy_reads_final_numbers():
     env = MathDebateEasyEnv(num_agents=3, max_turns=2)
-    prompts = env.reset(TASK)
-    assert "\\boxed{7}" in prompts["agent1"] and TASK["question"] in prompts["agent1"]
+    env.reset(TASK)
     result = env.step({"agent1": "4 + 3 = 7", "agent2": "The answer is \\boxed{7}.", "agent3": "4 - 3 = 1"})
     assert result.local_rewards == {"agent1": 1.0, "agent2": 1.0, "agent3": 0.0}
     assert result.team_reward == 1.0 and not result.done  # majority right, no agreement
@@ -119,6 +123,67 @@ def test_math_debate_easy_reads_final_numbers():
     assert standard.step({"agent1": "4 + 3 = 7", "agent2": "\\boxed{7}"}).local_rewards == {"agent1": 0.0,
                                                                                          "agent2": 1.0}
     assert MathDebateEasyEnv(accept_final_number=False).extract_answer("4 + 3 = 7") is None
+
+
+def test_chat_with_examples_and_revise_last_message():
+    messages = chat_with_examples("rules", [("q1", "a1"), ("q2", "a2")], "q3")
+    assert messages == [{"role": "system", "content": "rules"}, {"role": "user", "content": "q1"},
+                        {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
+                        {"role": "assistant", "content": "a2"}, {"role": "user", "content": "q3"}]
+    revised = revise_last_message(messages, lambda text: text + " again")
+    assert revised[:-1] == messages[:-1] and revised[-1] == {"role": "user", "content": "q3 again"}
+    assert messages[-1]["content"] == "q3"  # the input is not changed
+    assert revise_last_message("plain", str.upper) == "PLAIN"
+
+
+def _example_answers_are_right():
+    """Every worked example's replies compute its question's answer (recomputed from the question's numbers)."""
+    for request, reasoning, program in EASY_EXAMPLES:
+        a, b = (int(n) for n in re.findall(r"\d+", request))
+        expected = a + b if "more" in request else a * b
+        assert final_answer(reasoning) == str(expected)
+        assert program == f"```python\nprint({a} {'+' if 'more' in request else '*'} {b})\n```"
+        assert not any(thing in request for thing in THINGS)  # no example can be a generated task
+
+
+def test_math_tool_easy_shows_worked_examples_as_chat_turns():
+    _example_answers_are_right()
+    env = MathToolEasyEnv(max_turns=2)
+    prompts = env.reset(TASK)
+    for agent, reply, system in (("reasoner", 1, EASY_REASONER_SYSTEM), ("tool", 2, EASY_TOOL_SYSTEM)):
+        assert prompts[agent] == chat_with_examples(system, [(e[0], e[reply]) for e in EASY_EXAMPLES],
+                                                    f"Problem: {TASK['question']}")
+    result = env.step({"reasoner": "4 + 3 = 8", "tool": CODE})  # disagreement: turn 2 revises the last message
+    for agent in ("reasoner", "tool"):
+        turn2 = result.next_prompts[agent]
+        assert turn2[:-1] == prompts[agent][:-1]  # the system message and the examples stay
+        assert turn2[-1]["role"] == "user" and turn2[-1]["content"].startswith(f"Problem: {TASK['question']}")
+        assert "says 8" in turn2[-1]["content"] and "print(4 + 3)" in turn2[-1]["content"]
+
+    inline = MathToolEasyEnv(max_turns=2, examples_as_turns=False)  # the prompts of the first runs
+    prompts = inline.reset(TASK)
+    assert prompts == {"reasoner": EASY_REASONER_PROMPT.format(question=TASK["question"]),
+                       "tool": EASY_TOOL_PROMPT.format(question=TASK["question"])}
+    assert isinstance(inline.step({"reasoner": "4 + 3 = 8", "tool": CODE}).next_prompts["tool"], str)
+    with pytest.raises(ValueError, match="examples_as_turns"):
+        MathToolEasyEnv(examples_as_turns="no")
+
+
+def test_math_debate_easy_shows_worked_examples_as_chat_turns():
+    env = MathDebateEasyEnv(num_agents=2, max_turns=2)
+    prompts = env.reset(TASK)
+    opening = chat_with_examples(EASY_MATH_SYSTEM, [(e[0], e[1]) for e in EASY_EXAMPLES],
+                                 f"Problem: {TASK['question']}")
+    assert prompts == {"agent1": opening, "agent2": opening}
+    assert env.question == f"Problem: {TASK['question']}"  # what a learned verifier reads
+    result = env.step({"agent1": "4 + 3 = 7", "agent2": "4 - 3 = 1"})
+    turn2 = result.next_prompts["agent1"]
+    assert turn2[:-1] == opening[:-1] and turn2[-1]["content"].startswith(opening[-1]["content"])
+    assert "Your previous answer:\n4 + 3 = 7" in turn2[-1]["content"]
+    assert "Answer of agent2:\n4 - 3 = 1" in turn2[-1]["content"]
+    assert "Answer of agent1:\n4 + 3 = 7" in result.next_prompts["agent2"][-1]["content"]
+    inline = MathDebateEasyEnv(examples_as_turns=False)
+    assert inline.reset(TASK)["agent1"] == EASY_MATH_PROMPT.format(question=TASK["question"])
 
 
 @pytest.mark.parametrize("name, env_cls", [("math_easy_at_grpo", MathToolEasyEnv),

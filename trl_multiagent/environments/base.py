@@ -105,6 +105,26 @@ def merge_weights(given: Mapping[str, float] | None, default: Mapping[str, float
     return {**default, **{k: float(v) for k, v in given.items()}}
 
 
+def chat_with_examples(system: str, examples: Sequence[tuple[str, str]], request: str) -> list[dict[str, str]]:
+    """A first prompt as chat messages: ``system`` as the system message, every worked example ``(request, reply)``
+    as an earlier user / assistant exchange, then ``request``. A small instruct model copies a reply it was shown
+    far more often than a format it is told about (issue 18: SmolLM2-135M's right answers on easy arithmetic,
+    docs/results/math_easy_prompts/)."""
+    messages = [{"role": "system", "content": system}]
+    for shown_request, shown_reply in examples:
+        messages += [{"role": "user", "content": shown_request}, {"role": "assistant", "content": shown_reply}]
+    return [*messages, {"role": "user", "content": request}]
+
+
+def revise_last_message(prompt: Prompt, revise: Callable[[str], str]) -> Prompt:
+    """``prompt`` with ``revise`` applied to its text: the whole string, or the content of its last chat message
+    (earlier messages, such as worked examples, are kept as they are)."""
+    if isinstance(prompt, str):
+        return revise(prompt)
+    *earlier, last = prompt
+    return [*earlier, {**last, "content": revise(last["content"])}]
+
+
 RewardFunc = Callable[..., float]
 
 

@@ -38,9 +38,9 @@ from typing import Any
 
 from ..answers import final_answer, last_boxed
 from ..credit.maporl import majority_vote_accuracy
-from .base import Environment, StepResult
+from .base import Environment, Prompt, StepResult, chat_with_examples, revise_last_message
 from .checks import need_bool, need_int, need_tasks
-from .math_tool import EASY_ANSWER_FORMAT, NAMES, answers_match, word_problems
+from .math_tool import EASY_ANSWER_FORMAT, EASY_ANSWER_RULE, EASY_EXAMPLES, NAMES, answers_match, word_problems
 
 MATH_PROMPT = (
     "Solve the following math problem. Reason step by step, then write the final answer as \\boxed{{answer}} "
@@ -56,6 +56,8 @@ NLI_PROMPT = (
 
 #: The easy level's prompt shows the expected format with a worked example (issue 18: a 135M model rarely boxes).
 EASY_MATH_PROMPT = "Solve the math problem. " + EASY_ANSWER_FORMAT
+#: The system message of the easy level's chat prompt (``examples_as_turns``).
+EASY_MATH_SYSTEM = "Solve the math problem. " + EASY_ANSWER_RULE
 
 REVISION = """{first_prompt}
 
@@ -117,6 +119,11 @@ class DebateEnv(Environment):
     def first_prompt(self, task: Mapping[str, Any]) -> str:
         return self.prompt_template.format(**{c: str(task[c]).strip() for c in self.required_columns})
 
+    def opening(self) -> Prompt:
+        """Every agent's first-turn prompt on the current task (a later turn revises its last message); by default
+        the text of :meth:`first_prompt`."""
+        return self.first
+
     def gold_answer(self, task: Mapping[str, Any]) -> str:
         return str(task["answer"]).strip()
 
@@ -137,12 +144,12 @@ class DebateEnv(Environment):
         return self.first
 
     # ------------------------------------------------------------------------------------------- protocol
-    def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
+    def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         self.task = dict(task)
         self.gold = self.gold_answer(self.task)
         self.first = self.first_prompt(self.task)
         self.responses, self.outcomes = [], []
-        return dict.fromkeys(self.agents, self.first)
+        return dict.fromkeys(self.agents, self.opening())
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         if set(joint_action) != set(self.agents):
@@ -186,14 +193,15 @@ class DebateEnv(Environment):
         limit = self.max_feedback_chars
         return text if len(text) <= limit else "...(truncated) " + text[-(limit - 16):]
 
-    def _revision_prompts(self) -> dict[str, str]:
+    def _revision_prompts(self) -> dict[str, Prompt]:
         last = self.responses[-1]
+        opening = self.opening()
         prompts = {}
         for agent in self.agents:
             parts = [f"Your previous answer:\n{self._cut(last[agent].strip())}"]
             parts += [f"Answer of {other}:\n{self._cut(last[other].strip())}" for other in self.agents if other != agent]
-            prompts[agent] = REVISION.format(first_prompt=self.first, num_agents=len(self.agents),
-                                             answers="\n\n".join(parts))
+            prompts[agent] = revise_last_message(opening, lambda first, parts=parts: REVISION.format(
+                first_prompt=first, num_agents=len(self.agents), answers="\n\n".join(parts)))
         return prompts
 
 
@@ -235,13 +243,36 @@ class MathDebateEnv(DebateEnv):
 
 
 class MathDebateEasyEnv(MathDebateEnv):
-    """:class:`MathDebateEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with a
-    worked format example in the first prompt, and an answer without a box answering with its last number (issue 18:
-    the closest task to MAPoRL's math debate on which the embedded 135M model can make progress)."""
+    """:class:`MathDebateEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with
+    worked examples in the first prompt, and an answer without a box answering with its last number (issue 18: the
+    closest task to MAPoRL's math debate on which the embedded 135M model can make progress).
+
+    Args:
+        examples_as_turns: show the worked examples (:data:`~trl_multiagent.environments.math_tool.EASY_EXAMPLES`,
+            the reasoner's replies) as earlier chat turns under a system message of instructions, the task as
+            ``Problem: {question}`` (default); ``False``: one format example inside a single user message
+            (:data:`EASY_MATH_PROMPT`, the prompt of the first issue-18 runs).
+        **kwargs: the arguments of :class:`MathDebateEnv`.
+    """
 
     prompt_template = EASY_MATH_PROMPT
     level = "easy"
     accepts_final_number = True
+
+    def __init__(self, *args: Any, examples_as_turns: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.examples_as_turns = need_bool("examples_as_turns", examples_as_turns)
+
+    def first_prompt(self, task: Mapping[str, Any]) -> str:
+        if not self.examples_as_turns:
+            return super().first_prompt(task)
+        return f"Problem: {str(task['question']).strip()}"
+
+    def opening(self) -> Prompt:
+        if not self.examples_as_turns:
+            return self.first
+        return chat_with_examples(EASY_MATH_SYSTEM, [(request, reply) for request, reply, _ in EASY_EXAMPLES],
+                                  self.first)
 
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")

@@ -59,7 +59,7 @@ from typing import Any
 
 from ..answers import final_answer, last_boxed
 from ..sandbox import SandboxConfig, run_python
-from .base import Environment, StepResult, merge_weights
+from .base import Environment, Prompt, StepResult, chat_with_examples, merge_weights, revise_last_message
 from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
@@ -102,6 +102,28 @@ EASY_TOOL_PROMPT = (
     "agent solves the same problem in words. Reply with a short Python program in a single ```python code block "
     "that prints only the answer. Format example: if a problem asks for 2 more than 5, reply:\n```python\n"
     "print(5 + 2)\n```\n\nProblem: {question}"
+)
+
+#: Worked examples of the easy level, shown as earlier chat turns (``examples_as_turns``): the request, the
+#: reasoner's reply and the tool agent's reply. Their objects (pens, cups) are not among the generator's, so no
+#: example is a training or test task.
+EASY_EXAMPLES = (
+    ("Problem: Sam has 5 pens. Ava gives Sam 2 more. How many pens does Sam have now?",
+     "5 + 2 = 7. The answer is \\boxed{7}.", "```python\nprint(5 + 2)\n```"),
+    ("Problem: Ben has 3 bags with 4 cups in each bag. How many cups does Ben have in all?",
+     "3 * 4 = 12. The answer is \\boxed{12}.", "```python\nprint(3 * 4)\n```"),
+)
+
+#: The instructions (system message) of the easy level's chat prompts; the task follows as ``Problem: {question}``.
+EASY_ANSWER_RULE = "Write the calculation with the numbers from the problem, then the final answer as \\boxed{answer}."
+EASY_REASONER_SYSTEM = (
+    "You are the reasoning agent in a team of two: you solve math problems in words, while a tool agent solves the "
+    "same problem with Python code. " + EASY_ANSWER_RULE
+)
+EASY_TOOL_SYSTEM = (
+    "You are the Python tool agent in a team of two: you solve math problems with Python code, while a reasoning "
+    "agent solves the same problem in words. Reply with a one-line Python program in a ```python code block that "
+    "prints the answer."
 )
 
 REASONER_REVISION = """{first_prompt}
@@ -493,7 +515,7 @@ class MathToolEnv(Environment):
         self.max_feedback_chars = need_int("max_feedback_chars", max_feedback_chars, minimum=1)
         self._matches = _SharedCache()
         self.question, self.gold = "", ""
-        self.first_prompts: dict[str, str] = {}
+        self.first_prompts: dict[str, Prompt] = {}
         self.turn, self.acted = 0, set()
         self.solution: str | None = None
         self.reasoner_answer: str | None = None
@@ -513,14 +535,18 @@ class MathToolEnv(Environment):
         return Dataset.from_list(word_problems(num_tasks or 256, seed, split, cls.level))
 
     # ------------------------------------------------------------------------------------------- protocol
-    def reset(self, task: Mapping[str, Any]) -> dict[str, str]:
+    def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         self.question, self.gold = str(task["question"]), str(task["answer"]).strip()
         self.turn, self.acted = 0, set()
         self.solution = self.reasoner_answer = self.code = self.tool_answer = None
         self.output, self.tool_ran, self.reasoner_boxed = "", False, False
-        self.first_prompts = {"reasoner": self.reasoner_prompt.format(question=self.question),
-                              "tool": self.tool_prompt.format(question=self.question)}
+        self.first_prompts = {agent: self.first_prompt(agent) for agent in self.agents}
         return dict(self.first_prompts)
+
+    def first_prompt(self, agent: str) -> Prompt:
+        """``agent``'s first-turn prompt on the current question (a later turn revises its last message)."""
+        template = self.reasoner_prompt if agent == "reasoner" else self.tool_prompt
+        return template.format(question=self.question)
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         acting = self.acting_agents(joint_action, self.acted, self.turn)
@@ -602,7 +628,7 @@ class MathToolEnv(Environment):
                          f"agent's program prints {self.tool_answer}.")
         return " ".join(notes)
 
-    def _prompt(self, agent: str) -> str:
+    def _prompt(self, agent: str) -> Prompt:
         def cut(text: str | None, empty: str) -> str:
             if not text:
                 return empty
@@ -615,23 +641,41 @@ class MathToolEnv(Environment):
         if agent == "reasoner":
             if self.solution is None:
                 return self.first_prompts["reasoner"]
-            return REASONER_REVISION.format(first_prompt=self.first_prompts["reasoner"], solution=solution,
-                                            answer=self.reasoner_answer or "(none)", code=code, output=output,
-                                            other_answer=self.tool_answer or "(none)", mismatch=self._mismatch())
+            return revise_last_message(self.first_prompts["reasoner"], lambda first: REASONER_REVISION.format(
+                first_prompt=first, solution=solution, answer=self.reasoner_answer or "(none)", code=code,
+                output=output, other_answer=self.tool_answer or "(none)", mismatch=self._mismatch()))
         if self.code is None:
             return self.first_prompts["tool"]
-        return TOOL_REVISION.format(first_prompt=self.first_prompts["tool"], code=code, output=output,
-                                    answer=self.tool_answer or "(none)", solution=solution,
-                                    other_answer=self.reasoner_answer or "(none)", mismatch=self._mismatch())
+        return revise_last_message(self.first_prompts["tool"], lambda first: TOOL_REVISION.format(
+            first_prompt=first, code=code, output=output, answer=self.tool_answer or "(none)", solution=solution,
+            other_answer=self.reasoner_answer or "(none)", mismatch=self._mismatch()))
 
 
 class MathToolEasyEnv(MathToolEnv):
-    """:class:`MathToolEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with a
-    worked format example in both first prompts, and a reasoner reply without a box answering with its last number
+    """:class:`MathToolEnv` on one-operation problems with small numbers (``word_problems(level="easy")``), with
+    worked examples in both first prompts, and a reasoner reply without a box answering with its last number
     (issue 18: the closest task to AT-GRPO's math on which the embedded 135M model can make progress). The reasoner's
-    format reward still asks for the box."""
+    format reward still asks for the box.
+
+    Args:
+        examples_as_turns: show the :data:`EASY_EXAMPLES` as earlier chat turns under a system message of
+            instructions (default); ``False``: one format example inside a single user message
+            (:data:`EASY_REASONER_PROMPT`, :data:`EASY_TOOL_PROMPT`; the prompts of the first issue-18 runs).
+        **kwargs: the arguments of :class:`MathToolEnv`.
+    """
 
     level = "easy"
     reasoner_prompt = EASY_REASONER_PROMPT
     tool_prompt = EASY_TOOL_PROMPT
     accepts_final_number = True
+
+    def __init__(self, *args: Any, examples_as_turns: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.examples_as_turns = need_bool("examples_as_turns", examples_as_turns)
+
+    def first_prompt(self, agent: str) -> Prompt:
+        if not self.examples_as_turns:
+            return super().first_prompt(agent)
+        system, reply = (EASY_REASONER_SYSTEM, 1) if agent == "reasoner" else (EASY_TOOL_SYSTEM, 2)
+        return chat_with_examples(system, [(example[0], example[reply]) for example in EASY_EXAMPLES],
+                                  f"Problem: {self.question}")
