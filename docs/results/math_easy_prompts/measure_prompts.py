@@ -1,0 +1,97 @@
+"""How often the untrained embedded model answers the easy arithmetic tasks right, per prompt style (issue 18).
+
+For each agent prompt of the easy math environments (AT-GRPO's reasoner and tool agent, MAPoRL's debater) and each
+prompt style (``examples_as_turns`` True: two worked examples as earlier chat turns; False: one format example
+inside the user message), the first-turn replies of SmolLM2-135M-Instruct on the first TRAINING-split problems
+(never the test split), greedy and sampled, scored as the environments score them: the reasoner and the debater by
+their final answer (the last box, else the last number), the tool agent by its program's printed line (run in the
+project's sandbox, as the environment runs it).
+
+    python docs/results/math_easy_prompts/measure_prompts.py --out docs/results/math_easy_prompts/prompts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trl_multiagent.embedded_models import ensure_embedded_checkpoint
+from trl_multiagent.environments.debate import MathDebateEasyEnv
+from trl_multiagent.environments.math_tool import MathToolEasyEnv
+
+
+def replies(model, tok, prompts, max_new_tokens, temperature, repeats, seed):
+    texts = [tok.apply_chat_template(p if isinstance(p, list) else [{"role": "user", "content": p}], tokenize=False,
+                                     add_generation_prompt=True) for p in prompts] * repeats
+    enc = tok(texts, return_tensors="pt", padding=True)
+    torch.manual_seed(seed)
+    kwargs = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
+                                                            "top_p": 1.0, "top_k": 0}
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, **kwargs)
+    return tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+
+
+def score(agent, rows, texts, style):
+    """(fraction in the expected format, fraction right), as the environment scores a first-turn reply."""
+    fmt = right = 0
+    for row, text in zip(rows, texts):
+        if agent == "debater":
+            env = MathDebateEasyEnv(num_agents=2, max_turns=1, examples_as_turns=style)
+            env.reset(row)
+            answer = env.extract_answer(text)
+            fmt += "\\boxed" in text
+            right += answer is not None and env.same_answer(answer, row["answer"])
+            continue
+        env = MathToolEasyEnv(max_turns=1, examples_as_turns=style)
+        env.reset(row)
+        other = "tool" if agent == "reasoner" else "reasoner"
+        info = env.step({agent: text, other: ""}).info
+        fmt += info["reasoner_format" if agent == "reasoner" else "tool_executes"]
+        right += info[f"{agent}_correct"]
+    return fmt / len(texts), right / len(texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num_problems", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=4, help="samples per problem at each temperature above 0")
+    parser.add_argument("--max_new_tokens", type=int, default=40)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    path = ensure_embedded_checkpoint("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows = list(MathToolEasyEnv.make_dataset(args.num_problems, seed=0, split="train"))
+    results = []
+    for agent in ("reasoner", "tool", "debater"):
+        for style in (False, True):
+            if agent == "debater":
+                env = MathDebateEasyEnv(num_agents=2, max_turns=1, examples_as_turns=style)
+                prompts = [env.reset(r)["agent1"] for r in rows]
+            else:
+                env = MathToolEasyEnv(max_turns=1, examples_as_turns=style)
+                prompts = [env.reset(r)[agent] for r in rows]
+            for temperature in args.temperatures:
+                repeats = 1 if temperature == 0 else args.repeats
+                start = time.time()
+                texts = replies(model, tok, prompts, args.max_new_tokens, temperature, repeats, seed=0)
+                fmt, right = score(agent, rows * repeats, texts, style)
+                results.append({"agent": agent, "examples_as_turns": style, "temperature": temperature,
+                                "replies": len(texts), "format": round(fmt, 3), "right": round(right, 3),
+                                "example_reply": texts[0]})
+                print(f"{agent:9s} examples_as_turns={style!s:5s} T={temperature}: format {fmt:.3f} right "
+                      f"{right:.3f} ({len(texts)} replies, {time.time() - start:.0f} s)", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"model": "smollm2-135m-instruct", "split": "train", "num_problems": args.num_problems,
+                   "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
