@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from trl_multiagent.answers import final_answer, last_number
+from trl_multiagent.answers import final_answer, last_number, text_after_boxed
+from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
 from trl_multiagent.environments import ENVIRONMENTS
 from trl_multiagent.environments.base import chat_with_examples, revise_last_message
-from trl_multiagent.environments.debate import EASY_MATH_PROMPT, EASY_MATH_SYSTEM, MathDebateEasyEnv, MathDebateEnv
+from trl_multiagent.environments.debate import (
+    EASY_DEBATE_EXAMPLES,
+    EASY_MATH_PROMPT,
+    EASY_MATH_SYSTEM,
+    MathDebateEasyEnv,
+    MathDebateEnv,
+)
 from trl_multiagent.environments.math_tool import (
     EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
@@ -172,8 +179,12 @@ def test_math_tool_easy_shows_worked_examples_as_chat_turns():
 def test_math_debate_easy_shows_worked_examples_as_chat_turns():
     env = MathDebateEasyEnv(num_agents=2, max_turns=2)
     prompts = env.reset(TASK)
-    opening = chat_with_examples(EASY_MATH_SYSTEM, [(e[0], e[1]) for e in EASY_EXAMPLES],
-                                 f"Problem: {TASK['question']}")
+    opening = chat_with_examples(EASY_MATH_SYSTEM, EASY_DEBATE_EXAMPLES, f"Problem: {TASK['question']}")
+    for (request, reply), (shown_request, reasoner_reply, _) in zip(EASY_DEBATE_EXAMPLES, EASY_EXAMPLES):
+        assert (request, reply + ".") == (shown_request, reasoner_reply)
+        # App. G: nothing may follow the box, so a debater copying an example is not penalised
+        assert text_after_boxed(reply) == "" and not any(
+            answer_penalties(reply, reply.split(), False, PenaltySettings(min_tokens=8)).values())
     assert prompts == {"agent1": opening, "agent2": opening}
     assert env.question == f"Problem: {TASK['question']}"  # what a learned verifier reads
     result = env.step({"agent1": "4 + 3 = 7", "agent2": "4 - 3 = 1"})

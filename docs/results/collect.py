@@ -2,10 +2,12 @@
 docs/results/README.md (issue 18).
 
 Each run directory (the recipe's ``output_dir``, one per seed) is copied to ``<name>/seed<N>/`` (summary.json,
-report.md, reward_curve.png, metrics.jsonl), and ``<name>/table.{json,md}`` list per seed the team's held-out metric
+report.md, reward_curve.png, metrics.jsonl, eval_per_task.jsonl), and ``<name>/table.{json,md}`` list per seed
+the team's held-out metric
 before and after training and the paired gain, each with its 95% bootstrap interval, the optimizer steps and the
 wall time. Then the table between the markers of docs/results/README.md is rebuilt from every ``*/table.json`` here
-that names a trainer.
+that names a trainer, and from every ``*/*/table.json`` (earlier runs of a recipe, kept in a subfolder of its
+folder).
 
     python docs/results/collect.py tldr_cc outputs/tldr_cc_s0 outputs/tldr_cc_s1 outputs/tldr_cc_s2
     python docs/results/collect.py --table-only
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl")
+FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl", "eval_per_task.jsonl")
 README = HERE / "README.md"
 BEGIN, END = "<!-- table: begin (python docs/results/collect.py) -->", "<!-- table: end -->"
 
@@ -86,12 +88,14 @@ def collect(name: str, run_dirs: list[str]) -> list[dict]:
 def rebuild_readme() -> None:
     lines = ["| trainer | task (folder) | metric | seed | before -> after | gain [95% CI] | gain CI > 0 | steps | "
              "minutes |", "|---|---|---|---|---|---|---|---|---|"]
-    for table in sorted(HERE.glob("*/table.json")):
+    tables = [*HERE.glob("*/table.json"), *HERE.glob("*/*/table.json")]  # a recipe's folder, then its earlier runs
+    for table in sorted(tables, key=lambda t: (t.relative_to(HERE).parts[0], len(t.parts), str(t))):
+        folder = table.parent.relative_to(HERE).as_posix()
         for r in json.loads(table.read_text()):
             if "trainer" not in r:
                 continue
             lo = r["gain"]["ci95"][0]
-            lines.append(f"| {r['trainer']} | {r['task']} ({table.parent.name}) | {r['metric']} | {r['seed']} | "
+            lines.append(f"| {r['trainer']} | {r['task']} ({folder}) | {r['metric']} | {r['seed']} | "
                          f"{r['before']['mean']:.3f} -> {r['after']['mean']:.3f} | {interval(r['gain'], True)} | "
                          f"{'yes' if lo > 0 else 'no'} | {r['steps']} | {r['wall_time_s'] / 60:.1f} |")
     text = README.read_text() if README.exists() else f"# Results\n\n{BEGIN}\n{END}\n"

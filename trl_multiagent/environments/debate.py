@@ -58,6 +58,10 @@ NLI_PROMPT = (
 EASY_MATH_PROMPT = "Solve the math problem. " + EASY_ANSWER_FORMAT
 #: The system message of the easy level's chat prompt (``examples_as_turns``).
 EASY_MATH_SYSTEM = "Solve the math problem. " + EASY_ANSWER_RULE
+#: The worked examples of the easy debate: the reasoner's replies of
+#: :data:`~trl_multiagent.environments.math_tool.EASY_EXAMPLES` ending at the box, because MAPoRL's App. G penalises
+#: any token after the box, punctuation included (a first run with the final period: 64% of the answers penalised).
+EASY_DEBATE_EXAMPLES = tuple((request, reply.removesuffix(".")) for request, reply, _ in EASY_EXAMPLES)
 
 REVISION = """{first_prompt}
 
@@ -248,8 +252,7 @@ class MathDebateEasyEnv(MathDebateEnv):
     closest task to MAPoRL's math debate on which the embedded 135M model can make progress).
 
     Args:
-        examples_as_turns: show the worked examples (:data:`~trl_multiagent.environments.math_tool.EASY_EXAMPLES`,
-            the reasoner's replies) as earlier chat turns under a system message of instructions, the task as
+        examples_as_turns: show the worked examples (:data:`EASY_DEBATE_EXAMPLES`) as earlier chat turns under a system message of instructions, the task as
             ``Problem: {question}`` (default); ``False``: one format example inside a single user message
             (:data:`EASY_MATH_PROMPT`, the prompt of the first issue-18 runs).
         **kwargs: the arguments of :class:`MathDebateEnv`.
@@ -271,8 +274,7 @@ class MathDebateEasyEnv(MathDebateEnv):
     def opening(self) -> Prompt:
         if not self.examples_as_turns:
             return self.first
-        return chat_with_examples(EASY_MATH_SYSTEM, [(request, reply) for request, reply, _ in EASY_EXAMPLES],
-                                  self.first)
+        return chat_with_examples(EASY_MATH_SYSTEM, EASY_DEBATE_EXAMPLES, self.first)
 
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")

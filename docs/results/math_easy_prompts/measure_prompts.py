@@ -5,7 +5,8 @@ prompt style (``examples_as_turns`` True: two worked examples as earlier chat tu
 inside the user message), the first-turn replies of SmolLM2-135M-Instruct on the first TRAINING-split problems
 (never the test split), greedy and sampled, scored as the environments score them: the reasoner and the debater by
 their final answer (the last box, else the last number), the tool agent by its program's printed line (run in the
-project's sandbox, as the environment runs it).
+project's sandbox, as the environment runs it). For the debater also the share of replies with text after the box
+(MAPoRL's App. G post-box penalty).
 
     python docs/results/math_easy_prompts/measure_prompts.py --out docs/results/math_easy_prompts/prompts.json
 """
@@ -19,9 +20,13 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
 from trl_multiagent.embedded_models import ensure_embedded_checkpoint
 from trl_multiagent.environments.debate import MathDebateEasyEnv
 from trl_multiagent.environments.math_tool import MathToolEasyEnv
+
+#: Only App. G's post-box check (the debate recipe's other penalties are not about the prompt).
+POST_BOX = PenaltySettings(no_boxed=False, no_eos=False, min_tokens=0, repetition=False, post_boxed=True)
 
 
 def replies(model, tok, prompts, max_new_tokens, temperature, repeats, seed):
@@ -37,8 +42,9 @@ def replies(model, tok, prompts, max_new_tokens, temperature, repeats, seed):
 
 
 def score(agent, rows, texts, style):
-    """(fraction in the expected format, fraction right), as the environment scores a first-turn reply."""
-    fmt = right = 0
+    """(fraction in the expected format, fraction right, fraction with text after the box), as the environment scores
+    a first-turn reply; the last counts the replies MAPoRL's App. G post-box penalty hits (debater only)."""
+    fmt = right = post_box = 0
     for row, text in zip(rows, texts):
         if agent == "debater":
             env = MathDebateEasyEnv(num_agents=2, max_turns=1, examples_as_turns=style)
@@ -46,6 +52,7 @@ def score(agent, rows, texts, style):
             answer = env.extract_answer(text)
             fmt += "\\boxed" in text
             right += answer is not None and env.same_answer(answer, row["answer"])
+            post_box += answer_penalties(text, [], False, POST_BOX)["post_boxed"]
             continue
         env = MathToolEasyEnv(max_turns=1, examples_as_turns=style)
         env.reset(row)
@@ -53,7 +60,7 @@ def score(agent, rows, texts, style):
         info = env.step({agent: text, other: ""}).info
         fmt += info["reasoner_format" if agent == "reasoner" else "tool_executes"]
         right += info[f"{agent}_correct"]
-    return fmt / len(texts), right / len(texts)
+    return fmt / len(texts), right / len(texts), post_box / len(texts)
 
 
 def main() -> None:
@@ -82,12 +89,13 @@ def main() -> None:
                 repeats = 1 if temperature == 0 else args.repeats
                 start = time.time()
                 texts = replies(model, tok, prompts, args.max_new_tokens, temperature, repeats, seed=0)
-                fmt, right = score(agent, rows * repeats, texts, style)
+                fmt, right, post_box = score(agent, rows * repeats, texts, style)
                 results.append({"agent": agent, "examples_as_turns": style, "temperature": temperature,
                                 "replies": len(texts), "format": round(fmt, 3), "right": round(right, 3),
-                                "example_reply": texts[0]})
+                                "text_after_box": round(post_box, 3), "example_reply": texts[0]})
                 print(f"{agent:9s} examples_as_turns={style!s:5s} T={temperature}: format {fmt:.3f} right "
-                      f"{right:.3f} ({len(texts)} replies, {time.time() - start:.0f} s)", flush=True)
+                      f"{right:.3f} text after the box {post_box:.3f} ({len(texts)} replies, "
+                      f"{time.time() - start:.0f} s)", flush=True)
     with open(args.out, "w") as f:
         json.dump({"model": "smollm2-135m-instruct", "split": "train", "num_problems": args.num_problems,
                    "max_new_tokens": args.max_new_tokens, "results": results}, f, indent=1)
