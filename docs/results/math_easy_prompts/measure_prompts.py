@@ -20,10 +20,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trl_multiagent.answers import final_answer, last_boxed
 from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
 from trl_multiagent.embedded_models import ensure_embedded_checkpoint
 from trl_multiagent.environments.debate import MathDebateEasyEnv
-from trl_multiagent.environments.math_tool import MathToolEasyEnv
+from trl_multiagent.environments.math_tool import MathToolEasyEnv, answers_match
 
 #: Only App. G's post-box check (the debate recipe's other penalties are not about the prompt).
 POST_BOX = PenaltySettings(no_boxed=False, no_eos=False, min_tokens=0, repetition=False, post_boxed=True)
@@ -56,10 +57,14 @@ def score(agent, rows, texts, style):
             continue
         env = MathToolEasyEnv(max_turns=1, examples_as_turns=style)
         env.reset(row)
-        other = "tool" if agent == "reasoner" else "reasoner"
-        info = env.step({agent: text, other: ""}).info
-        fmt += info["reasoner_format" if agent == "reasoner" else "tool_executes"]
-        right += info[f"{agent}_correct"]
+        if agent == "reasoner":  # the environment's reading of a reply, without running an empty program
+            answer = final_answer(text, env.accept_final_number)
+            fmt += last_boxed(text) is not None
+            right += answer is not None and answers_match(answer, row["answer"])
+            continue
+        info = env.step({"tool": text, "reasoner": ""}).info  # runs the program in the sandbox
+        fmt += info["tool_executes"]
+        right += info["tool_correct"]
     return fmt / len(texts), right / len(texts), post_box / len(texts)
 
 
