@@ -70,8 +70,8 @@ def score(agent, rows, texts, style):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num_problems", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=4, help="samples per problem at each temperature above 0")
+    parser.add_argument("--num_problems", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=2, help="samples per problem at each temperature above 0")
     parser.add_argument("--max_new_tokens", type=int, default=40)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     parser.add_argument("--out", required=True)
