@@ -252,9 +252,9 @@ class MathDebateEasyEnv(MathDebateEnv):
     closest task to MAPoRL's math debate on which the embedded 135M model can make progress).
 
     Args:
-        examples_as_turns: show the worked examples (:data:`EASY_DEBATE_EXAMPLES`) as earlier chat turns under a system message of instructions, the task as
-            ``Problem: {question}`` (default); ``False``: one format example inside a single user message
-            (:data:`EASY_MATH_PROMPT`, the prompt of the first issue-18 runs).
+        examples_as_turns: show the worked examples (:data:`EASY_DEBATE_EXAMPLES`) as earlier chat turns under a
+            system message of instructions, the task as ``Problem: {question}`` (default); ``False``: one format
+            example inside a single user message (:data:`EASY_MATH_PROMPT`, the prompt of the first issue-18 runs).
         **kwargs: the arguments of :class:`MathDebateEnv`.
     """
 
