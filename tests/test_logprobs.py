@@ -6,6 +6,7 @@ import functools
 import torch
 
 from trl_multiagent.agents import AgentPool, AgentSpec
+from trl_multiagent.critics import CriticSpec
 from trl_multiagent.logprobs import completion_logps
 
 
@@ -60,3 +61,91 @@ def test_shared_prompts_give_the_same_logps_and_gradients(tiny_text_model):
         hand = _by_hand(pool, enc, comp, 0.7)
     for row, expected in enumerate(hand):
         assert torch.allclose(shared[0][row, :len(expected)], expected, atol=1e-5)
+
+
+# A shared opening (as a system message and worked examples give): prompts that differ only after it.
+OPENING = "you answer with one number. example: two and two is 4. example: one and three is 4. now: "
+PREFIX_PROMPTS = [OPENING + "what is one plus one", OPENING + "hi", OPENING + "what is one plus one",
+                  OPENING + "two and five", "no opening here"]
+PREFIX_COMPLETIONS = ["two.", "hello there", "2", "it is 7", "ok"]
+
+
+def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny_text_model, monkeypatch):
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
+                                                                                  PREFIX_COMPLETIONS)
+    calls = []
+
+    def model(**inputs):
+        calls.append(int(inputs["attention_mask"][:, -inputs["input_ids"].size(1):].sum()))  # tokens run this call
+        return pool("aux", **inputs)
+
+    results = {}
+    for share in (True, False):
+        pool.zero_grad()
+        calls.clear()
+        logps, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                    share_prompts=share)
+        (logps * completion_mask).sum().backward()
+        results[share] = (logps.detach(), [p.grad.clone() for p in pool.policy_parameters("aux")], sum(calls))
+    shared, separate = results[True], results[False]
+    mask = completion_mask.bool()
+    assert torch.allclose(shared[0][mask], separate[0][mask], atol=1e-5)
+    for a, b in zip(shared[1], separate[1]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        hand = _by_hand(pool, enc, comp, 0.7)
+    for row, expected in enumerate(hand):
+        assert torch.allclose(shared[0][row, :len(expected)], expected, atol=1e-5)
+    # tokens run: every row's prompt and completion without sharing; with it, the opening once (the four prompts
+    # that start with it share at least its tokens), each of the four distinct prompts' rest once, and every completion
+    assert separate[2] == sum(len(e) + len(c) for e, c in zip(enc, comp))
+    distinct = list(dict.fromkeys(tuple(e) for e in enc))
+    assert shared[2] == sum(len(p) for p in distinct) - 2 * _common(distinct[:3]) + sum(map(len, comp))
+
+
+def _common(rows):
+    """The common leading tokens of ``rows`` (all longer than it)."""
+    n = 0
+    while all(len(r) > n + 1 for r in rows) and len({r[n] for r in rows}) == 1:
+        n += 1
+    return n
+
+
+def test_critic_values_after_a_shared_prefix_equal_the_plain_values_and_their_gradients(tiny_text_model):
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)],
+                     critics=[CriticSpec("judge", agent="aux", lora_r=4, num_heads=2)])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        pool.value_heads["judge"].linear.weight.normal_(0, 0.1)
+        for n, p in pool.named_parameters():
+            if ".lora_B.judge." in n:
+                p.normal_(0, 0.3)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
+                                                                                  PREFIX_COMPLETIONS)
+    head = torch.tensor([0, 1, 1, 0, 1])
+    targets = torch.linspace(-1, 1, completion_ids.numel()).view_as(completion_ids)
+    results = {}
+    for share in (True, False, "plain"):
+        pool.zero_grad()
+        if share == "plain":  # the values of every position, read at the columns before each completion token
+            full = pool.values("judge", torch.cat([prompt_ids, completion_ids], 1),
+                               torch.cat([prompt_mask, completion_mask], 1), head=head)
+            values = full[:, prompt_ids.size(1) - 1:-1]
+        else:
+            values = pool.completion_values("judge", prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                            head=head, share_prompts=share)
+        ((values - targets).pow(2) * completion_mask).sum().backward()
+        results[share] = (values.detach(), [p.grad.clone() for p in pool.critic_parameters("judge")])
+    mask = completion_mask.bool()
+    for share in (True, False):
+        assert torch.allclose(results[share][0][mask], results["plain"][0][mask], atol=1e-5)
+        for a, b in zip(results[share][1], results["plain"][1]):  # float32 sums in another order
+            assert (a - b).norm() <= 1e-3 * b.norm()
+    assert all(g.abs().sum() > 0 for g in results[True][1])
+    assert all(p.grad is None for p in pool.policy_parameters("aux"))  # only the critic's adapter and head

@@ -46,6 +46,7 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
     use_dense_copy,
 )
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
+from .teacher_forcing import completion_outputs, hidden_forward
 from .utils import available_memory
 
 logger = logging.getLogger(__name__)
@@ -340,6 +341,18 @@ class AgentPool(nn.Module):
         base = self.activate(critic)
         backbone = base.get_base_model().base_model  # the decoder without the LM head; LoRA layers live inside it
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return select_head(self.value_heads[critic](hidden), head)
+
+    def completion_values(self, critic: str, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                          completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          head: int | torch.Tensor | None = None, share_prompts: bool = True) -> torch.Tensor:
+        """``(B, T)``: ``critic``'s value of the state before each completion token (the last prompt token's for
+        the first one) after left-padded prompts, i.e. the columns of :meth:`values` that token-level GAE reads;
+        shared prompts and prompt prefixes run once
+        (:func:`~trl_multiagent.teacher_forcing.completion_outputs`)."""
+        base = self.activate(critic)
+        hidden = completion_outputs(hidden_forward(base.get_base_model().base_model), prompt_ids, prompt_mask,
+                                    completion_ids, completion_mask, share_prompts=share_prompts)
         return select_head(self.value_heads[critic](hidden), head)
 
     @contextlib.contextmanager

@@ -326,13 +326,9 @@ class DebatePPOTrainer(MultiAgentTrainer):
                            samples: Sequence[DebateSample]) -> torch.Tensor:
         """``(B, C)``: the critic's value of the state before each completion token (the last prompt token's hidden
         state for the first one), with the head of each sample's turn when the critic has one per turn."""
-        critic = self.critic_name(agent)
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         head = torch.tensor([s.turn for s in samples]) if self.args.value_head_per_turn else None
-        values = self.pool.values(critic, input_ids, attention_mask, head=head)
-        start = batch["prompt_ids"].size(1) - 1
-        return values[:, start:start + batch["completion_ids"].size(1)].float()
+        return self.pool.completion_values(self.critic_name(agent), batch["prompt_ids"], batch["prompt_mask"],
+                                           batch["completion_ids"], batch["completion_mask"], head=head).float()
 
     def collate(self, policy: str, samples) -> dict[str, torch.Tensor]:
         """The base batch, with the per-token advantages, value targets and rollout values once GAE has run."""

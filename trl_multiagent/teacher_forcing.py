@@ -1,0 +1,123 @@
+"""The one teacher-forced pass over prompts and their completions: the model's outputs (logits for log-probs, hidden
+states for a critic) at the positions that predict each completion token.
+
+A batch of a multi-turn rollout repeats most of its prompt tokens: the K samples of one prompt share it whole, and
+different prompts of one environment share their opening (a system message, worked examples as earlier chat turns).
+:func:`completion_outputs` runs each repeated span once, in three stages, each continuing the KV cache of the last:
+
+1. **shared prefixes**: prompts are grouped by their common leading tokens (:func:`~trl_multiagent.generation.
+   shared_prefixes`, the grouping team-level generation prefills with); each group's prefix runs once;
+2. **distinct prompts**: the rest of every distinct prompt, on its group's cache rows;
+3. **completions**: every row's completion, on its prompt's cache rows.
+
+Cache rows are copied with a differentiable gather, so a gradient through a shared span is the sum of the gradients
+of every row that reads it: the outputs and their gradients are those of one separate pass per row (up to float
+summation order). Padding between the stages is masked and positions count real tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .generation import shared_prefixes
+
+#: ``forward(input_ids, attention_mask, position_ids, cache, use_cache, keep) -> (outputs, cache)``: one model call
+#: returning its per-position outputs of the last ``keep`` positions ``(B, keep, D)`` and the KV cache.
+Forward = Callable[..., tuple[torch.Tensor, object]]
+
+
+def lm_forward(model) -> Forward:
+    """:data:`Forward` of a causal LM (or a callable forwarding to one): its logits."""
+
+    def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                    use_cache=use_cache, logits_to_keep=keep)
+        return out.logits, _cache_of(out)
+
+    return forward
+
+
+def hidden_forward(backbone) -> Forward:
+    """:data:`Forward` of a decoder without its LM head (``model.base_model`` of a causal LM): its last hidden states."""
+
+    def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                       use_cache=use_cache)
+        return out.last_hidden_state[:, -keep:], _cache_of(out)
+
+    return forward
+
+
+def _cache_of(out):
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                       share_prompts: bool = True) -> torch.Tensor:
+    """``(B, T, D)``: for each of the ``(B, T)`` right-padded completion tokens after their left-padded ``(B, P)``
+    prompts, ``forward``'s output at the position before it (the last prompt token for the first one).
+
+    ``share_prompts``: run each distinct prompt, and each prefix shared by several prompts, once (the module's three
+    stages); ``False``: one plain pass over every prompt + completion row."""
+    t = completion_ids.size(1)
+    prompts = [prompt_ids[row][prompt_mask[row].bool()].tolist() for row in range(prompt_ids.size(0))]
+    distinct: dict[tuple[int, ...], int] = {}
+    owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    group_of, prefix_len = shared_prefixes([list(p) for p in distinct], [None] * len(distinct))
+    size = [group_of.count(g) for g in range(len(prefix_len))]
+    repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
+    if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
+        out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1),
+                         torch.cat([prompt_mask, completion_mask], dim=1), None, None, False, t + 1)
+        return out[:, :-1]
+    device = prompt_ids.device
+    unique = [list(p) for p in distinct]
+
+    # 1. one pass per shared prefix (skipped when nothing is shared: every prefix is then empty)
+    cache, mask = None, torch.zeros((len(unique), 0), dtype=torch.long, device=device)
+    group = torch.tensor(group_of, device=device)
+    if any(prefix_len):
+        first = {}
+        for i, g in enumerate(group_of):
+            first.setdefault(g, i)
+        prefixes = [unique[first[g]][:prefix_len[g]] for g in range(len(prefix_len))]
+        ids, mask = _left_padded(prefixes, prompt_ids)
+        _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
+        cache.batch_select_indices(group)  # every distinct prompt gets its prefix's keys and values
+        mask = mask[group]
+    done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
+
+    # 2. the rest of each distinct prompt; its last position predicts the first completion token
+    rests, rest_mask = _left_padded([p[prefix_len[g]:] for p, g in zip(unique, group_of)], prompt_ids)
+    mask = torch.cat([mask, rest_mask], dim=1)
+    last, cache = forward(rests, mask, _positions(rest_mask, done), cache, True, 1)
+    done = done + rest_mask.sum(-1)
+
+    # 3. every row's completion, on its prompt's cache rows
+    index = torch.tensor(owner, device=device)
+    cache.batch_select_indices(index)
+    mask = torch.cat([mask[index], completion_mask.long()], dim=1)
+    positions = done[index].unsqueeze(1) + torch.arange(t, device=device)
+    out, _ = forward(completion_ids, mask, positions, cache, True, t)
+    return torch.cat([last[index], out[:, :-1]], dim=1)
+
+
+def _left_padded(rows: list[list[int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows left-padded into ``(ids, mask)`` (the pad id is irrelevant: padded positions are masked)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=like.dtype, device=like.device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=like.dtype)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
+    """Positions of left-padded rows that continue after ``offset`` real tokens (an int or one per row)."""
+    offset = torch.as_tensor(offset, device=mask.device).reshape(-1, 1)
+    return offset + (mask.long().cumsum(-1) - 1).clamp(min=0)
