@@ -149,3 +149,29 @@ def test_critic_values_after_a_shared_prefix_equal_the_plain_values_and_their_gr
             assert (a - b).norm() <= 1e-3 * b.norm()
     assert all(g.abs().sum() > 0 for g in results[True][1])
     assert all(p.grad is None for p in pool.policy_parameters("aux"))  # only the critic's adapter and head
+
+
+def test_activation_checkpointing_keeps_no_cache_so_the_prompts_run_in_full(tiny_text_model):
+    """transformers drops the KV cache under activation checkpointing in training mode; the log-probs and their
+    gradients are then those of the plain pass (the shared stages are not used)."""
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    batch = _batch(pool, PREFIX_PROMPTS, PREFIX_COMPLETIONS)[:4]
+    model = functools.partial(pool, "aux")
+    plain, _ = completion_logps(model, *batch, 0.7, share_prompts=False)
+    (plain * batch[3]).sum().backward()
+    expected = [p.grad.clone() for p in pool.policy_parameters("aux")]
+    pool.zero_grad()
+    pool.activation_checkpointing_enable()
+    for base in pool.bases.values():
+        base.train()
+    logps, _ = completion_logps(model, *batch, 0.7)
+    (logps * batch[3]).sum().backward()
+    mask = batch[3].bool()
+    assert torch.allclose(logps[mask], plain[mask].detach(), atol=1e-5)
+    for a, b in zip((p.grad for p in pool.policy_parameters("aux")), expected):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -61,7 +61,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     prompts, ``forward``'s output at the position before it (the last prompt token for the first one).
 
     ``share_prompts``: run each distinct prompt, and each prefix shared by several prompts, once (the module's three
-    stages); ``False``: one plain pass over every prompt + completion row."""
+    stages); ``False``: one plain pass over every prompt + completion row. A model that keeps no KV cache (a
+    transformers model with activation checkpointing, in training mode) also gets the plain pass."""
     t = completion_ids.size(1)
     prompts = [prompt_ids[row][prompt_mask[row].bool()].tolist() for row in range(prompt_ids.size(0))]
     distinct: dict[tuple[int, ...], int] = {}
@@ -70,9 +71,7 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     size = [group_of.count(g) for g in range(len(prefix_len))]
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
     if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
-        out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1),
-                         torch.cat([prompt_mask, completion_mask], dim=1), None, None, False, t + 1)
-        return out[:, :-1]
+        return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
     device = prompt_ids.device
     unique = [list(p) for p in distinct]
 
@@ -86,6 +85,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         prefixes = [unique[first[g]][:prefix_len[g]] for g in range(len(prefix_len))]
         ids, mask = _left_padded(prefixes, prompt_ids)
         _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
+        if cache is None:  # activation checkpointing while training: the model keeps no cache
+            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
         cache.batch_select_indices(group)  # every distinct prompt gets its prefix's keys and values
         mask = mask[group]
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
@@ -94,6 +95,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     rests, rest_mask = _left_padded([p[prefix_len[g]:] for p, g in zip(unique, group_of)], prompt_ids)
     mask = torch.cat([mask, rest_mask], dim=1)
     last, cache = forward(rests, mask, _positions(rest_mask, done), cache, True, 1)
+    if cache is None:
+        return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
     done = done + rest_mask.sum(-1)
 
     # 3. every row's completion, on its prompt's cache rows
@@ -103,6 +106,13 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     positions = done[index].unsqueeze(1) + torch.arange(t, device=device)
     out, _ = forward(completion_ids, mask, positions, cache, True, t)
     return torch.cat([last[index], out[:, :-1]], dim=1)
+
+
+def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """One pass over every prompt + completion row."""
+    out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+                     None, None, False, completion_ids.size(1) + 1)
+    return out[:, :-1]
 
 
 def _left_padded(rows: list[list[int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
