@@ -32,12 +32,18 @@ def _by_hand(pool, enc, comp, temperature):
     return rows
 
 
-def test_shared_prompts_give_the_same_logps_and_gradients(tiny_text_model):
-    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
+def _randomise_lora(pool, marker: str = "lora_B", std: float = 0.3):
+    """Non-zero LoRA B matrices (zero at init), so that the adapters change the outputs and receive gradients."""
+    torch.manual_seed(0)
     with torch.no_grad():
         for n, p in pool.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.3)
+            if marker in n:
+                p.normal_(0, std)
+
+
+def test_shared_prompts_give_the_same_logps_and_gradients(tiny_text_model):
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
+    _randomise_lora(pool)
     prompts = ["what is one plus one", "hi", "what is one plus one", "hi", "what is one plus one"]
     completions = ["two.", "hello there", "2", "yo", "it is two, i think"]
     prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, prompts, completions)
@@ -72,11 +78,7 @@ PREFIX_COMPLETIONS = ["two.", "hello there", "2", "it is 7", "ok"]
 
 def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny_text_model, monkeypatch):
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for n, p in pool.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.3)
+    _randomise_lora(pool)
     prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
                                                                                   PREFIX_COMPLETIONS)
     calls = []
@@ -120,12 +122,9 @@ def _common(rows):
 def test_critic_values_after_a_shared_prefix_equal_the_plain_values_and_their_gradients(tiny_text_model):
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)],
                      critics=[CriticSpec("judge", agent="aux", lora_r=4, num_heads=2)])
-    torch.manual_seed(0)
+    _randomise_lora(pool, ".lora_B.judge.")
     with torch.no_grad():
         pool.value_heads["judge"].linear.weight.normal_(0, 0.1)
-        for n, p in pool.named_parameters():
-            if ".lora_B.judge." in n:
-                p.normal_(0, 0.3)
     prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
                                                                                   PREFIX_COMPLETIONS)
     head = torch.tensor([0, 1, 1, 0, 1])
@@ -155,11 +154,7 @@ def test_activation_checkpointing_keeps_no_cache_so_the_prompts_run_in_full(tiny
     """transformers drops the KV cache under activation checkpointing in training mode; the log-probs and their
     gradients are then those of the plain pass (the shared stages are not used)."""
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for n, p in pool.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.3)
+    _randomise_lora(pool)
     batch = _batch(pool, PREFIX_PROMPTS, PREFIX_COMPLETIONS)[:4]
     model = functools.partial(pool, "aux")
     plain, _ = completion_logps(model, *batch, 0.7, share_prompts=False)
