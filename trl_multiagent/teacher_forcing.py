@@ -20,8 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .generation import shared_prefixes
+
+#: the keyword of a transformers model's KV cache: ``cache`` from transformers 5.20 on, ``past_key_values`` before
+#: (an unknown keyword would be swallowed by the model's ``**kwargs`` and the cache silently ignored)
+CACHE_KEYWORD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 #: ``forward(input_ids, attention_mask, position_ids, cache, use_cache, keep) -> (outputs, cache)``: one model call
 #: returning its per-position outputs of the last ``keep`` positions ``(B, keep, D)`` and the KV cache.
@@ -32,8 +37,8 @@ def lm_forward(model) -> Forward:
     """:data:`Forward` of a causal LM (or a callable forwarding to one): its logits."""
 
     def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                    use_cache=use_cache, logits_to_keep=keep)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=use_cache, logits_to_keep=keep, **{CACHE_KEYWORD: cache})
         return out.logits, _cache_of(out)
 
     return forward
@@ -43,15 +48,15 @@ def hidden_forward(backbone) -> Forward:
     """:data:`Forward` of a decoder without its LM head (``model.base_model`` of a causal LM): its last hidden states."""
 
     def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                       use_cache=use_cache)
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=use_cache, **{CACHE_KEYWORD: cache})
         return out.last_hidden_state[:, -keep:], _cache_of(out)
 
     return forward
 
 
 def _cache_of(out):
-    return out.cache if hasattr(out, "cache") else out.past_key_values
+    return getattr(out, CACHE_KEYWORD)
 
 
 def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
