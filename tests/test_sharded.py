@@ -225,6 +225,17 @@ def test_fsdp1_refused(monkeypatch, tmp_path):
         MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none")
 
 
+def test_shared_prompt_prefixes_are_refused_under_fsdp_and_off_by_default_there(monkeypatch, tmp_path):
+    from trl_multiagent.trainers import sharding
+    from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig
+
+    monkeypatch.setattr(sharding, "accelerator_available", lambda: True)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    with pytest.raises(ValueError, match="share_prompt_prefixes: true cannot run under FSDP"):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none", share_prompt_prefixes=True)
+    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none").share_prompt_prefixes is None
+
 @pytest.mark.parametrize("module,config", [("actor_critic", "ActorCriticConfig"), ("debate_ppo", "DebatePPOConfig")])
 def test_trainers_with_critics_refuse_fsdp(module, config, monkeypatch, tmp_path):
     import importlib
@@ -258,7 +269,10 @@ def test_fsdp_two_processes_match_one_process_and_resume(tiny_ab_model, tmp_path
     proc = _launch(wrapper, [*common, "--episodes_per_step", "1", "--output_dir", str(fsdp_out),
                              "--save_strategy", "steps", "--save_steps", "1"], "fsdp", 2, env)
     assert proc.returncode == 0, _fail_message(proc)
-    proc = _launch(wrapper, [*common, "--episodes_per_step", "2", "--output_dir", str(single_out)], "single", 1)
+    # the single process runs one pass per row, as FSDP does (share_prompt_prefixes is off under FSDP), so that the
+    # two runs compute the same numbers in the same order
+    proc = _launch(wrapper, [*common, "--episodes_per_step", "2", "--output_dir", str(single_out),
+                             "--share_prompt_prefixes", "false"], "single", 1)
     assert proc.returncode == 0, _fail_message(proc)
 
     fsdp_samples, single_samples = _samples(fsdp_out, "fsdp"), _samples(single_out, "single")

@@ -75,6 +75,11 @@ class MultiAgentConfig(GRPOConfig):
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
+    share_prompt_prefixes: bool | None = field(default=None, metadata={
+        "help": "Teacher-forced passes (log-probs, critic values) run a prompt shared by several rows, and an opening "
+                "shared by several prompts, once (trl_multiagent/teacher_forcing.py; the same numbers up to float "
+                "summation order). None: on, except under FSDP, where one pass per row is required (FSDP2 frees a "
+                "layer's gathered weights after each forward); true under FSDP is an error."})
     activation_checkpointing: bool | None = field(default=False, metadata={
         "help": "Recompute activations in the backward pass to save memory (about 20% slower); off by default: "
                 "turn it on only when memory needs it."})

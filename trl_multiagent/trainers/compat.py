@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, identity
 
 from ..logprobs import completion_logps
+from .sharding import is_fsdp
 
 #: The trl and transformers releases this module was written against (the pins in pyproject.toml).
 TESTED_VERSIONS = {"trl": "1.16", "transformers": "5.24"}
@@ -168,7 +169,13 @@ class TeamTrainerSurface(GRPOTrainer):
                 self, model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=compute_entropy)
             return logps, entropies
         return completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, self.temperature,
-                                compute_entropy=compute_entropy)
+                                compute_entropy=compute_entropy, share_prompts=self.share_prompt_prefixes)
+
+    @property
+    def share_prompt_prefixes(self) -> bool:
+        """``args.share_prompt_prefixes``; unset: on, except under FSDP (see the config field)."""
+        share = getattr(self.args, "share_prompt_prefixes", None)
+        return (not is_fsdp(self.accelerator)) if share is None else bool(share)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):

@@ -328,7 +328,8 @@ class DebatePPOTrainer(MultiAgentTrainer):
         state for the first one), with the head of each sample's turn when the critic has one per turn."""
         head = torch.tensor([s.turn for s in samples]) if self.args.value_head_per_turn else None
         return self.pool.completion_values(self.critic_name(agent), batch["prompt_ids"], batch["prompt_mask"],
-                                           batch["completion_ids"], batch["completion_mask"], head=head).float()
+                                           batch["completion_ids"], batch["completion_mask"], head=head,
+                                           share_prompts=self.share_prompt_prefixes).float()
 
     def collate(self, policy: str, samples) -> dict[str, torch.Tensor]:
         """The base batch, with the per-token advantages, value targets and rollout values once GAE has run."""

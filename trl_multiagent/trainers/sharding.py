@@ -88,6 +88,10 @@ def check_parallelism(config) -> None:
             raise ValueError(
                 f"FSDP version {version} is not supported: the multi-agent trainers run FSDP2 (fully_shard); set "
                 f"fsdp_version: 2 in the accelerate config (recipes/accelerate_configs/fsdp.yaml). See {GUIDE}.")
+        if getattr(config, "share_prompt_prefixes", None):
+            raise ValueError("share_prompt_prefixes: true cannot run under FSDP: FSDP2 frees a layer's gathered "
+                             "weights after each forward, and the shared passes run several forwards before one "
+                             f"backward. Leave it unset (or false) under FSDP. See {GUIDE}.")
         refusal = getattr(config, "fsdp_refusal", None)
         if refusal:
             raise ValueError(f"{type(config).__name__} does not run under FSDP: {refusal}. Train it with DDP "
