@@ -72,13 +72,13 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     prompts = [prompt_ids[row][prompt_mask[row].bool()].tolist() for row in range(prompt_ids.size(0))]
     distinct: dict[tuple[int, ...], int] = {}
     owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-    group_of, prefix_len = shared_prefixes([list(p) for p in distinct], [None] * len(distinct))
+    unique = [list(p) for p in distinct]
+    group_of, prefix_len = shared_prefixes(unique, [None] * len(unique))
     size = [group_of.count(g) for g in range(len(prefix_len))]
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
     if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
         return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
     device = prompt_ids.device
-    unique = [list(p) for p in distinct]
 
     # 1. one pass per shared prefix (skipped when nothing is shared: every prefix is then empty)
     cache, mask = None, torch.zeros((len(unique), 0), dtype=torch.long, device=device)
