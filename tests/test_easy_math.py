@@ -199,7 +199,9 @@ def test_math_debate_easy_shows_worked_examples_as_chat_turns():
 
 @pytest.mark.parametrize("name, env_cls", [("math_easy_at_grpo", MathToolEasyEnv),
                                            ("math_easy_at_grpo_specialized", MathToolEasyEnv),
-                                           ("math_easy_debate", MathDebateEasyEnv)])
+                                           ("math_easy_debate", MathDebateEasyEnv),
+                                           ("math_easy_cc", MathToolEasyEnv), ("math_easy_dc", MathToolEasyEnv),
+                                           ("math_easy_magrpo", MathToolEasyEnv)])
 def test_easy_recipes_load(tmp_path, name, env_cls):
     from trl_multiagent.cli import load_recipe
     from trl_multiagent.recipe import build_team, resolve_environment
@@ -208,3 +210,24 @@ def test_easy_recipes_load(tmp_path, name, env_cls):
                                   str(tmp_path)])
     assert resolve_environment(recipe.environment) is env_cls and recipe.dataset == "generated"
     build_team(recipe, env_cls(**recipe.env_kwargs).agents)
+
+
+def test_collm_and_magrpo_easy_recipes_share_one_budget_and_protocol(tmp_path):
+    """CoLLM-CC, CoLLM-DC and MAGRPO are compared on the same task: the same environment settings, model, sampling,
+    number of training episodes (CoLLM: one per problem; MAGRPO: K joint actions per problem) and held-out protocol."""
+    from trl_multiagent.cli import load_recipe
+
+    loaded = {name: load_recipe(["--config", str(ROOT / f"recipes/configs/math_easy_{name}.yaml"), "--output_dir",
+                                 str(tmp_path / name)])[:2] for name in ("cc", "dc", "magrpo")}
+    assert loaded["cc"][1].critic == "centralized" and loaded["dc"][1].critic == "decentralized"
+    # The centralized critic's m_t shows the largest reward of a turn; the math environment has no reward_max.
+    assert not hasattr(MathToolEasyEnv(), "reward_max") and loaded["cc"][1].reward_max == 1.0
+    episodes = {name: config.max_steps * config.episodes_per_step * (config.num_generations or 1)
+                for name, (_, config) in loaded.items()}
+    assert episodes == {"cc": 192, "dc": 192, "magrpo": 192}
+    for name, (recipe, config) in loaded.items():
+        assert (recipe.environment, recipe.env_kwargs, recipe.model, recipe.eval_num_problems, recipe.eval_metric) \
+            == ("math_tool_easy", {"max_turns": 1, "max_feedback_chars": 300}, "smollm2-135m-instruct", 80,
+                "final/team_correct"), name
+        assert (config.num_turns, config.temperature, config.top_p, config.max_completion_length,
+                config.learning_rate) == (1, 0.7, 1.0, 40, 3e-4), name
