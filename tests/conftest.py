@@ -15,7 +15,9 @@ import torch  # noqa: E402
 from tests.tiny import save_tiny  # noqa: E402
 
 # The in-process tests run tiny models: one thread avoids oversubscription overhead (several times faster on 2 cores).
-torch.set_num_threads(1)
+# TEST_NUM_THREADS sets another count: tests/numerics_matrix.py runs the numerical tests with one and with two threads
+# (a kernel splits its sums by thread), as numerical comparisons must hold either way (tests/numerics.py).
+torch.set_num_threads(int(os.environ.get("TEST_NUM_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.numerics import rounding_tolerance
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tests/configs/tiny_matrix_game.yaml"
 STEPS = 2
@@ -67,7 +69,7 @@ def average(self):
     record(self, {"kind": "grads", "step": self.state.global_step + 1,
                   "local_grads_differ": not torch.equal(local[0], local[1]),
                   "averaged_equal_across_ranks": all(torch.equal(averaged[0], a) for a in averaged),
-                  "averaged_is_mean": bool(torch.allclose(averaged[0], expected, rtol=1e-5, atol=1e-7)),
+                  "mean_deviation": ((averaged[0] - expected).norm() / expected.norm().clamp(min=1e-30)).item(),
                   "grad_abs_max": averaged[0].abs().max().item()})
 
 
@@ -175,7 +177,8 @@ def test_two_process_run_keeps_replicas_in_sync(tiny_ab_model, tmp_path):
         assert e["wrapped"] == "DistributedDataParallel", e
         assert e["params_equal"], e  # both replicas hold bitwise-identical adapters after every step
     for e in grads:
-        assert e["averaged_equal_across_ranks"] and e["averaged_is_mean"], e
+        # the all-reduce sums 2 terms per element, in another order than torch.mean (tests/numerics.py)
+        assert e["averaged_equal_across_ranks"] and e["mean_deviation"] <= rounding_tolerance(2), e
     # The check has teeth: the ranks sampled different completions (seeded per process) and computed different
     # local gradients, so without the averaging the replicas would have drifted apart; and the adapters moved.
     assert any(e["rollouts_differ"] for e in steps), steps

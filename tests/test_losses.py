@@ -13,6 +13,8 @@ import pytest
 import torch
 from datasets import Dataset
 
+from tests.numerics import assert_same_computation
+from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec, Generation
 from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.losses import response_policy_loss, value_loss
@@ -26,15 +28,18 @@ from trl_multiagent.trainers import (
 )
 
 TEMPERATURE = 0.5
+#: the pure functions' tests build their own tensors in float64: hand-computed values are met far below any CPU's
+#: rounding differences (tests/numerics.py)
+F64 = torch.float64
 
 
 # ------------------------------------------------------------------------------------------- the pure function
 def test_response_loss_by_hand_ratio_clipped_and_summed_gradient():
     # response 0: 2 tokens, response 1: 3 tokens (padding in row 0 must not count)
-    lp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]], requires_grad=True)
-    old = torch.tensor([[-1.2, -2.1, 0.0], [-0.5, -0.6, -0.4]])
+    lp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.2, -2.1, 0.0], [-0.5, -0.6, -0.4]], dtype=F64)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    adv = torch.tensor([1.0, -2.0])
+    adv = torch.tensor([1.0, -2.0], dtype=F64)
     loss, stats = response_policy_loss(lp, old, mask, adv, epsilon_low=0.2, epsilon_high=0.2)
     # row 0: log rho = -3.0 - (-3.3) = 0.3, rho = 1.3499 > 1.2 with A > 0 -> clipped: -min(1.35, 1.2) = -1.2, no grad
     # row 1: log rho = -1.5 - (-1.5) = 0, rho = 1: -(1 * -2) = 2; d/d lp_t = -A * rho = 2 for EVERY token (a sum)
@@ -42,15 +47,15 @@ def test_response_loss_by_hand_ratio_clipped_and_summed_gradient():
     assert stats["ratio"].tolist() == pytest.approx([math.exp(0.3), 1.0])
     assert stats["clipped"].tolist() == [1.0, 0.0]
     loss.backward()
-    assert torch.allclose(lp.grad, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=F64))
 
 
 def test_response_loss_negative_advantage_is_not_clipped_above_and_kl_is_a_token_sum():
-    lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], requires_grad=True)
-    old = torch.tensor([[-1.1, -1.1], [-2.0, 0.0]])
-    ref = torch.tensor([[-1.5, -0.5], [-2.0, 0.0]])
+    lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.1, -1.1], [-2.0, 0.0]], dtype=F64)
+    ref = torch.tensor([[-1.5, -0.5], [-2.0, 0.0]], dtype=F64)
     mask = torch.tensor([[1, 1], [1, 0]])
-    adv = torch.tensor([-1.0, 0.5])
+    adv = torch.tensor([-1.0, 0.5], dtype=F64)
     loss, stats = response_policy_loss(lp, old, mask, adv, 0.2, 0.2, ref_per_token_logps=ref, beta=0.1)
     rho0 = math.exp(0.2)  # 1.2214 > 1.2 but A < 0: min(rho * A, 1.2 * A) = rho * A (pessimistic side, not clipped)
     kl0 = (math.exp(-0.5) - (-0.5) - 1) + (math.exp(0.5) - 0.5 - 1)  # r = ref - lp = -0.5, +0.5; summed
@@ -61,24 +66,24 @@ def test_response_loss_negative_advantage_is_not_clipped_above_and_kl_is_a_token
     # d/d lp_t of rho0 * 1.0 = rho0 per token; of 0.1 * (e^{ref-lp} - (ref - lp) - 1) = 0.1 * (1 - e^{ref-lp})
     g0 = [(rho0 + 0.1 * (1 - math.exp(-0.5))) / 2, (rho0 + 0.1 * (1 - math.exp(0.5))) / 2]
     g1 = [-0.5 / 2, 0.0]
-    assert torch.allclose(lp.grad, torch.tensor([g0, g1]), rtol=1e-6)
+    assert torch.allclose(lp.grad, torch.tensor([g0, g1], dtype=F64), rtol=1e-6)
 
 
 def test_response_loss_weights_split_a_batch_into_micro_batches():
     torch.manual_seed(0)
-    lp = torch.randn(4, 5, requires_grad=True)
+    lp = torch.randn(4, 5, dtype=F64, requires_grad=True)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
-    adv = torch.tensor([0.5, -1.0, 2.0, 0.1])
+    adv = torch.tensor([0.5, -1.0, 2.0, 0.1], dtype=F64)
     whole, _ = response_policy_loss(lp, lp.detach(), mask, adv, 0.2, 0.2)
     parts = sum(response_policy_loss(lp[i:i + 2], lp.detach()[i:i + 2], mask[i:i + 2], adv[i:i + 2], 0.2, 0.2,
-                                     weights=torch.full((2,), 0.25))[0] for i in (0, 2))
+                                     weights=torch.full((2,), 0.25, dtype=F64))[0] for i in (0, 2))
     assert parts.item() == pytest.approx(whole.item())
 
 
 # ------------------------------------------------------------------------------------------- value loss
 def test_value_loss_is_mean_squared_td_error_with_constant_targets():
-    values = torch.tensor([0.5, 1.5], requires_grad=True)
-    targets = torch.tensor([2.35, 0.0])
+    values = torch.tensor([0.5, 1.5], dtype=F64, requires_grad=True)
+    targets = torch.tensor([2.35, 0.0], dtype=F64)
     loss, _ = value_loss(values, targets)
     # ((2.35 - 0.5)^2 + (0 - 1.5)^2) / 2 = (3.4225 + 2.25) / 2
     assert loss.item() == pytest.approx(2.83625)
@@ -88,9 +93,9 @@ def test_value_loss_is_mean_squared_td_error_with_constant_targets():
 
 
 def test_value_loss_clipping():
-    values = torch.tensor([0.5, 1.5])
-    targets = torch.tensor([2.35, 0.0])
-    old = torch.tensor([0.0, 1.0])
+    values = torch.tensor([0.5, 1.5], dtype=F64)
+    targets = torch.tensor([2.35, 0.0], dtype=F64)
+    old = torch.tensor([0.0, 1.0], dtype=F64)
     # clip 0.2: clipped values 0.2 and 1.2; squared errors (0.2 - 2.35)^2 = 4.6225, (1.2 - 0)^2 = 1.44
     # max with the unclipped 3.4225 and 2.25 -> 4.6225 and 2.25, mean 3.43625
     assert value_loss(values, targets, old, clip=0.2)[0].item() == pytest.approx(3.43625)
@@ -99,16 +104,16 @@ def test_value_loss_clipping():
 
 
 def test_masked_clipped_value_loss_by_hand():
-    values = torch.tensor([[1.0, 0.0, 9.0]])
-    old = torch.tensor([[0.5, 0.5, 0.0]])
-    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    values = torch.tensor([[1.0, 0.0, 9.0]], dtype=F64)
+    old = torch.tensor([[0.5, 0.5, 0.0]], dtype=F64)
+    returns = torch.tensor([[2.0, 0.0, 0.0]], dtype=F64)
     mask = torch.tensor([[1, 1, 0]])
     # token 1: clipped .7, max((1-2)^2, (.7-2)^2) = 1.69; token 2: clipped .3, max(0, .09) = .09; token 3 masked
     loss, stats = value_loss(values, returns, old, clip=0.2, mask=mask)
     assert loss.item() == pytest.approx((1.69 + 0.09) / 2)
     assert stats["clip_fraction"].item() == pytest.approx(1.0)
-    loss, stats = value_loss(torch.tensor([[0.6]]), torch.tensor([[0.0]]), torch.tensor([[0.5]]), clip=0.2,
-                             mask=torch.tensor([[1]]))
+    loss, stats = value_loss(torch.tensor([[0.6]], dtype=F64), torch.tensor([[0.0]], dtype=F64),
+                             torch.tensor([[0.5]], dtype=F64), clip=0.2, mask=torch.tensor([[1]]))
     assert loss.item() == pytest.approx(0.36) and stats["clip_fraction"].item() == 0.0
 
 
@@ -117,6 +122,7 @@ def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo
     env = lambda: FunctionEnvironment(list(agents), {a: (lambda t: t["prompt"]) for a in agents},  # noqa: E731
                                       lambda completions, **_: 0.0)
     kw.setdefault("num_generations", 2)
+    kw.setdefault("model_dtype", "float64")  # two paths compared: float64 widens the margin (tests/numerics.py)
     args = config_cls(output_dir=str(tmp_path), report_to=[], max_completion_length=4,
                       temperature=TEMPERATURE, save_strategy="no", disable_tqdm=True,
                       per_device_train_batch_size=2, **kw)
@@ -143,7 +149,7 @@ def _token_logps(trainer, sample):
     p, c = sample.generation.prompt_ids, sample.generation.completion_ids
     ids = torch.tensor([p + c])
     logits = base(input_ids=ids).logits[0, len(p) - 1:len(p) + len(c) - 1] / TEMPERATURE
-    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None])[:, 0]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None])[:, 0]
 
 
 def _grads(trainer, policy):
@@ -151,17 +157,20 @@ def _grads(trainer, policy):
 
 
 def _check(trainer, samples, surrogate_terms, expected_loss):
-    """update() gives ``expected_loss`` and the gradients of ``sum(surrogate_terms)`` (built by hand)."""
+    """update() gives ``expected_loss`` and the gradients of ``sum(surrogate_terms)`` (built by hand, one forward per
+    sample): equal up to summation order, with a tolerance from the summed terms (tests/numerics.py); the loss's
+    rounding is relative to the magnitudes of its terms, which may cancel."""
     trainer.pool.train()
     trainer.pool.zero_grad()
     loss = trainer.update(trainer.pool, Experience(samples, [], {}))
-    assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+    terms = model_terms(sum(len(s.generation.prompt_ids) + len(s.generation.completion_ids) for s in samples))
+    magnitude = max(abs(expected_loss), sum(abs(t.item()) for t in surrogate_terms))
+    assert_same_computation(loss.detach(), torch.tensor(expected_loss), terms=terms, scale=magnitude, what="loss")
     ours = {p: _grads(trainer, p) for p in trainer.pool.policies}
     trainer.pool.zero_grad()
     sum(surrogate_terms).backward()
     for p in trainer.pool.policies:
-        for mine, hand in zip(ours[p], _grads(trainer, p)):
-            assert torch.allclose(mine, hand, atol=1e-6)
+        assert_same_computation(ours[p], _grads(trainer, p), terms=terms, what=f"{p}'s gradients")
     assert any(g.abs().sum() > 0 for p in ours for g in ours[p])
 
 
@@ -209,7 +218,7 @@ def test_mhgpo_objective_weights_agents_groups_and_tokens(tiny_text_model, tmp_p
     from trl_multiagent.trainers import HeterogeneousGroupTrainer
 
     args = HeterogeneousGroupConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, beta=0.1,
-                                    temperature=TEMPERATURE, save_strategy="no",
+                                    temperature=TEMPERATURE, save_strategy="no", model_dtype="float64",
                                     disable_tqdm=True, per_device_train_batch_size=2)
     assert args.loss_type == "grpo" and args.agent_loss_weighting
     specs = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("first", "second")]

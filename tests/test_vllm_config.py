@@ -11,6 +11,8 @@ from trl_multiagent.agents import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig
 from trl_multiagent.vllm_generation import check_vllm_team, importance_sampling_ratio, sampling_kwargs
 
+F64 = torch.float64
+
 
 def _config(tmp_path, **kw):
     return MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], use_vllm=True, **kw)
@@ -54,31 +56,33 @@ def test_a_quantized_checkpoint_is_refused(tmp_path):
 
 
 def test_importance_sampling_ratio_by_hand():
+    # own tensors in float64: the hand values hold far below any CPU's rounding differences (tests/numerics.py)
     # two responses of 3 and 2 tokens; trainer minus engine log-probs per token
-    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, 0.0]])
-    engine = torch.tensor([[-1.5, -2.0, -0.1], [-0.2, -3.0, 7.0]])  # the padded 7.0 must not count
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, 0.0]], dtype=F64)
+    engine = torch.tensor([[-1.5, -2.0, -0.1], [-0.2, -3.0, 7.0]], dtype=F64)  # the padded 7.0 must not count
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
     # per-token differences: [0.5, 0, -0.4] and [0, 2.7, (masked)]
     token = importance_sampling_ratio(trainer, engine, mask, "token_truncate", None, 3.0)
-    assert torch.allclose(token, torch.tensor([[math.exp(0.5), 1.0, math.exp(-0.4)], [1.0, 3.0, 1.0]]))
+    assert torch.allclose(token, torch.tensor([[math.exp(0.5), 1.0, math.exp(-0.4)], [1.0, 3.0, 1.0]], dtype=F64))
     token_mask = importance_sampling_ratio(trainer, engine, mask, "token_mask", 0.7, 3.0)
-    assert torch.allclose(token_mask, torch.tensor([[math.exp(0.5), 1.0, 0.0], [1.0, 0.0, 1.0]]))
+    assert torch.allclose(token_mask, torch.tensor([[math.exp(0.5), 1.0, 0.0], [1.0, 0.0, 1.0]], dtype=F64))
     # sequence sums: 0.1 and 2.7
     seq = importance_sampling_ratio(trainer, engine, mask, "sequence_truncate", None, 3.0)
-    assert torch.allclose(seq, torch.tensor([[math.exp(0.1)], [3.0]]))  # e^2.7 = 14.9, clipped at 3
+    assert torch.allclose(seq, torch.tensor([[math.exp(0.1)], [3.0]], dtype=F64))  # e^2.7 = 14.9, clipped at 3
     seq_mask = importance_sampling_ratio(trainer, engine, mask, "sequence_mask", None, 3.0)
-    assert torch.allclose(seq_mask, torch.tensor([[math.exp(0.1)], [0.0]]))  # e^2.7 = 14.9 > 3: masked out
+    # e^2.7 = 14.9 > 3: masked out
+    assert torch.allclose(seq_mask, torch.tensor([[math.exp(0.1)], [0.0]], dtype=F64))
     # a token without an engine log-prob (NaN) counts as ratio 1
-    nan = importance_sampling_ratio(trainer, torch.tensor([[math.nan, -2.0, -0.5], [-0.2, -0.3, 0.0]]), mask,
-                                    "token_truncate", None, 3.0)
-    assert torch.allclose(nan, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
+    unknown = torch.tensor([[math.nan, -2.0, -0.5], [-0.2, -0.3, 0.0]], dtype=F64)
+    nan = importance_sampling_ratio(trainer, unknown, mask, "token_truncate", None, 3.0)
+    assert torch.allclose(nan, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=F64))
 
 
 def test_importance_sampling_matches_trls_own_computation():
     """The same numbers as TRL's GRPOTrainer computes inline (trl 1.16, _generate_and_score_completions)."""
     torch.manual_seed(0)
-    old, sampling = torch.randn(4, 5) - 2, torch.randn(4, 5) - 2
-    mask = (torch.rand(4, 5) > 0.3).float()
+    old, sampling = torch.randn(4, 5, dtype=F64) - 2, torch.randn(4, 5, dtype=F64) - 2
+    mask = (torch.rand(4, 5) > 0.3).double()
     for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
         diff = (old - sampling) * mask
         if mode.startswith("sequence"):

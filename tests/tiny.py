@@ -22,6 +22,17 @@ def build_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerFast:
                                    padding_side="left")
 
 
+#: the widest sum inside a tiny model of the default size: its MLP's intermediate width (2 x hidden 32), wider than
+#: its hidden size and its vocabularies (the numerical tests count summed terms with it: tests/numerics.py)
+WIDEST = 64
+
+
+def model_terms(tokens: int, widest: int = WIDEST) -> int:
+    """The summed terms behind a tiny model's outputs and gradients over a batch of ``tokens`` positions: a weight's
+    gradient sums over every position, each of them over a layer's width (tests/numerics.py)."""
+    return tokens * widest
+
+
 def build_model(vocab_size: int, seed: int = 0, hidden: int = 32, layers: int = 2, max_positions: int = 256,
                 initializer_range: float = 0.02) -> LlamaForCausalLM:
     """A random Llama. The default initialisation gives models that respond almost only to the last token; a larger

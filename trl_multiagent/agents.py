@@ -268,7 +268,8 @@ class AgentPool(nn.Module):
                 r=spec.lora_r, lora_alpha=spec.lora_alpha, lora_dropout=spec.lora_dropout,
                 target_modules=spec.lora_target_modules, task_type="CAUSAL_LM", bias="none"))
         text_config = self.bases[key].get_base_model().config.get_text_config()
-        head = ValueHead(text_config.hidden_size, spec.num_heads)
+        head = ValueHead(text_config.hidden_size, spec.num_heads,
+                         dtype=self.bases[key].get_input_embeddings().weight.dtype)
         self.value_heads[spec.name] = head.to(next(self.bases[key].parameters()).device)
         adapter_params = [] if spec.share_adapter else self._adapter_parameters(adapter)
         self.critics[spec.name] = _Critic(spec, key, adapter, adapter_params + list(head.parameters()))
@@ -337,10 +338,12 @@ class AgentPool(nn.Module):
     def values(self, critic: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                head: int | torch.Tensor | None = None) -> torch.Tensor:
         """Per-token values ``(B, T)`` of ``critic``: its value head on the last hidden states of its base, run with
-        the critic's adapter active. ``head`` picks one of several heads (an int, or a ``(B,)`` tensor per row)."""
+        the critic's adapter active. ``head`` picks one of several heads (an int, or a ``(B,)`` tensor per row).
+        Positions count real tokens (padding does not shift them), as in generation and the teacher-forced passes."""
         base = self.activate(critic)
         backbone = base.get_base_model().base_model  # the decoder without the LM head; LoRA layers live inside it
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
         return select_head(self.value_heads[critic](hidden), head)
 
     def completion_values(self, critic: str, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -71,12 +71,13 @@ class CriticSpec:
 class ValueHead(nn.Module):
     """``num_heads`` linear maps from the backbone's hidden size to a scalar, zero-initialised (``V = 0`` at start).
 
-    It runs in float32 whatever the backbone's dtype, as value regression targets are not bf16-friendly.
+    It runs in float32 at least (``dtype``; a float64 backbone gets a float64 head), as value regression targets are
+    not bf16-friendly.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int = 1):
+    def __init__(self, hidden_size: int, num_heads: int = 1, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.linear = nn.Linear(hidden_size, num_heads, dtype=torch.float32)
+        self.linear = nn.Linear(hidden_size, num_heads, dtype=torch.promote_types(dtype, torch.float32))
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 

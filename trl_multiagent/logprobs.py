@@ -32,7 +32,9 @@ def completion_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 def _logps_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float,
                        compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logps_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if logits.dtype in (torch.float16, torch.bfloat16):  # half-precision logits normalise in float32; float64 stays
+        logits = logits.float()
+    logps_all = torch.log_softmax(logits / temperature, dim=-1)
     logps = logps_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     entropies = None
     if compute_entropy:

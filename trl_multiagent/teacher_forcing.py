@@ -12,7 +12,7 @@ different prompts of one environment share their opening (a system message, work
 
 Cache rows are copied with a differentiable gather, so a gradient through a shared span is the sum of the gradients
 of every row that reads it: the outputs and their gradients are those of one separate pass per row (up to float
-summation order). Padding between the stages is masked and positions count real tokens only.
+summation order). Padding between the stages is masked and positions count real tokens only, in the plain pass too.
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
 
 
 def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """One pass over every prompt + completion row."""
-    out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-                     None, None, False, completion_ids.size(1) + 1)
+    """One pass over every prompt + completion row; positions count real tokens, as in the shared stages and in
+    generation (a row's left padding does not shift its rotary positions)."""
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1), mask, _positions(mask, 0), None, False,
+                     completion_ids.size(1) + 1)
     return out[:, :-1]
 
 

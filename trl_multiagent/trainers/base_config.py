@@ -22,6 +22,9 @@ ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
 TOKEN_MEAN_LOSSES = {"bnpo"}
 TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
 
+#: The weights dtypes ``model_dtype`` accepts.
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+
 
 # ---------------------------------------------------------------------------------------------------- config
 @dataclass
@@ -34,7 +37,8 @@ class MultiAgentConfig(GRPOConfig):
             that one step.
         model_dtype (`str`, defaults to `"auto"`):
             Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
-            `"bfloat16"` or `"float16"`.
+            `"bfloat16"`, `"float16"` or `"float64"` (slow; for numerical checks, where two computations of one
+            quantity are compared far below float32's rounding).
         overwrite_output_dir (`bool`, defaults to `False`):
             Replace the results of an earlier run in `output_dir`. Without it a run refuses a directory that holds
             another run's results, unless it resumes from one of its checkpoints.
@@ -52,7 +56,8 @@ class MultiAgentConfig(GRPOConfig):
     fsdp_refusal: ClassVar[str | None] = None
 
     episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
-    model_dtype: str = field(default="auto", metadata={"help": "'auto', 'float32', 'bfloat16' or 'float16'."})
+    model_dtype: str = field(default="auto", metadata={
+        "help": "'auto', 'float32', 'bfloat16', 'float16' or 'float64' (slow; for numerical checks)."})
     num_threads: int | None = field(default=None, metadata={
         "help": "torch's CPU threads in each process; None: OMP_NUM_THREADS when you set it, else the CPUs this "
                 "process may run on, shared among the processes of this machine (the 1 that accelerate launch sets "
@@ -98,8 +103,8 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
         if self.dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {self.dense_copy!r}")
-        if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"model_dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.model_dtype!r}")
+        if self.model_dtype not in MODEL_DTYPES:
+            raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if self.gradient_accumulation_steps != 1:
             raise ValueError("gradient_accumulation_steps must be 1 for multi-agent trainers: every sample of a rollout "
                              "goes into one optimizer step. Raise episodes_per_step for a larger batch.")
