@@ -1,11 +1,16 @@
 """ActorCriticTrainer (CoLLM-CC / CoLLM-DC): critic inputs, gradient isolation, one critic step per update,
 minibatch schedule, validation, recipes."""
 
+import math
+import warnings
+
 import pytest
 import torch
 from datasets import Dataset
 
 from tests.fake_pool import ScriptedPool
+from tests.numerics import assert_same_computation
+from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.rollout import SinglePathSampler
@@ -90,19 +95,38 @@ def test_centralized_critic_reads_every_history_and_global_info_decentralized_on
     assert "at most 3)" in text
     assert text.rstrip().endswith("observation of right at turn 2")  # the value is read after the current observations
 
-    dc = _trainer(tiny_text_model, tmp_path / "dc", critic="decentralized")
+    dc = _trainer(tiny_text_model, tmp_path / "dc", critic="decentralized", critic_global_info=False)
     assert sorted(dc.pool.critics) == ["critic_left", "critic_right"]
     own = dc.critic_text(buffer, last.index, "critic_left")
     assert "observation of left at turn 2" in own and "reply of left" in own
     assert "right" not in own and "[global]" not in own  # only its own local history
     assert "left" not in dc.critic_text(buffer, last.index, "critic_right")
 
-    dc_info = _trainer(tiny_text_model, tmp_path / "dci", critic="decentralized", critic_global_info=True)
-    assert "[global] This is turn 3" in dc_info.critic_text(buffer, last.index, "critic_left")
-
     short = _trainer(tiny_text_model, tmp_path / "short", critic="centralized", critic_history_turns=0)
     text = short.critic_text(buffer, last.index, "critic")
     assert "turn 1" not in text.replace("[global] This is turn 3", "") and "observation of left at turn 2" in text
+
+
+def test_decentralized_critics_read_global_info_by_default(tiny_text_model, tmp_path):
+    # issue 35 point 2, CoLLM App. E: "we provide DC and CC with the following global information m_t during
+    # training" (Sec. 6: "in both CC and DC for consistency"). The DC default is now the paper's: each critic reads
+    # m_t, then ONLY its own agent's history. By hand, for turn 3 of 3 after the rewards 1 and 2 of ThreeTurns
+    # (reward_max 3): "[global] This is turn 3 of a 3-turn episode. Reward of the previous turn: 2 (a turn earns at
+    # most 3)." and a blank line. (The old default, m_t for CC only, gave a DC critic its history alone.)
+    buffer, _ = _scripted_buffer()
+    last = buffer.transitions[2]
+    dc = _trainer(tiny_text_model, tmp_path / "dc", critic="decentralized")
+    assert dc.args.critic_global_info is True
+    local = _trainer(tiny_text_model, tmp_path / "local", critic="decentralized", critic_global_info=False)
+    m_t = "[global] This is turn 3 of a 3-turn episode. Reward of the previous turn: 2 (a turn earns at most 3).\n\n"
+    for agent in AGENTS:
+        history = local.critic_text(buffer, last.index, f"critic_{agent}")
+        assert history.startswith(f"[{agent}]") and "[global]" not in history
+        assert dc.critic_parts(buffer, last.index, f"critic_{agent}") == (m_t, history)
+    # at turn 1 there is no previous reward yet
+    first = ("[global] This is turn 1 of a 3-turn episode. Reward of the previous turn: none yet (a turn earns at "
+             "most 3).")
+    assert dc.critic_text(buffer, buffer.transitions[0].index, "critic_left").startswith(first)
 
 
 def test_critic_input_truncation_keeps_global_info(tiny_text_model, tmp_path):
@@ -174,8 +198,11 @@ def test_centralized_critic_loss_is_one_mean_over_joint_transitions(tiny_text_mo
     calls = []
     original = trainer.pool.values
 
+    tokens = []
+
     def spy(critic, input_ids, attention_mask, head=None):
         calls.append((critic, input_ids.shape[0], torch.is_grad_enabled()))
+        tokens.append(input_ids.numel())
         return original(critic, input_ids, attention_mask, head)
 
     trainer.pool.values = spy
@@ -196,10 +223,13 @@ def test_centralized_critic_loss_is_one_mean_over_joint_transitions(tiny_text_mo
     targets = torch.tensor([tr.reward + (0.0 if tr.done else 0.9 * by_index[tr.next]) for tr in buffer.transitions])
     expected_loss = ((values - targets) ** 2).mean()
     expected_loss.backward()
-    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-5)
-    assert torch.allclose(got, trainer.pool.value_heads["critic"].linear.weight.grad, atol=1e-6)
-    assert [deltas["critic"][tr.index] for tr in buffer.transitions] == pytest.approx(
-        (targets - values.detach()).tolist(), abs=1e-5)
+    # the update's batches and this one sum in another order (tests/numerics.py)
+    terms = model_terms(sum(tokens))
+    assert_same_computation(loss.detach(), expected_loss.detach(), terms=terms, what="critic loss")
+    assert_same_computation(got, trainer.pool.value_heads["critic"].linear.weight.grad, terms=terms,
+                            what="value head gradient")
+    assert_same_computation(torch.tensor([deltas["critic"][tr.index] for tr in buffer.transitions]),
+                            targets - values.detach(), terms=terms, what="TD errors")
 
 
 def test_one_critic_step_per_update_and_td_advantages(tiny_text_model, tmp_path):
@@ -249,6 +279,93 @@ def test_epochs_and_minibatches_reuse_one_rollout(tiny_text_model, tmp_path):
     assert any(tr.samples["left"].advantage != tr.samples["right"].advantage for tr in buffer.transitions)
 
 
+# ------------------------------------------------------------------------------------------------ the actor
+def _actor_step(trainer, offsets, advantages):
+    """One actor loss of ``left`` on two scripted responses whose behaviour log-probs are the current ones minus
+    ``offsets[b]`` per token (so log rho_b = offsets[b] * len_b); returns the loss and the gradients of ``left``'s
+    adapter, and the current token log-probs (with grad) for the hand-built surrogate."""
+    import functools
+
+    from trl_multiagent.agents import Generation
+    from trl_multiagent.rollout import Experience, Sample
+    from trl_multiagent.trainers.base import MultiAgentTrainer
+
+    with torch.no_grad():  # non-zero B so that the adapter's log-probs have a gradient everywhere
+        for n, p in trainer.pool.named_parameters():
+            if "lora_B.left" in n:
+                p.normal_(0, 0.3)
+    prompt = trainer.pool.encode_prompt("left", "ab")
+    ids = trainer.pool.tokenizer_of("left").convert_tokens_to_ids
+    completions = [[ids("c"), ids("d")], [ids("e"), ids("f"), ids("g")]]
+    samples = [Sample(agent="left", policy="left", episode=0, turn=0, node=0, joint_ids=[],
+                      generation=Generation(list(prompt), c, ""), advantage=a) for c, a in zip(completions, advantages)]
+    model = functools.partial(trainer.pool, "left")
+    batch = trainer.collate("left", samples)
+    with torch.no_grad():
+        current = trainer.logps(model, batch)
+    for s, row, m, off in zip(samples, current, batch["completion_mask"], offsets):
+        s.old_logps = [x - off for x in row[m.bool()].tolist()]
+    trainer.pool.train()
+    trainer.pool.zero_grad()
+    loss = MultiAgentTrainer.update(trainer, trainer.pool, Experience(samples, [], {}))
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+             for p in trainer.pool.policy_parameters("left")]
+    trainer.pool.zero_grad()
+    logps = trainer.logps(model, trainer.collate("left", samples))
+    return loss, grads, logps, batch["completion_mask"]
+
+
+def test_actor_is_the_unclipped_ratio_objective_of_eq_2_and_4(tiny_text_model, tmp_path):
+    # issue 35 point 6. CoLLM Eq. 2 / Eq. 4: grad J = E[rho * grad log pi(a|h) * delta], no clip (the authors' actor
+    # minimises -log p * A). Two responses, 2 and 3 tokens, reused off-policy:
+    #   response 0: behaviour log-probs 0.15 below the current ones per token: log rho0 = 2 * 0.15 = 0.3,
+    #               rho0 = e^0.3 = 1.34986, delta0 = +1
+    #   response 1: 0.1 above per token: log rho1 = -0.3, rho1 = e^-0.3 = 0.74082, delta1 = -2
+    # paper (default, actor_ratio_clip None): loss = -(rho0 * 1 + rho1 * (-2)) / 2 = (-1.34986 + 1.48164) / 2
+    #   = 0.06589, gradient -(rho_b * delta_b / 2) * grad sum_t log pi(a_bt) for both responses;
+    # old default (ratio clipped to [0.8, 1.2], "epsilon" 0.2): -min(1.34986, 1.2) = -1.2 and
+    #   -min(0.74082 * -2, 0.8 * -2) = 1.6, loss (-1.2 + 1.6) / 2 = 0.2 and NO gradient (both clipped).
+    rho0, rho1 = math.exp(0.3), math.exp(-0.3)
+    trainer = _trainer(tiny_text_model, tmp_path, critic="decentralized", per_device_train_batch_size=2)
+    assert trainer.args.actor_ratio_clip is None and trainer.epsilon_low == trainer.epsilon_high == math.inf
+    loss, grads, logps, mask = _actor_step(trainer, [0.15, -0.1], [1.0, -2.0])
+    # the loss and its gradients against a second pass: equal up to summation order (tests/numerics.py); the loss
+    # is a difference of rho * delta terms, each rounded through its log-ratio: its rounding is relative to the sum
+    # of |rho_b delta_b| times the log-probs' magnitudes (current and behaviour), not to the small difference
+    terms = model_terms(mask.numel() + mask.size(0) * len(trainer.pool.encode_prompt("left", "ab")))
+    # (mean over the 2 responses of |rho delta| x (sum |log pi| + sum |log pi_old|), the two sums about equal)
+    magnitude = sum(abs(rho * delta) * (lp * m).abs().sum().item()
+                    for rho, delta, lp, m in zip((rho0, rho1), (1.0, -2.0), logps, mask))
+    assert_same_computation(loss.detach(), torch.tensor((-rho0 * 1.0 + rho1 * 2.0) / 2), terms=terms,
+                            scale=magnitude, what="loss")
+    assert loss.item() == pytest.approx(0.0658923, abs=1e-5)  # (-1.34986 + 1.48164) / 2, not the clipped 0.2
+    hand = sum(-(rho * delta / 2) * (lp * m).sum() for rho, delta, lp, m in zip((rho0, rho1), (1.0, -2.0), logps, mask))
+    hand.backward()
+    hand_grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainer.pool.policy_parameters("left")]
+    assert any(g.abs().sum() > 0 for g in grads)
+    assert_same_computation(grads, hand_grads, terms=terms, what="actor gradients")
+
+    # the clip stays available, named for what it clips: actor_ratio_clip 0.2 gives the old numbers
+    clipped = _trainer(tiny_text_model, tmp_path / "clip", critic="decentralized", per_device_train_batch_size=2,
+                       actor_ratio_clip=0.2)
+    loss, grads, _, _ = _actor_step(clipped, [0.15, -0.1], [1.0, -2.0])
+    assert loss.item() == pytest.approx((-1.2 + 1.6) / 2, abs=1e-5)
+    assert all(g.abs().sum() == 0 for g in grads)
+
+
+def test_epsilon_is_a_deprecated_alias_of_actor_ratio_clip(tmp_path):
+    import trl_multiagent.trainers.actor_critic as ac
+
+    ac._warned.clear()
+    with pytest.warns(FutureWarning, match="actor_ratio_clip"):
+        config = _args(tmp_path, epsilon=0.05)
+    assert config.actor_ratio_clip == 0.05 and config.epsilon is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: a second config with the old name does not warn again
+        assert _args(tmp_path, epsilon=0.05).actor_ratio_clip == 0.05
+        assert _args(tmp_path).actor_ratio_clip is None
+
+
 # ------------------------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_generations": 2}, "num_generations must be 1"),
@@ -261,6 +378,9 @@ def test_epochs_and_minibatches_reuse_one_rollout(tiny_text_model, tmp_path):
     ({"critic_history_turns": -2}, "critic_history_turns"),
     ({"num_generations": 4}, "num_generations must be 1"),
     ({"critic_micro_batch_size": 0}, "critic_micro_batch_size must be at least 1"),
+    ({"actor_ratio_clip": 0.0}, "actor_ratio_clip must be positive"),
+    ({"epsilon_high": 0.3}, "epsilon_high is not used"),
+    ({"epsilon": 0.1, "actor_ratio_clip": 0.2}, "disagree"),
 ])
 def test_config_validation(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -274,9 +394,13 @@ def test_missing_reward_max_fails_before_any_model_loads(tmp_path):
     agents = [AgentSpec(a, model=str(tmp_path / "no-such-model")) for a in AGENTS]
     with pytest.raises(ValueError, match="set reward_max"):
         ActorCriticTrainer(agents, NoMax, _args(tmp_path), Dataset.from_dict({"task_id": [0]}))
-    # decentralized critics without m_t need no reward_max; the error is then the missing model
-    with pytest.raises(Exception, match="no-such-model"):
+    # decentralized critics read m_t too by default (the paper's), so they need reward_max as well ...
+    with pytest.raises(ValueError, match="set reward_max"):
         ActorCriticTrainer(agents, NoMax, _args(tmp_path, critic="decentralized"), Dataset.from_dict({"task_id": [0]}))
+    # ... and without m_t they need none; the error is then the missing model
+    with pytest.raises(Exception, match="no-such-model"):
+        ActorCriticTrainer(agents, NoMax, _args(tmp_path, critic="decentralized", critic_global_info=False),
+                           Dataset.from_dict({"task_id": [0]}))
 
 
 # ------------------------------------------------------------------------------------------------ recipes

@@ -4,7 +4,7 @@ import pytest
 from transformers import GenerationConfig
 
 from tests.fake_pool import ScriptedPool
-from trl_multiagent.credit import mix_rewards
+from trl_multiagent.credit import best_candidate, mix_rewards
 from trl_multiagent.environments import Environment, MatrixGameEnv, StepResult
 from trl_multiagent.rollout import AgentTurnSampler
 
@@ -94,11 +94,45 @@ def test_parallel_scores_aligned_candidates_with_local_rewards():
     env = lambda: MatrixGameEnv(local_payoff="posg2")  # noqa: E731
     exp = AgentTurnSampler(num_samples=2, num_turns=1, agent_order="parallel", alpha=0.0).rollout(
         pool, env, [{}], GEN)
-    # candidate 0: (A, B) -> locals (1, 6); candidate 1: (B, A) -> locals (6, 1)
+    # candidate 0: (A, B) -> locals (1, 6), team 7; candidate 1: (B, A) -> locals (6, 1), team 7
     r = {(s.agent, s.generation.text): s.reward for s in exp.samples}
     assert r == {("agent1", "A"): 1.0, ("agent1", "B"): 6.0, ("agent2", "B"): 6.0, ("agent2", "A"): 1.0}
-    # greedy: agent1 executes B (6), agent2 executes B (6): joint (B, B), team reward 0
-    assert exp.joint_actions[0].reward == 0.0
+    # greedy over the SCORED joint actions: sums 1 + 6 = 7 and 6 + 1 = 7 tie -> the first, (A, B), whose observed
+    # team reward is 7 (each agent's own best, B and B, would execute (B, B), never scored, team reward 0)
+    executed = exp.joint_actions[0]
+    assert executed.sample_index == (0, 0) and executed.reward == 7.0
+    assert executed.local_rewards == {"agent1": 1.0, "agent2": 6.0}
+
+
+def test_parallel_executes_the_best_scored_joint_action_by_hand():
+    # three joint candidates of the Table 5(b) game (POSG 2), alpha = 0 (Eq. 3: r_i = local_i):
+    #   k = 0: (B, A) -> r = (6, 1), sum 7;  k = 1: (A, B) -> r = (1, 6), sum 7;  k = 2: (A, A) -> r = (5, 5), sum 10
+    pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: ("BAA" if a == "agent1" else "ABA")[k])
+    env = lambda: MatrixGameEnv(local_payoff="posg2")  # noqa: E731
+    exp = AgentTurnSampler(num_samples=3, num_turns=1, agent_order="parallel", alpha=0.0).rollout(
+        pool, env, [{}], GEN)
+    assert [s.reward for s in exp.samples if s.agent == "agent1"] == [6.0, 1.0, 5.0]
+    assert [s.reward for s in exp.samples if s.agent == "agent2"] == [1.0, 6.0, 5.0]
+    # executed: argmax of the sums (7, 7, 10) = k = 2, (A, A), team reward 10 as observed when it was scored.
+    # The old reading took each agent's own argmax, agent1 k = 0 (B) and agent2 k = 1 (B): (B, B), team reward 0.
+    executed = exp.joint_actions[0]
+    assert executed.sample_index == (2, 2) and executed.reward == 10.0
+    assert executed.local_rewards == {"agent1": 5.0, "agent2": 5.0}
+    assert exp.stats["team_reward"] == 10.0
+
+
+def test_best_candidate_sums_the_acting_agents_eq3_rewards():
+    # alpha = 0.5, r_i = 0.5 * team + local_i (Eq. 3), three joint candidates of two agents:
+    #   k = 0: team 0.2, locals (1.0, 0.0) -> r = (0.5 * 0.2 + 1.0, 0.5 * 0.2 + 0.0) = (1.1, 0.1), sum 1.2
+    #   k = 1: team 1.0, locals (0.2, 0.3) -> r = (0.5 + 0.2, 0.5 + 0.3)             = (0.7, 0.8), sum 1.5
+    #   k = 2: team 0.0, locals (0.0, 0.9) -> r = (0.0, 0.9),                                  sum 0.9
+    teams, locals_ = [0.2, 1.0, 0.0], [(1.0, 0.0), (0.2, 0.3), (0.0, 0.9)]
+    rewards = [{"x": mix_rewards(t, lx, 0.5), "y": mix_rewards(t, ly, 0.5)} for t, (lx, ly) in zip(teams, locals_)]
+    assert [r["x"] for r in rewards] == pytest.approx([1.1, 0.7, 0.0])
+    assert [r["y"] for r in rewards] == pytest.approx([0.1, 0.8, 0.9])
+    assert best_candidate(rewards) == 1  # the joint action with the largest sum, 1.5 (old: x's k = 0 with y's k = 2)
+    # one acting agent (sequential order): the paper's argmax of its reward, the first on ties
+    assert best_candidate([{"x": 0.3}, {"x": 0.9}, {"x": 0.9}]) == 1
 
 
 def test_sequential_needs_partial_actions():

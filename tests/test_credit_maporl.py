@@ -10,13 +10,14 @@ from trl_multiagent.credit.maporl import (
     best_response_threshold,
     collaboration_incentives,
     cumulative_rewards,
+    discount_sums,
     fill_after_early_stop,
     gae,
     immediate_rewards,
     influence_aware_rewards,
     majority_vote_accuracy,
     peer_majority,
-    penalized_reward,
+    penalized_score,
     repeated_run,
     token_level_rewards,
     transition_fractions,
@@ -41,25 +42,43 @@ def test_immediate_reward_is_the_score():
     assert verification_rewards(SCORES, "immediate", GAMMA) == SCORES
 
 
+def test_discount_sums_by_hand():
+    # D_t = sum_{t'=t..T} gamma^(t'-t), three turns, gamma .5: t3 = 1, t2 = 1 + .5 = 1.5, t1 = 1 + .5 + .25 = 1.75
+    assert discount_sums(3, GAMMA) == pytest.approx([1.75, 1.5, 1.0])
+    assert discount_sums(2, 0.0) == [1.0, 1.0]  # 0^0 = 1: with gamma 0 the rewards are the immediate scores
+
+
 def test_cumulative_reward_by_hand():
-    # agent1: t1 = 0 + .5*1 + .25*1, t2 = 1 + .5*1, t3 = 1; agent2: t1 = 1 + 0 + .25, t2 = 0 + .5, t3 = 1
-    expected = [[0.75, 1.5, 1.0], [1.25, 0.5, 1.0]]
+    # App. F Eq. 1 divided by D_t = 1.75, 1.5, 1 (the authors' trainer, rule_agent_share "individual"; issue 35):
+    # agent1 (scores 0, 1, 1): t1 = (0 + .5*1 + .25*1) / 1.75 = .75 / 1.75 = 3/7, t2 = (1 + .5*1) / 1.5 = 1, t3 = 1
+    # agent2 (scores 1, 0, 1): t1 = (1 + .5*0 + .25*1) / 1.75 = 1.25 / 1.75 = 5/7, t2 = (0 + .5*1) / 1.5 = 1/3, t3 = 1
+    # (the old, unnormalised reading gave [[.75, 1.5, 1], [1.25, .5, 1]])
+    expected = [[3 / 7, 1.0, 1.0], [5 / 7, 1 / 3, 1.0]]
     assert close(cumulative_rewards(SCORES, GAMMA), expected)
     assert close(verification_rewards(SCORES, "cumulative", GAMMA), expected)
+    assert close(cumulative_rewards(SCORES, 0.0), SCORES)
 
 
 def test_influence_aware_reward_by_hand():
-    # team means per turn: (0+1)/2 = 0.5, (1+0)/2 = 0.5, (1+1)/2 = 1
-    # t3: 1; t2: 0.5 + 0.5*1 = 1.0; t1: 0.5 + 0.5*0.5 + 0.25*1 = 1.0 -- the same for both agents
-    expected = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    # Def. 1 (issue 35): R_{i,t} = [s_{i,t} + sum_{t'>t} gamma^(t'-t) mean_j s_{j,t'}] / sum_{t'=t..T} gamma^(t'-t)
+    # team means per turn: t1 (0+1)/2 = .5, t2 (1+0)/2 = .5, t3 (1+1)/2 = 1; D = 1.75, 1.5, 1
+    # agent1: t1 = (0 + .5*.5 + .25*1) / 1.75 = .5 / 1.75 = 2/7;  t2 = (1 + .5*1) / 1.5 = 1;    t3 = 1 / 1 = 1
+    # agent2: t1 = (1 + .5*.5 + .25*1) / 1.75 = 1.5 / 1.75 = 6/7; t2 = (0 + .5*1) / 1.5 = 1/3;  t3 = 1
+    # (the old reading, the team mean from turn t on and no division, gave 1.0 for every answer)
+    expected = [[2 / 7, 1.0, 1.0], [6 / 7, 1 / 3, 1.0]]
     assert close(influence_aware_rewards(SCORES, GAMMA), expected)
     assert close(verification_rewards(SCORES, "influence", GAMMA), expected)
-    # three agents, two turns, gamma 0.9: team means 1/3 and 1/3; t2: 1/3; t1: 1/3 + 0.9/3 = 0.6333...
+    # three agents, two turns, gamma .9: D = 1.9, 1; team mean at t2 = 1/3
+    # t1: agent1 (1 + .9/3) / 1.9 = 1.3/1.9 = 13/19, agents 2 and 3 (0 + .3) / 1.9 = 3/19; t2: the own scores 0, 0, 1
+    # (old: [[19/30, 1/3]] for all three)
     three = [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
-    assert close(influence_aware_rewards(three, 0.9), [[19 / 30, 1 / 3]] * 3)
-    # an agent's own answer moves its reward by 1/n at its turn: raise agent 1's first score from 0 to 1
+    assert close(influence_aware_rewards(three, 0.9), [[13 / 19, 0.0], [3 / 19, 0.0], [3 / 19, 1.0]])
+    # the agent's own answer counts in full at its turn: raising agent1's first score from 0 to 1 raises ITS turn-1
+    # reward by 1 / 1.75 (old: 1/2) and leaves agent2's unchanged (old: +1/2 as well)
     lifted = influence_aware_rewards([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]], GAMMA)
-    assert lifted[0][0] - influence_aware_rewards(SCORES, GAMMA)[0][0] == pytest.approx(0.5)
+    before = influence_aware_rewards(SCORES, GAMMA)
+    assert lifted[0][0] - before[0][0] == pytest.approx(1 / 1.75)
+    assert lifted[1][0] == pytest.approx(before[1][0])
 
 
 def test_reward_modes_reject_bad_input():
@@ -187,9 +206,19 @@ def test_penalty_tokens_after_the_box():
     assert not answer_penalties("\\[\\boxed{5}\\]", GOOD, False, SETTINGS)["post_boxed"]
 
 
-def test_penalized_reward_replaces_the_reward():
-    assert penalized_reward(1.5, {"no_boxed": False, "short": False}, -10.0) == 1.5
-    assert penalized_reward(1.5, {"no_boxed": True, "short": False}, -10.0) == -10.0
+def test_penalty_replaces_the_verifier_score_and_enters_the_sums():
+    assert penalized_score(1.0, {"no_boxed": False, "short": False}, -10.0) == 1.0
+    assert penalized_score(1.0, {"no_boxed": True, "short": False}, -10.0) == -10.0
+    assert penalized_score(1.0, {}, -10.0) == 1.0
+    # App. G.2: agent2's turn-2 answer of SCORES (score 0) is penalised: its SCORE becomes -10, then Def. 1 runs:
+    # team means .5, (1 - 10)/2 = -4.5, 1; D = 1.75, 1.5, 1
+    # agent1: t1 = (0 + .5*(-4.5) + .25*1) / 1.75 = -2 / 1.75 = -8/7; t2 = (1 + .5) / 1.5 = 1; t3 = 1
+    # agent2: t1 = (1 - 2.25 + .25) / 1.75 = -1 / 1.75 = -4/7;      t2 = (-10 + .5) / 1.5 = -19/3; t3 = 1
+    # (the old reading replaced only that answer's final reward by -10 and left the others' sums: 2/7 and 6/7 at t1)
+    penalised = [[penalized_score(s, {"no_boxed": (i, t) == (1, 1)}, -10.0) for t, s in enumerate(row)]
+                 for i, row in enumerate(SCORES)]
+    assert penalised == [[0.0, 1.0, 1.0], [1.0, -10.0, 1.0]]
+    assert close(influence_aware_rewards(penalised, GAMMA), [[-8 / 7, 1.0, 1.0], [-4 / 7, -19 / 3, 1.0]])
     assert PenaltySettings(no_boxed=False, no_eos=False, min_tokens=0, repetition=False, post_boxed=False).enabled == ()
 
 

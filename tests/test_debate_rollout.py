@@ -65,23 +65,50 @@ def test_rollout_rewards_mode_incentives_and_penalty_by_hand():
                             penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
     exp = sampler.rollout(DebatePool(), MathDebateEnv, TASKS, GEN)
     reward = {(s.episode, s.agent, s.turn): s.reward for s in exp.samples}
-    # q1 scores agent1 0,1,1 -> cumulative .75, 1.5, 1; agent2 0,0,1 -> .25, .5, 1. Incentives (Tables 1-2):
-    # agent1 +1 (alpha0) +8 (beta1) at turn 2; agent2 +4 (beta0) at turn 1, +2 (alpha1) at turn 3.
-    assert reward[(0, "agent1", 0)] == pytest.approx(0.75)
-    assert reward[(0, "agent1", 1)] == pytest.approx(1.5 + 1 + 8)
+    # q1 rule scores: agent1 0, 1, 1; agent2 0, 0, 1, and agent2's turn-2 answer (text after the box) is penalised:
+    # its verifier score becomes -10 (App. G.2), so agent2's scores are 0, -10, 1. Cumulative rewards (App. F Eq. 1)
+    # divided by D = 1.75, 1.5, 1: agent1 (0 + .5 + .25)/1.75 = 3/7, (1 + .5)/1.5 = 1, 1;
+    # agent2 (0 - 5 + .25)/1.75 = -19/7, (-10 + .5)/1.5 = -19/3, 1.
+    # Incentives (Tables 1-2): agent1 +1 (alpha0) +8 (beta1) at turn 2; agent2 +4 (beta0) at turn 1, +2 (alpha1) at 3.
+    assert reward[(0, "agent1", 0)] == pytest.approx(3 / 7)
+    assert reward[(0, "agent1", 1)] == pytest.approx(1 + 1 + 8)
     assert reward[(0, "agent1", 2)] == pytest.approx(1.0)
-    assert reward[(0, "agent2", 0)] == pytest.approx(0.25 + 4)
-    assert reward[(0, "agent2", 1)] == -10.0  # text after the box: the App. G penalty replaces the reward
+    assert reward[(0, "agent2", 0)] == pytest.approx(-19 / 7 + 4)  # the penalty reaches the earlier answer's sum
+    assert reward[(0, "agent2", 1)] == pytest.approx(-19 / 3)
     assert reward[(0, "agent2", 2)] == pytest.approx(1.0 + 2)
-    # q2 stopped at turn 1 with both right: the agreed answers stand for turns 2-3: 1 + .5 + .25
-    assert reward[(1, "agent1", 0)] == reward[(1, "agent2", 0)] == pytest.approx(1.75)
+    # q2 stopped at turn 1 with both right: the agreed answers stand for turns 2-3: (1 + .5 + .25) / 1.75 = 1
+    assert reward[(1, "agent1", 0)] == reward[(1, "agent2", 0)] == pytest.approx(1.0)
     assert len(exp.samples) == 8
     flagged = [s for s in exp.samples if s.penalties.get("post_boxed")]
     assert [(s.episode, s.agent, s.turn) for s in flagged] == [(0, "agent2", 1)]
+    assert flagged[0].score == 0.0  # the score as the verifier gave it; the reward used -10
+    assert flagged[0].base_reward == pytest.approx(-19 / 3)
     assert exp.stats["penalty/post_boxed"] == pytest.approx(1 / 8)
     assert exp.stats["debate/turn1/majority_accuracy"] == pytest.approx(0.5)  # q1 0, q2 1
     assert exp.stats["debate/turn2/majority_accuracy"] == pytest.approx(0.75)  # q1 tie .5, q2 kept 1
     assert exp.stats["debate/turn3/majority_accuracy"] == pytest.approx(1.0)
+
+
+def test_penalty_score_enters_every_influence_aware_reward():
+    # issue 35 point 5, App. G.2: the penalised answer's VERIFIER SCORE is -10 and flows into the sums of Def. 1
+    sampler = DebateSampler(num_turns=3, reward_mode="influence", gamma=0.5,
+                            penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
+    exp = sampler.rollout(DebatePool(), MathDebateEnv, TASKS, GEN)
+    reward = {(s.episode, s.agent, s.turn): s.reward for s in exp.samples}
+    # q1 scores: agent1 0, 1, 1; agent2 0, -10 (penalised: text after the box), 1
+    # team means: t1 0, t2 (1 - 10)/2 = -4.5, t3 1; D = 1.75, 1.5, 1
+    # agent1: t1 (0 + .5*(-4.5) + .25*1) / 1.75 = -2/1.75 = -8/7; t2 (1 + .5*1) / 1.5 = 1; t3 1
+    # agent2: t1 (0 - 2.25 + .25) / 1.75 = -8/7;                   t2 (-10 + .5*1) / 1.5 = -19/3; t3 1
+    # The old reading (only agent2's turn-2 reward replaced by -10, the sums over the [0, 1] scores) gives, with
+    # the same Def. 1: team means 0, .5, 1 -> agent1 and agent2 at t1 (0 + .25 + .25)/1.75 = 2/7, agent2 t2 -10
+    # (and the old code, unnormalised team means from t on: .5 at t1, -10).
+    assert reward[(0, "agent1", 0)] == pytest.approx(-8 / 7)
+    assert reward[(0, "agent2", 0)] == pytest.approx(-8 / 7)
+    assert reward[(0, "agent1", 1)] == pytest.approx(1.0)
+    assert reward[(0, "agent2", 1)] == pytest.approx(-19 / 3)
+    assert reward[(0, "agent1", 2)] == reward[(0, "agent2", 2)] == pytest.approx(1.0)
+    # q2: both right at turn 1 and stopped: 1, 1, 1 for everyone -> (1 + .5 + .25) / 1.75 = 1
+    assert reward[(1, "agent1", 0)] == reward[(1, "agent2", 0)] == pytest.approx(1.0)
 
 
 def test_influence_mode_and_learned_scorer_replace_scores():
@@ -96,11 +123,12 @@ def test_influence_mode_and_learned_scorer_replace_scores():
     assert calls == [8]
     scores = {(s.episode, s.agent, s.turn): s.score for s in exp.samples}
     assert scores[(0, "agent1", 1)] == 0.25 and scores[(0, "agent2", 1)] == 0.0
-    # q1 verifier scores: agent1 0, .25, .25; agent2 0, 0, .25; team means 0, .125, .25
+    # q1 verifier scores: agent1 0, .25, .25; agent2 0, 0, .25; team means 0, .125, .25; D = 1.75, 1.5, 1
     reward = {(s.episode, s.agent, s.turn): s.reward for s in exp.samples}
-    assert reward[(0, "agent1", 0)] == pytest.approx(0 + 0.5 * 0.125 + 0.25 * 0.25)
-    assert reward[(0, "agent2", 0)] == reward[(0, "agent1", 0)]  # one team average per turn
-    assert reward[(0, "agent2", 1)] == pytest.approx(0.125 + 0.5 * 0.25)
+    assert reward[(0, "agent1", 0)] == pytest.approx((0 + 0.5 * 0.125 + 0.25 * 0.25) / 1.75)
+    assert reward[(0, "agent2", 0)] == pytest.approx((0 + 0.5 * 0.125 + 0.25 * 0.25) / 1.75)  # both scored 0 at t1
+    assert reward[(0, "agent1", 1)] == pytest.approx((0.25 + 0.5 * 0.25) / 1.5)  # its own .25 at turn 2
+    assert reward[(0, "agent2", 1)] == pytest.approx((0.0 + 0.5 * 0.25) / 1.5)  # its own 0 at turn 2
     assert {s.correct for s in exp.samples if s.episode == 1} == {True}  # correctness stays the gold check
 
 

@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit import STD_EPS
 from trl_multiagent.environments.pipeline import PipelineEnvironment, PipelineGraph
-from trl_multiagent.rollout.pipeline import PipelineSampler, choose_fork_agents
+from trl_multiagent.rollout.pipeline import PipelineSampler, choose_fork_agents, default_fork_probabilities
 
 GEN = GenerationConfig(max_new_tokens=4)
 G = 2
@@ -218,6 +218,46 @@ def test_round_robin_draws_fork_agents_with_the_given_probabilities():
     sampler = PipelineSampler(num_samples=G, strategy="round_robin", fork_probabilities={"b": 1.0},
                               rng=random.Random(0))
     assert sampler.fork_agents(ToyDag().graph(), 3) == ["b", "b", "b"]
+
+
+class ThreeAgents(PipelineEnvironment):
+    """The paper's shape: three agents in a chain with a tool between the first two (Rewriter -> search -> Reranker
+    -> Answerer)."""
+
+    agents = ("rewriter", "reranker", "answerer")
+    tools = ("search",)
+    edges = (("rewriter", "search"), ("search", "reranker"), ("reranker", "answerer"))
+
+    def prompt(self, agent, task, inputs):
+        return agent
+
+    def run_tool(self, tool, task, inputs):
+        return inputs["rewriter"]
+
+    def final_reward(self, task, outputs):
+        return 0.0
+
+
+def test_round_robin_defaults_to_the_papers_fork_probabilities():
+    # MHGPO, Sec. "Experiments & Discussion": "the round-robin probabilities for each agent are set to (0.7, 0.1, 0.2)"
+    assert default_fork_probabilities(3) == pytest.approx([0.7, 0.1, 0.2])
+    # other lengths keep the shares by position: 0.7 entry, 0.2 final, 0.1 over the agents in between
+    assert default_fork_probabilities(4) == pytest.approx([0.7, 0.1 / 2, 0.1 / 2, 0.2])  # 0.7, 0.05, 0.05, 0.2
+    assert default_fork_probabilities(2) == pytest.approx([0.7, 0.1 + 0.2])  # no agent in between: 0.7, 0.3
+    assert default_fork_probabilities(1) == [1.0]
+    for n in range(1, 7):
+        assert sum(default_fork_probabilities(n)) == pytest.approx(1.0)
+    # the sampler without fork_probabilities draws with them (the old default was uniform, 1/3 each)
+    import random
+
+    sampler = PipelineSampler(num_samples=G, strategy="round_robin", rng=random.Random(0))
+    counts = Counter(sampler.fork_agents(ThreeAgents().graph(), 3000))
+    assert abs(counts["rewriter"] / 3000 - 0.7) < 0.03 and abs(counts["reranker"] / 3000 - 0.1) < 0.02
+    assert abs(counts["answerer"] / 3000 - 0.2) < 0.03
+    counts = Counter(PipelineSampler(num_samples=G, strategy="round_robin", rng=random.Random(1)).fork_agents(
+        ToyDag().graph(), 3000))  # a, b, c, d in topological order: 0.7, 0.05, 0.05, 0.2
+    assert abs(counts["a"] / 3000 - 0.7) < 0.03 and abs(counts["d"] / 3000 - 0.2) < 0.03
+    assert abs(counts["b"] / 3000 - 0.05) < 0.015 and abs(counts["c"] / 3000 - 0.05) < 0.015
 
 
 def test_sampler_argument_errors():

@@ -45,6 +45,8 @@ def response_policy_loss(
     minus ``beta`` times a KL estimate to the reference policy. The gradient of ``rho * A`` is ``rho * A *
     grad log pi(a|h)`` with ``log pi(a|h)`` the SUM of the response's token log-probs (not their mean); with one
     update per rollout (``rho = 1``) this is REINFORCE with the group baseline, ``A * grad sum_t log pi(a_t|...)``.
+    With ``epsilon_low = epsilon_high = inf`` nothing is clipped and the objective is ``rho * A``: CoLLM Eq. 2 / Eq. 4,
+    ``rho * grad log pi * delta`` (the actor-critic trainer's default, ``actor_ratio_clip=None``).
     The KL term is the whole-response KL estimated as the sum over the response's tokens of the per-token estimator
     ``exp(r) - r - 1`` with ``r = log pi_ref - log pi`` (the estimator TRL uses per token).
 
@@ -54,7 +56,7 @@ def response_policy_loss(
             when each rollout serves one update).
         mask: ``(B, T)`` 1 for response tokens, 0 for padding.
         advantages: ``(B,)`` one advantage per response (Eq. 1 for MAGRPO, the TD error for CoLLM).
-        epsilon_low, epsilon_high: the clip range of the response-level ratio.
+        epsilon_low, epsilon_high: the clip range of the response-level ratio (``inf``: no clip).
         ref_per_token_logps: ``(B, T)`` under the reference policy; needed when ``beta != 0``.
         beta: KL coefficient.
         weights: optional ``(B,)`` weights of the responses; ``None`` is the plain mean. The loss is

@@ -8,17 +8,17 @@ functions; they never re-implement them.
 |---|---|---|
 | ``group`` | MAGRPO Eq. 1 (shared by all GRPO variants) | group-relative advantages, normalisation by group key |
 | ``returns`` | MAGRPO Alg. 1 (used by every trainer) | tree returns and discounted returns: the one returns computation |
-| ``magrpo`` | MAGRPO Alg. 1 | joint actions (aligned / cross), cross-joint-action credit, generation count |
-| ``at_grpo`` | AT-GRPO Eq. 3 | mixing team and local rewards |
+| ``magrpo`` | MAGRPO Alg. 1, Eq. 2 | joint actions (aligned / cross), cross-joint-action credit, generation count, per-turn loss weights |
+| ``at_grpo`` | AT-GRPO Alg. 1, Eq. 3 | mixing team and local rewards, the greedy choice of the executed candidate |
 | ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages |
 | ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G | reward modes, incentives, penalties, token rewards, GAE, majority vote |
 | ``mhgpo`` | MHGPO Eq. 4-6, Fig. 9 | backward reward propagation, heterogeneous groups, per-agent loss weights, similarity |
 """
 
 from .actor_critic import episode_td, td_errors, td_targets
-from .at_grpo import mix_rewards
+from .at_grpo import best_candidate, mix_rewards
 from .group import STD_EPS, group_relative_advantages, grouped_advantages
-from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations
+from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations, turn_loss_weights
 from .maporl import gae, majority_vote_accuracy, verification_rewards
 from .mhgpo import (
     agent_loss_weights,
@@ -32,6 +32,7 @@ from .returns import discounted_returns, tree_returns
 __all__ = [
     "STD_EPS",
     "agent_loss_weights",
+    "best_candidate",
     "final_rewards",
     "heterogeneous_group_advantages",
     "intra_group_similarity",
@@ -49,5 +50,6 @@ __all__ = [
     "td_errors",
     "td_targets",
     "tree_returns",
+    "turn_loss_weights",
     "verification_rewards",
 ]

@@ -40,30 +40,55 @@ def immediate_rewards(scores: Sequence[Sequence[float]]) -> list[list[float]]:
     return [[float(s) for s in row] for row in scores]
 
 
-def cumulative_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
-    """Cumulative verification reward (App. F, Eq. 1): ``R_{i,t} = sum_{t' >= t} gamma^(t'-t) s(q, y_{i,t'})``.
+def discount_sums(num_turns: int, gamma: float) -> list[float]:
+    """``D_t = sum_{t'=t..T} gamma^(t'-t)`` for every turn t (0-based, ``num_turns`` turns): the normaliser of the
+    cumulative and influence-aware rewards (App. F Eq. 1, Def. 1). ``0^0 = 1``: with ``gamma = 0`` every ``D_t``
+    is 1."""
+    sums, running = [0.0] * num_turns, 0.0
+    for t in reversed(range(num_turns)):
+        running = 1.0 + gamma * running
+        sums[t] = running
+    return sums
 
-    Agent i's own scores from turn t to the last turn T, discounted by ``gamma``.
+
+def cumulative_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
+    """Cumulative verification reward (App. F, Eq. 1), normalised by the discounts:
+
+    ``R_{i,t} = [ sum_{t'=t..T} gamma^(t'-t) s(q, y_{i,t'}) ] / sum_{t'=t..T} gamma^(t'-t)``
+
+    Agent i's own scores from turn t to the last turn T, discounted by ``gamma``, as a discount-weighted MEAN.
+    Reading chosen: Eq. 1's symbols were lost in the text; the authors' released trainer (``score_rule`` with
+    ``rule_horizon="discounted_sum"``, ``rule_agent_share="individual"``) divides the discounted sum by
+    ``sum_{t'=t..T} gamma^(t'-t)``, so a reward stays on the scale of one verifier score whatever the number of
+    turns left (issue 35). Without the division, early turns would get up to ``1 / (1 - gamma)`` times the reward
+    of the last one.
     """
-    _check_matrix(scores)
-    return [discounted_returns(row, gamma) for row in scores]
+    _, turns = _check_matrix(scores)
+    norm = discount_sums(turns, gamma)
+    return [[r / d for r, d in zip(discounted_returns([float(s) for s in row], gamma), norm)] for row in scores]
 
 
 def influence_aware_rewards(scores: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
-    """Influence-aware verification reward (Def. 1, App. F), as restated in ALGORITHMS.md section 5.
+    """Influence-aware verification reward (Def. 1, App. F):
 
-    ``R_{i,t} = sum_{t' >= t} gamma^(t'-t) * (1/n) sum_j s(q, y_{j,t'})``
+    ``R_{i,t} = [ s(q, y_{i,t}) + sum_{t'=t+1..T} gamma^(t'-t) * (1/n) sum_j s(q, y_{j,t'}) ]``
+    ``/ sum_{t'=t..T} gamma^(t'-t)``
 
-    The verifier scores of all n agents are averaged at every turn from t on and discounted by ``gamma``: agent i's
-    answer y_{i,t} enters with weight 1/n at turn t and through its influence on everyone's later answers. The
-    turn-t average also holds the peers' simultaneous answers, which do not depend on y_{i,t}; in expectation they
-    add the same amount to every answer of that turn (the expectation over the other agents' answers in Def. 1).
-    One sample of that expectation is used, so the n agents of a debate get the same reward at a given turn.
+    The agent's OWN score at turn t, plus the discounted mean over all n agents (itself included) of every LATER
+    turn, divided by the discount sum (:func:`discount_sums`). Reading chosen: Def. 1's symbols were lost in the
+    text. Its prose says the reward "considers the verifier's score for the current solution y_{i,t}" and
+    "incorporates the impact of this solution on the future answers of all agents", the expectation being over the
+    other agents' answers "influenced by the agent's current response" (their later answers: the peers' answers of
+    turn t are written at the same time and cannot be influenced by it); the authors' released trainer
+    (``score_rule`` with ``rule_horizon="discounted_sum"``, ``rule_agent_share="all"``) computes exactly this form,
+    normalisation included (issue 35). An earlier version averaged all agents at turn t as well, so an agent's own
+    answer counted only 1/n and every agent of a turn got the same reward.
     """
     n, turns = _check_matrix(scores)
     team = [sum(float(scores[j][t]) for j in range(n)) / n for t in range(turns)]
-    returns = discounted_returns(team, gamma)
-    return [list(returns) for _ in range(n)]
+    future = discounted_returns(team + [0.0], gamma)  # future[t] = sum_{t' >= t} gamma^(t'-t) team[t']
+    norm = discount_sums(turns, gamma)
+    return [[(float(scores[i][t]) + gamma * future[t + 1]) / norm[t] for t in range(turns)] for i in range(n)]
 
 
 def verification_rewards(scores: Sequence[Sequence[float]], mode: str, gamma: float) -> list[list[float]]:
@@ -194,10 +219,11 @@ def collaboration_incentives(answers: Sequence[Sequence[Hashable | None]], corre
 # --------------------------------------------------------------------------------------------------- App. G
 @dataclass(frozen=True)
 class PenaltySettings:
-    """The reward-hacking penalties of App. G.2-G.3; a triggered penalty sets the answer's reward to ``value``.
+    """The reward-hacking penalties of App. G.2-G.3; a triggered penalty sets the answer's verifier score to ``value``
+    (:func:`penalized_score`).
 
     Attributes:
-        value: the penalised reward (the paper's "verifier score of -10").
+        value: the penalised verifier score (the paper's "verifier score of -10").
         no_boxed: penalise an answer without ``\\boxed{...}``.
         no_eos: penalise a response cut at the length limit (no EOS token).
         min_tokens: penalise responses shorter than this many tokens (the paper: 50); 0 disables.
@@ -266,14 +292,17 @@ def answer_penalties(text: str, tokens: Sequence[str], truncated: bool, settings
     return {name: bool(checks[name]()) for name in settings.enabled}
 
 
-def penalized_reward(reward: float, triggered: dict[str, bool], value: float) -> float:
-    """App. G: an answer that triggers any penalty gets ``value`` as its reward; otherwise ``reward`` is kept.
+def penalized_score(score: float, triggered: dict[str, bool], value: float) -> float:
+    """App. G.2: an answer that triggers any penalty gets the verifier score ``value`` (-10); otherwise ``score``.
 
-    Reading taken: the penalty replaces the penalised answer's own reward (the paper sets its "verifier score" to
-    -10); the [0, 1] verifier scores that other answers' cumulative and influence-aware rewards aggregate are left
-    as they are, so one agent's format failure is not charged to the others.
+    Reading chosen (App. G.2: answers without ``\\boxed{}`` "are penalized with a verifier score of -10"; the authors'
+    released trainer replaces the answer's score by ``penalty_reward_value`` before ``score_rule`` aggregates the
+    scores): the penalty replaces the answer's VERIFIER SCORE ``s(q, y_{i,t})``, which then enters every reward that
+    aggregates it like any other score: the answer's own cumulative or influence-aware reward, the cumulative rewards
+    of the agent's earlier answers, and the influence-aware rewards of every agent's earlier answers (through the
+    mean over agents of its turn). An earlier version replaced only the penalised answer's final reward.
     """
-    return float(value) if any(triggered.values()) else float(reward)
+    return float(value) if any(triggered.values()) else float(score)
 
 
 # --------------------------------------------------------------------------------------------------- Sec. 3.2

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
-from ..credit import grouped_advantages, mix_rewards
+from ..credit import best_candidate, grouped_advantages, mix_rewards
 from ..environments.base import Environment
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -27,8 +27,12 @@ class AgentTurnSampler:
     the state after agent i's executed action. Each candidate is scored by stepping a clone of the environment with
     that agent's action alone, so the environment must accept partial joint actions
     (``supports_partial_actions = True``).
-    ``agent_order="parallel"``: all agents sample from the same state; candidate k of every agent forms the k-th
-    joint action, which scores all of them; the executed joint action combines every agent's best candidate.
+    ``agent_order="parallel"`` (this project's extension; the paper's turn is a chain of one-agent micro-transitions,
+    Sec. 3): all agents sample from the same state; candidate k of every agent forms the k-th joint action, which is
+    scored once and gives every agent its Eq. 3 reward; each agent's group is its K candidates. The executed joint
+    action is the scored one with the highest sum of its agents' rewards (:func:`~trl_multiagent.credit.best_candidate`;
+    its scored clone becomes the state), so the transition taken is one whose reward was observed, never a
+    combination of each agent's best candidate from different joint actions.
 
     Args:
         num_samples: K candidates per agent per turn.
@@ -71,18 +75,19 @@ class AgentTurnSampler:
                 finished = []
                 for pos, e in enumerate(active):
                     candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage})
-                    best: dict[str, int] = {}
                     for a in stage:
-                        rewards = [c[2][a] for c in candidates]
-                        best[a] = max(range(len(rewards)), key=rewards.__getitem__)
                         for k, g in enumerate(gens[a][pos]):
+                            reward = candidates[k][2][a]
                             samples.append(Sample(agent=a, policy=pool.policy_of(a), episode=e, turn=turn, node=e,
                                                   generation=g, joint_ids=[], group=(e, turn, a),
-                                                  reward=rewards[k], ret=rewards[k]))
-                    env, result = self._execute(envs[e], stage, candidates, best, {a: gens[a][pos] for a in stage})
+                                                  reward=reward, ret=reward))
+                    # greedy transition (Alg. 1, line 11): the scored (joint) candidate with the highest reward, its
+                    # scored clone kept as the environment's next state
+                    best = best_candidate([mixed for _, _, mixed in candidates])
+                    env, result, _ = candidates[best]
                     envs[e] = env
                     executed.append(JointAction(id=len(executed), node=e, episode=e, turn=turn,
-                                                sample_index=tuple(best[a] for a in stage), reward=result.team_reward,
+                                                sample_index=tuple(best for _ in stage), reward=result.team_reward,
                                                 done=result.done, info=dict(result.info),
                                                 local_rewards=result.local_rewards))
                     if result.done:
@@ -119,13 +124,3 @@ class AgentTurnSampler:
             mixed = {a: mix_rewards(result.team_reward, local.get(a, 0.0), self.alpha) for a in stage}
             out.append((clone, result, mixed))
         return out
-
-    @staticmethod
-    def _execute(env, stage, candidates, best, gens):
-        """Carry out the greedy choice: reuse the scored clone when one candidate index is best for every agent."""
-        chosen = {best[a] for a in stage}
-        if len(chosen) == 1:
-            clone, result, _ = candidates[chosen.pop()]
-            return clone, result
-        clone = env.clone()
-        return clone, clone.step({a: gens[a][best[a]].text for a in stage})

@@ -12,11 +12,12 @@ Each answer ``y_{i,t}`` becomes one :class:`DebateSample` whose ``reward`` is, i
 
 1. the verifier score ``s(q, y_{i,t})``: the environment's ``local_rewards`` (the rule verifier), or a learned
    verifier's score when a ``scorer`` is given;
-2. the reward mode over the debate's score matrix (``immediate``, ``cumulative`` or ``influence``, with ``gamma``;
-   an early-stopped debate's last answers stand for its remaining turns);
-3. plus the collaboration incentives of Tables 1-2 (needs a :class:`~trl_multiagent.environments.debate.DebateEnv`,
-   which knows which answers are right);
-4. replaced by the penalty value when an App. G penalty triggers.
+2. replaced by the penalty value (-10) when an App. G penalty triggers (App. G.2: the answer's VERIFIER SCORE
+   becomes -10, :func:`~trl_multiagent.credit.maporl.penalized_score`), so that it enters every sum below;
+3. the reward mode over the debate's (penalised) score matrix (``immediate``, ``cumulative`` or ``influence``, with
+   ``gamma``; an early-stopped debate's last answers stand for its remaining turns);
+4. plus the collaboration incentives of Tables 1-2 (needs a :class:`~trl_multiagent.environments.debate.DebateEnv`,
+   which knows which answers are right).
 
 The token-level part (KL penalty per token, GAE with the critic's values) needs the models and is done by the trainer.
 """
@@ -40,7 +41,7 @@ from ..credit.maporl import (
     collaboration_incentives,
     fill_after_early_stop,
     majority_vote_accuracy,
-    penalized_reward,
+    penalized_score,
     verification_rewards,
 )
 from ..environments.base import Environment
@@ -56,8 +57,9 @@ class DebateSample(Sample):
     """One agent's answer at one turn of one debate, with what MAPoRL's PPO needs on top of a :class:`Sample`.
 
     Attributes:
-        score: the verifier score of the answer.
-        base_reward: the reward-mode reward before incentives and penalties.
+        score: the verifier score of the answer as the verifier gave it (before an App. G penalty replaces it by the
+            penalty value in the reward's sums).
+        base_reward: the reward-mode reward over the penalised scores, before the incentives.
         incentive: the Tables 1-2 incentive added to it.
         correct: whether the answer is right (debate environments), else ``None``.
         penalties: the App. G checks and whether each triggered.
@@ -175,11 +177,33 @@ class DebateSampler:
             d.scores[t][a] = float(s)
 
     # ------------------------------------------------------------------------------------------------ rewards
-    def reward_parts(self, debate: Debate) -> tuple[list[list[float]], list[list[float]]]:
-        """The reward-mode reward and the Tables 1-2 incentive of every answer, ``[agent][turn played]`` each (the
-        penalties come on top in :meth:`rollout`)."""
+    def penalty_flags(self, pool: AgentPool, debate: Debate) -> list[dict[str, dict[str, bool]]]:
+        """The App. G checks of every answer, ``[turn played][agent] -> {check: triggered}`` (empty without
+        penalties)."""
+        if self.penalties is None:
+            return [{a: {} for a in debate.agents} for _ in range(debate.turns_played)]
+        flags = []
+        for turn_gens in debate.generations:
+            row = {}
+            for agent, gen in turn_gens.items():
+                tok = pool.tokenizer_of(agent)
+                tokens = [tok.decode([tid]) for tid in gen.completion_ids]
+                row[agent] = answer_penalties(gen.text, tokens, gen.truncated, self.penalties)
+            flags.append(row)
+        return flags
+
+    def reward_parts(self, debate: Debate, flags: Sequence[Mapping[str, Mapping[str, bool]]] | None = None
+                     ) -> tuple[list[list[float]], list[list[float]]]:
+        """The reward-mode reward and the Tables 1-2 incentive of every answer, ``[agent][turn played]`` each.
+
+        ``flags`` (:meth:`penalty_flags`) marks the penalised answers: their verifier score becomes the penalty value
+        (App. G.2, :func:`~trl_multiagent.credit.maporl.penalized_score`) BEFORE the reward mode aggregates the
+        scores, so a penalty also lowers the cumulative and influence-aware rewards that the answer's score enters.
+        """
         played = debate.turns_played
-        rows = [[debate.scores[t][a] for t in range(played)] for a in debate.agents]
+        value = self.penalties.value if self.penalties is not None else 0.0
+        rows = [[debate.scores[t][a] if flags is None else penalized_score(debate.scores[t][a], flags[t][a], value)
+                 for t in range(played)] for a in debate.agents]
         filled = fill_after_early_stop(rows, self.num_turns)
         base = [row[:played] for row in verification_rewards(filled, self.reward_mode, self.gamma)]
         incentive = [[0.0] * played for _ in debate.agents]
@@ -198,7 +222,8 @@ class DebateSampler:
         samples: list[DebateSample] = []
         joints: list[JointAction] = []
         for debate in debates:
-            base, incentive = self.reward_parts(debate)
+            flags = self.penalty_flags(pool, debate)
+            base, incentive = self.reward_parts(debate, flags)
             for t in range(debate.turns_played):
                 ja = JointAction(id=len(joints), node=debate.episode, episode=debate.episode, turn=t,
                                  sample_index=tuple([0] * len(debate.agents)), reward=debate.team_rewards[t],
@@ -210,17 +235,12 @@ class DebateSampler:
                 for i, agent in enumerate(debate.agents):
                     gen = debate.generations[t][agent]
                     reward = base[i][t] + incentive[i][t]
-                    flags: dict[str, bool] = {}
-                    if self.penalties is not None:
-                        tok = pool.tokenizer_of(agent)
-                        tokens = [tok.decode([tid]) for tid in gen.completion_ids]
-                        flags = answer_penalties(gen.text, tokens, gen.truncated, self.penalties)
-                        reward = penalized_reward(reward, flags, self.penalties.value)
                     samples.append(DebateSample(
                         agent=agent, policy=pool.policy_of(agent), episode=debate.episode, turn=t, node=debate.episode,
                         generation=gen, joint_ids=[ja.id], group=(debate.episode,), reward=reward, ret=reward,
                         score=debate.scores[t][agent], base_reward=base[i][t], incentive=incentive[i][t],
-                        correct=debate.outcomes[t].correct[i] if debate.outcomes else None, penalties=flags))
+                        correct=debate.outcomes[t].correct[i] if debate.outcomes else None,
+                        penalties=dict(flags[t][agent])))
         for debate_joints in _by_episode(joints):  # the team's return: its per-turn results summed from this turn on
             for j, ret in zip(debate_joints, discounted_returns([j.reward for j in debate_joints], 1.0)):
                 j.ret = ret

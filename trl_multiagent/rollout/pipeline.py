@@ -13,11 +13,11 @@ and is shared by all branches.
 - ``fork_on_first`` (FoF, Algorithm 3): one ``fork_on(q, G, entry agent)``; every agent's G samples of a question form
   one group keyed ``(question, agent)``: homogeneous (same input) at the entry agent, heterogeneous (different
   inputs) downstream.
-- ``round_robin`` (RR, Algorithm 5): per question, the fork agent j is drawn with probability ``p_j``; agents at and
-  after j are grouped as in FoF; an agent before the fork (or otherwise not downstream of it) has one sample per
-  question, grouped ACROSS the batch with the other questions whose fork agent is also j, keyed
-  ``("fork", j, agent)`` (the paper's main text; its Algorithm 5 instead re-shuffles such singletons into chunks of
-  G).
+- ``round_robin`` (RR, Algorithm 5): per question, the fork agent j is drawn with probability ``p_j`` (by default
+  the paper's (0.7, 0.1, 0.2), :func:`default_fork_probabilities`); agents at and after j are grouped as in FoF; an
+  agent before the fork (or otherwise not downstream of it) has one sample per question, grouped ACROSS the batch
+  with the other questions whose fork agent is also j, keyed ``("fork", j, agent)`` (the paper's main text; its
+  Algorithm 5 instead re-shuffles such singletons into chunks of G).
 
 Generation is batched per agent: the nodes of one agent, over all questions, fork instances and branches, go to the
 pool in ONE ``generate`` call; tools run on each node's inputs. Rewards are carried backward with MHGPO Eq. 4 and the
@@ -112,6 +112,31 @@ class PipelineRollout:
         return {name: self.nodes[i].output for name, i in trajectory.node_ids.items()}
 
 
+#: MHGPO's Round-robin fork probabilities for its three-agent pipeline (Rewriter, Reranker, Answerer; Sec.
+#: "Experiments & Discussion": "the round-robin probabilities for each agent are set to (0.7, 0.1, 0.2)").
+PAPER_FORK_PROBABILITIES = (0.7, 0.1, 0.2)
+
+
+def default_fork_probabilities(num_agents: int) -> list[float]:
+    """Round-robin's default ``p_j`` for a pipeline of ``num_agents`` agents in topological order (MHGPO's RR, Sec.
+    "Round-robin (RR)"; the values of its experiments).
+
+    The paper gives (0.7, 0.1, 0.2) for its three agents: the entry agent (Rewriter), the agent in between (Reranker)
+    and the final agent (Answerer). Three agents get exactly those. Another length keeps the three shares by
+    position: 0.7 at the entry agent (most questions fork there, as in Fork-on-first), 0.2 at the final agent, and
+    the 0.1 spread evenly over the agents in between (four agents: 0.7, 0.05, 0.05, 0.2). Two agents have no agent in
+    between, and its 0.1 goes to the final agent (0.7, 0.3); one agent forks always (1.0).
+    """
+    if num_agents < 1:
+        raise ValueError(f"a pipeline has at least one agent, got {num_agents}")
+    if num_agents == 1:
+        return [1.0]
+    if num_agents == 2:
+        return [PAPER_FORK_PROBABILITIES[0], PAPER_FORK_PROBABILITIES[1] + PAPER_FORK_PROBABILITIES[2]]
+    middle = PAPER_FORK_PROBABILITIES[1] / (num_agents - 2)
+    return [PAPER_FORK_PROBABILITIES[0], *[middle] * (num_agents - 2), PAPER_FORK_PROBABILITIES[2]]
+
+
 def choose_fork_agents(num_questions: int, agents: Sequence[str], probabilities: Sequence[float],
                        rng: random.Random | None = None) -> list[str]:
     """Round-robin's fork agent of each question, drawn from ``Categorical(p_1, ..., p_n)`` (MHGPO Algorithm 5)."""
@@ -127,7 +152,8 @@ class PipelineSampler:
     Args:
         num_samples: G, the outputs sampled at the fork agent (and so the branches of a ``fork_on`` call).
         strategy: ``"independent"``, ``"fork_on_first"`` or ``"round_robin"``.
-        fork_probabilities: Round-robin's ``p_j`` per agent, by agent name (``None``: uniform over the agents).
+        fork_probabilities: Round-robin's ``p_j`` per agent, by agent name (``None``: the paper's,
+            :func:`default_fork_probabilities` over the agents in topological order).
         aggregate: ``Aggr`` of Eq. 4 (``"mean"``, ``"max"``, ``"min"`` or a callable).
         scale_rewards: ``"group"`` (Eq. 5), ``"batch"`` or ``"none"``, as ``GRPOConfig.scale_rewards``.
         rng: random source of Round-robin's fork agents (default: the ``random`` module, seeded by the trainer).
@@ -155,7 +181,7 @@ class PipelineSampler:
     def fork_agents(self, graph: PipelineGraph, num_questions: int) -> list[str]:
         """The fork agent of each question (FoF: the entry agent; RR: drawn with ``fork_probabilities``)."""
         if self.strategy == "round_robin":
-            probs = self.fork_probabilities or {a: 1.0 / len(graph.agents) for a in graph.agents}
+            probs = self.fork_probabilities or dict(zip(graph.agents, default_fork_probabilities(len(graph.agents))))
             unknown = set(probs) - set(graph.agents)
             if unknown:
                 raise ValueError(f"fork_probabilities name unknown agents {sorted(unknown)}; agents: "

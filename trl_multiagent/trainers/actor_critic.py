@@ -14,19 +14,23 @@ One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgen
    history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
    bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
    minibatch's JOINT transitions (Eq. 5; Eq. 3 per agent for DC), and every agent's response at that transition
-   gets ``delta`` as its advantage in the whole-response clipped objective (Eq. 4 / Eq. 2,
-   :func:`~trl_multiagent.losses.response_policy_loss`, shared with MAGRPO).
-   Actors and critics are separate optimizer groups with their own learning rates, stepped together once.
+   gets ``delta`` as its advantage in the whole-response objective (Eq. 4 / Eq. 2: ``rho * grad log pi * delta``,
+   no ratio clip unless ``actor_ratio_clip`` is set; :func:`~trl_multiagent.losses.response_policy_loss`, shared
+   with MAGRPO). Actors and critics are separate optimizer groups with their own learning rates, stepped together
+   once.
 
 The centralized critic reads every agent's history and the global information ``m_t`` (turn, horizon, last reward
-and its maximum); a decentralized critic reads only its own agent's history (and ``m_t`` when
-``critic_global_info`` is set, as the paper does for comparability). The critics are value heads on LoRA adapters of
-the team's own bases (:mod:`trl_multiagent.critics`); they are used in training only (CTDE).
+and its maximum); a decentralized critic reads only its own agent's history, and ``m_t`` too (App. E: "we provide
+DC and CC with the following global information m_t during training"; ``critic_global_info: false`` drops it). The
+critics are value heads on LoRA adapters of the team's own bases (:mod:`trl_multiagent.critics`); they are used in
+training only (CTDE).
 """
 
 from __future__ import annotations
 
+import math
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -52,8 +56,8 @@ class ActorCriticConfig(MultiAgentConfig):
 
     Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_epochs`; minibatch = the buffer
     (`episodes_per_step` episodes) cut into `num_minibatches` parts; actor learning rate alpha_pi = `learning_rate`
-    (or `AgentSpec.learning_rate`); critic learning rate alpha_V = `critic_learning_rate`; ratio clip ("advantage
-    clip" in the paper's Appendix C) = `epsilon`.
+    (or `AgentSpec.learning_rate`); critic learning rate alpha_V = `critic_learning_rate`; rho of Eq. 2 / Eq. 4 =
+    the whole-response ratio of `loss_type="response"`, unclipped by default (`actor_ratio_clip`).
 
     Parameters:
         num_turns (`int`, defaults to `1`):
@@ -87,9 +91,21 @@ class ActorCriticConfig(MultiAgentConfig):
         num_minibatches (`int`, defaults to `1`):
             Minibatches per pass; each is one optimizer step, so a buffer gives `num_epochs * num_minibatches`
             steps (`max_steps` counts these updates). At most `episodes_per_step` (no minibatch is ever empty).
-        critic_global_info (`bool` or `None`, defaults to `None`):
-            Give the critic(s) the global information m_t ("turn t of H; last reward r_{t-1} of at most
-            reward_max"). `None`: yes for the centralized critic, no for decentralized ones.
+        critic_global_info (`bool`, defaults to `True`):
+            Give the critic(s), centralized AND decentralized, the global information m_t ("turn t of H; last reward
+            r_{t-1} of at most reward_max"). `True` is the paper's setting: App. E gives m_t to "DC and CC" and
+            Sec. 6 uses it "in both CC and DC for consistency". `False` drops it (DC then reads its agent's local
+            history only, as in standard MARL; a CC critic without m_t also works).
+        actor_ratio_clip (`float` or `None`, defaults to `None`):
+            Clip c of the actor's whole-response importance ratio rho = pi(a|h) / pi_old(a|h): the PPO-style
+            objective `min(rho * delta, clip(rho, 1 - c, 1 + c) * delta)`. `None` is the paper's form: Eq. 2 / Eq. 4
+            are `rho * grad log pi * delta` with no clip (the authors' public actor minimises `-log p * delta`, the
+            same gradient at rho = 1). Appendix C's "advantage clip" (0.2; 0.05 Minecraft) was the default clip
+            value before; set it here to clip. With one update per rollout (E = 1, one minibatch) rho = 1 and the
+            clip never binds.
+        epsilon (`float` or `None`, defaults to `None`):
+            Deprecated here: the old name of `actor_ratio_clip` (setting it warns once and sets `actor_ratio_clip`).
+            `epsilon_high` is not used by this trainer.
         reward_max (`float` or `None`, defaults to `None`):
             The largest reward of one turn, shown in m_t; `None`: the environment's `reward_max` attribute (an
             error when it has none).
@@ -108,7 +124,7 @@ class ActorCriticConfig(MultiAgentConfig):
     (the paper's actor rate). The actor's objective is `loss_type="response"` (Eq. 2 / Eq. 4): the ratio
     rho = pi(a|h) / pi_old(a|h) of whole-response probabilities (exp of the SUM of the token log-ratios), times the TD
     error, with the gradient of the summed token log-probs (:func:`~trl_multiagent.losses.response_policy_loss`,
-    shared with MAGRPO); its clip (`epsilon`) is the paper's "advantage clip" of Appendix C.
+    shared with MAGRPO), unclipped unless `actor_ratio_clip` is set.
     """
 
     min_generations: ClassVar[int] = 1
@@ -138,8 +154,13 @@ class ActorCriticConfig(MultiAgentConfig):
     num_epochs: int = field(default=1, metadata={"help": "E: passes over each rollout buffer."})
     num_minibatches: int = field(default=1, metadata={
         "help": "Minibatches (optimizer steps) per pass over the buffer; at most episodes_per_step."})
-    critic_global_info: bool | None = field(default=None, metadata={
-        "help": "Give critics m_t (turn, horizon, last reward / max); None: CC yes, DC no."})
+    critic_global_info: bool = field(default=True, metadata={
+        "help": "Give the critics, CC and DC, m_t (turn, horizon, last reward / max); true is the paper's (App. E)."})
+    actor_ratio_clip: float | None = field(default=None, metadata={
+        "help": "Clip c of the actor's whole-response ratio rho to [1 - c, 1 + c]; None (the paper's Eq. 2 / Eq. 4): "
+                "no clip."})
+    epsilon: float | None = field(default=None, metadata={
+        "help": "Deprecated for the actor-critic trainer: the old name of actor_ratio_clip."})
     reward_max: float | None = field(default=None, metadata={
         "help": "Largest reward of one turn, shown in m_t; None: the environment's reward_max."})
     critic_history_turns: int = field(default=-1, metadata={
@@ -196,8 +217,41 @@ class ActorCriticConfig(MultiAgentConfig):
         if self.critic_micro_batch_size is not None and self.critic_micro_batch_size < 1:
             raise ValueError(f"critic_micro_batch_size must be at least 1 or None, got {self.critic_micro_batch_size}")
         if self.critic_global_info is None:
-            self.critic_global_info = self.critic == "centralized"
+            raise ValueError("critic_global_info must be true or false (true, the paper's: CC and DC critics read m_t)")
+        if self.epsilon is not None:  # the deprecated name of actor_ratio_clip
+            _warn_once("ActorCriticConfig.epsilon is deprecated: the actor's ratio clip is actor_ratio_clip (default "
+                       "None, no clip: CoLLM Eq. 2 / Eq. 4); epsilon is read as actor_ratio_clip")
+            if self.actor_ratio_clip is not None and self.actor_ratio_clip != self.epsilon:
+                raise ValueError(f"epsilon={self.epsilon} (the deprecated name of actor_ratio_clip) and "
+                                 f"actor_ratio_clip={self.actor_ratio_clip} disagree; set actor_ratio_clip only")
+            self.actor_ratio_clip = self.epsilon
+        if self.epsilon_high is not None:
+            raise ValueError("epsilon_high is not used by the actor-critic trainer: the actor's ratio clip is the "
+                             "symmetric actor_ratio_clip")
+        if self.actor_ratio_clip is not None and self.actor_ratio_clip <= 0:
+            raise ValueError(f"actor_ratio_clip must be positive or None (no clip), got {self.actor_ratio_clip}")
+        self.epsilon = 0.0  # the shared range checks need a number here; the trainer reads actor_ratio_clip only
         super().__post_init__()
+        self.epsilon = None  # unused (and a config rebuilt from its fields does not see the alias set)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FutureWarning, stacklevel=3)
+
+
+def actor_ratio_clip_range(clip: float | None) -> float:
+    """The ``epsilon`` of :func:`~trl_multiagent.losses.response_policy_loss` for the actor of CoLLM Eq. 2 / Eq. 4.
+
+    ``None`` (the paper's form) gives ``inf``: ``clip(rho, 1 - inf, 1 + inf) = rho``, so the objective is
+    ``rho * delta`` and its gradient ``rho * delta * grad log pi(a|h)``, exactly Eq. 2 / Eq. 4 (no clip appears
+    there; the authors' public actor minimises ``-log p * delta``, the same gradient at ``rho = 1``). A number ``c``
+    clips rho to ``[1 - c, 1 + c]`` (PPO's surrogate; App. C's "advantage clip" value was used that way before)."""
+    return math.inf if clip is None else float(clip)
 
 
 # ---------------------------------------------------------------------------------------------- critic inputs
@@ -263,9 +317,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
     }
 
     config_class = ActorCriticConfig
-    summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "num_epochs",
-                      "num_minibatches", "critic_learning_rate", "value_clip", "vf_coef", "critic_history_turns",
-                      "critic_max_length")
+    summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "actor_ratio_clip",
+                      "num_epochs", "num_minibatches", "critic_learning_rate", "value_clip", "vf_coef",
+                      "critic_history_turns", "critic_max_length")
 
     @property
     def algorithm(self) -> str:
@@ -302,6 +356,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def set_grpo_state(self, args: ActorCriticConfig) -> None:
         super().set_grpo_state(args)
+        # the actor's ratio clip (Eq. 2 / Eq. 4: none by default), read by the shared whole-response loss
+        self.epsilon_low = self.epsilon_high = actor_ratio_clip_range(args.actor_ratio_clip)
         # One rollout serves E passes of M minibatches, one optimizer step each: the shared base re-rolls every
         # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.
         self.num_iterations = args.num_epochs * args.num_minibatches
@@ -350,7 +406,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     # ------------------------------------------------------------------------------------------------ update
     def update(self, model, experience: Experience) -> torch.Tensor:
         """One minibatch (Alg. 1 lines 17-24): the critics' TD loss, backward once per critic over the minibatch's
-        joint transitions; the TD errors become every agent's advantage; then the actors' clipped-ratio losses."""
+        joint transitions; the TD errors become every agent's advantage; then the actors' losses (Eq. 2 / Eq. 4)."""
         if not isinstance(experience, EpisodeBuffer):
             raise TypeError("ActorCriticTrainer.update needs the EpisodeBuffer of its own rollout")
         phase = self.state.global_step % self.num_iterations

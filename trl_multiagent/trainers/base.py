@@ -339,10 +339,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
         """The policy objective for every policy, its adapter active, on that policy's samples of the step.
 
         ``loss_type="response"``: MAGRPO Eq. 2 (:func:`~trl_multiagent.losses.response_policy_loss`); otherwise TRL's
-        own loss. Each policy's loss is the (weighted, :meth:`sample_weights`) mean over ALL its samples of the step,
-        computed in micro-batches whose gradients add up to it; policies' parameters are disjoint, so their losses
-        are summed. Across processes, gradients are averaged once at the end (every process runs the same number of
-        loss calls, so TRL's metric collectives stay aligned).
+        own loss. Each policy's loss is the mean (or the weighted sum, :meth:`sample_weights`) over ALL its samples
+        of the step, computed in micro-batches whose gradients add up to it; policies' parameters are disjoint, so
+        their losses are summed. Across processes, gradients are averaged once at the end (every process runs the
+        same number of loss calls, so TRL's metric collectives stay aligned).
         """
         world = self.accelerator.num_processes
         # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
@@ -416,8 +416,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
         return loss
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
-        """Per-sample weights of one policy's loss (summing to 1 over ``rows``), or ``None`` for the plain mean over its
-        samples. A trainer whose objective weights samples unequally (MHGPO Eq. 6) overrides it."""
+        """Per-sample weights of one policy's loss (the loss is ``sum_s w_s * loss_s``), or ``None`` for the plain mean
+        over its samples. A trainer whose objective weights samples unequally overrides it: MHGPO Eq. 6 (weights
+        summing to 1), MAGRPO with H > 1 (Algorithm 1: one mean per turn, the turns summed)."""
         return None
 
     def average_gradients_across_processes(self) -> None:

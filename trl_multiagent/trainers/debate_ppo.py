@@ -6,10 +6,11 @@ Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Mo
 One training step, top to bottom:
 
 1. rollout (every ``num_iterations`` steps): the :class:`~trl_multiagent.rollout.DebateSampler` plays the debates and
-   gives every answer its reward (verifier score -> reward mode -> incentives -> penalties); then, per agent, one
-   teacher-forced pass each gives the behaviour log-probs (adapter on), the reference log-probs (adapter off) and the
-   critic's per-token values; the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the answer's reward on its
-   last token go through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and value targets;
+   gives every answer its reward (verifier score -> App. G penalty on that score -> reward mode -> incentives); then,
+   per agent, one teacher-forced pass each gives the behaviour log-probs (adapter on), the reference log-probs
+   (adapter off) and the critic's per-token values; the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the
+   answer's reward on its last token go through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and
+   value targets;
 2. update: the clipped value loss of every agent's critic, then TRL's clipped policy loss (``_compute_loss`` with
    ``(B, T)`` advantages) for every policy with its adapter active;
 3. one optimizer step (one param group per policy and per critic). The same rollout serves ``num_iterations`` steps:
@@ -63,7 +64,9 @@ class DebatePPOConfig(MultiAgentConfig):
             Discount of later turns' verifier scores in the cumulative and influence-aware rewards (App. F; 0.3 is the
             official code's `rule_discount`).
         reward_mode (`str`, defaults to `"influence"`):
-            `"immediate"` (App. F), `"cumulative"` (App. F Eq. 1) or `"influence"` (Def. 1).
+            `"immediate"` (App. F), `"cumulative"` (App. F Eq. 1) or `"influence"` (Def. 1). The cumulative and
+            influence-aware rewards are divided by `sum_{t'=t..T} gamma^(t'-t)` (`credit.maporl.cumulative_rewards`,
+            `influence_aware_rewards`, as the authors' released trainer).
         alpha0, alpha1, beta0, beta1 (`float`, default `0.0`):
             The collaboration incentives of Tables 1-2 (critical reasoning, persuadability, useful wrong answer,
             persuasiveness).
@@ -93,7 +96,9 @@ class DebatePPOConfig(MultiAgentConfig):
         critic_learning_rate (`float` or `None`, defaults to `None`):
             Learning rate of the critics (`None`: `learning_rate`).
         penalty_value (`float`, defaults to `-10.0`):
-            The reward of an answer that triggers an App. G penalty (the paper's verifier score of -10).
+            The verifier score of an answer that triggers an App. G penalty (the paper's value, App. G.2: "a verifier
+            score of -10"); it replaces `s(q, y)` before the reward mode, so it enters every cumulative and
+            influence-aware sum the answer's score is part of (`credit.maporl.penalized_score`).
         penalize_no_boxed, penalize_no_eos, penalize_repetition, penalize_post_boxed (`bool`, default `True`):
             Switch each App. G penalty on or off: no `\boxed{}` answer, no EOS (cut at `max_completion_length`), a
             token n-gram repeated more than `max_repeats` times in a row (numbers exempt), text after the box.
@@ -140,7 +145,8 @@ class DebatePPOConfig(MultiAgentConfig):
     critic_lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the critics (None: agent's)."})
     critic_learning_rate: float | None = field(default=None, metadata={
         "help": "Learning rate of the critics (None: learning_rate)."})
-    penalty_value: float = field(default=-10.0, metadata={"help": "Reward of an answer hit by an App. G penalty."})
+    penalty_value: float = field(default=-10.0, metadata={
+        "help": "Verifier score of an answer hit by an App. G penalty (the paper's -10); it enters the reward sums."})
     penalize_no_boxed: bool = field(default=True, metadata={"help": "Penalise answers without \\boxed{}."})
     penalize_no_eos: bool = field(default=True, metadata={"help": "Penalise answers cut at the length limit."})
     min_response_tokens: int = field(default=50, metadata={"help": "Penalise shorter answers (0 disables)."})

@@ -9,16 +9,21 @@ Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al., 
 - update (Eq. 2): per agent, the clipped ratio of WHOLE-response probabilities times its joint action's advantage,
   averaged over the group and the batch, gradient of the summed token log-probs
   (:func:`~trl_multiagent.losses.response_policy_loss`, ``loss_type="response"``), plus ``beta`` * KL to the
-  reference (the adapter switched off).
+  reference (the adapter switched off). With H > 1 turns, Algorithm 1 computes and applies Eq. 2 for each turn on
+  its own: each turn's objective is averaged over that turn's samples and the turns' objectives are summed, so every
+  turn weighs the same however many tree nodes it has (:func:`~trl_multiagent.credit.magrpo.turn_loss_weights`,
+  through the base's ``sample_weights`` hook).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..credit.magrpo import turn_loss_weights
 from ..losses import RESPONSE_LOSS
-from ..rollout import JointTreeSampler
-from .base import MultiAgentConfig, MultiAgentTrainer
+from ..rollout import JointTreeSampler, Sample
+from .base import ROW_MEAN_LOSSES, MultiAgentConfig, MultiAgentTrainer
 
 
 @dataclass
@@ -30,27 +35,60 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
     gamma = `gamma`; epsilon (clip) = `epsilon` / `epsilon_high`; beta (KL) = `beta`; sampling temperature and top-p
     = `temperature` / `top_p`; learning rate = `learning_rate` (or the agent's own `AgentSpec.learning_rate`).
 
+    Defaults and the paper (Appendix C): the paper's sampling and learning settings differ between its tasks
+    (writing: T 0.8, top-p 0.95, lr 5e-6, beta 0.02; coding: T 0.7, top-p 0.9, lr 1e-6 in one turn and 5e-6 in two,
+    no KL stated), so `temperature`, `top_p`, `learning_rate` and `beta` keep TRL's defaults (1.0, 1.0, 1e-6, 0.0)
+    and each recipe sets its task's values; K = 4 and gamma = 1.0 hold for every task and are the defaults.
+
     Parameters:
         num_turns (`int`, defaults to `1`):
             Horizon H: the number of turns the rollout tree is expanded to (fewer where the environment ends the
-            episode early).
+            episode early). With H > 1 the loss is Algorithm 1's: each turn's Eq. 2 objective averaged over that
+            turn's samples, the turns' objectives summed (every turn weighs 1, whatever its number of nodes).
         joint_mode (`str`, defaults to `"aligned"`):
             How the agents' K samples at a node form joint actions: `"aligned"` (the k-th samples together, K joint
             actions) or `"cross"` (the Cartesian product, K**n joint actions; each sample is credited with the mean
             advantage of the joint actions it is part of).
         gamma (`float`, defaults to `1.0`):
-            Discount of later turns' rewards in the returns (the MAGRPO paper uses 1.0).
+            Discount of later turns' rewards in the returns (the paper: 1.0, Appendix C).
         loss_type (`str`, defaults to `"response"`):
             Eq. 2: the response-level clipped ratio with the gradient of the summed token log-probs. The step of a
             summed log-prob grows with the response length: the paper trains with learning rates of 5e-6 (writing)
-            and 1e-6 / 5e-6 (coding, one / two turns). Any TRL loss type can be named instead.
+            and 1e-6 / 5e-6 (coding, one / two turns). Any TRL loss type can be named instead; with H > 1 it must
+            be a per-response one (the per-turn weights are per response).
+        num_generations (`int`, defaults to `4`):
+            K, responses per agent at each node: 4, the authors' released trainer's group size (the paper's text
+            names the group size G without a value).
+        temperature (`float`, defaults to `1.0`):
+            TRL's default, not a paper value: the paper samples at 0.8 (writing) and 0.7 (coding), a per-task
+            setting that the recipes carry (`demo.yaml` 0.8; `coding*.yaml`, `coop_humaneval.yaml`, `mbpp.yaml` 0.7).
+        top_p (`float`, defaults to `1.0`):
+            TRL's default (no nucleus truncation), not a paper value: the paper uses 0.95 (writing) and 0.9
+            (coding), set in the recipes as `temperature` is.
+        learning_rate (`float`, defaults to `1e-6`):
+            The paper's rate for one-turn coding (TRL's default too); writing and two-turn coding use 5e-6. The
+            embedded-model recipes use larger rates (LoRA adapters on a 135M model, trained for tens of steps).
+        beta (`float`, defaults to `0.0`):
+            No KL term (and no reference pass): the paper's 0.02 is stated for writing only, none for coding.
     """
 
-    num_turns: int = field(default=1, metadata={"help": "Horizon H: turns of the rollout tree."})
+    num_turns: int = field(default=1, metadata={
+        "help": "Horizon H: turns of the rollout tree; H > 1: each turn's loss averaged over its samples, the turns "
+                "summed (Algorithm 1)."})
     joint_mode: str = field(default="aligned", metadata={"help": "'aligned' (K joint actions) or 'cross' (K**n)."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards (the paper: 1.0)."})
     loss_type: str = field(default=RESPONSE_LOSS, metadata={
         "help": "'response' (MAGRPO Eq. 2: whole-response ratio, summed token log-probs) or a TRL loss type."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature; TRL's 1.0, not a paper value: the paper uses 0.8 (writing) and 0.7 (coding), "
+                "set by the recipes."})
+    top_p: float = field(default=1.0, metadata={
+        "help": "Nucleus sampling; TRL's 1.0, not a paper value: the paper uses 0.95 (writing) and 0.9 (coding), set "
+                "by the recipes."})
+    learning_rate: float = field(default=1e-6, metadata={
+        "help": "The paper's one-turn coding rate (1e-6; TRL's default); writing and two-turn coding: 5e-6."})
+    beta: float = field(default=0.0, metadata={
+        "help": "KL coefficient; 0 (no reference pass): the paper states 0.02 for writing only, none for coding."})
 
     def __post_init__(self):
         if self.num_turns < 1:
@@ -59,6 +97,10 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.num_turns > 1 and self.loss_type != RESPONSE_LOSS and self.loss_type not in ROW_MEAN_LOSSES:
+            raise ValueError(f"num_turns > 1 weighs each turn's samples on their own (Algorithm 1), which needs a "
+                             f"per-response loss_type ({RESPONSE_LOSS!r} or {sorted(ROW_MEAN_LOSSES)}), got "
+                             f"{self.loss_type!r}")
         super().__post_init__()
 
 
@@ -93,3 +135,11 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
         """MAGRPO's joint tree with groups of joint actions per node."""
         return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns,
                                 joint_mode=args.joint_mode, gamma=args.gamma, scale_rewards=args.scale_rewards)
+
+    def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
+        """Algorithm 1 with H > 1: each turn's Eq. 2 objective is the mean over that turn's samples, and the turns'
+        objectives are summed (:func:`~trl_multiagent.credit.magrpo.turn_loss_weights`). ``None`` (the plain mean)
+        when the samples are all of one turn, which is the same thing."""
+        if len({s.turn for s in rows}) < 2:
+            return None
+        return turn_loss_weights([s.turn for s in rows])

@@ -61,8 +61,12 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
             are grouped across the questions with the same fork agent).
         fork_probabilities (`list[float]` or `None`, defaults to `None`):
             Round-robin only: the probability p_i that agent i is the fork point, one per agent in the environment's
-            `agents` order, non-negative, summing to 1 (the paper: `[0.7, 0.1, 0.2]` for Rewriter, Reranker,
-            Answerer). `None`: uniform.
+            `agents` order, non-negative, summing to 1. `None`: the paper's `[0.7, 0.1, 0.2]` (Rewriter, Reranker,
+            Answerer) for a three-agent pipeline; for another number of agents the same shares by position in
+            topological order, 0.7 at the entry agent, 0.2 at the final agent and 0.1 spread over the agents in
+            between (two agents: 0.7, 0.3), see
+            :func:`~trl_multiagent.rollout.pipeline.default_fork_probabilities`. (The field cannot default to the
+            list itself: it depends on the number of agents and is refused by the other strategies.)
         reward_aggregation (`str`, defaults to `"mean"`):
             Aggr of Eq. 4, how an output's shared reward combines the rewards of the outputs that consumed it:
             `"mean"` (the paper), `"max"` or `"min"`.
@@ -72,12 +76,26 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
         share_policy (`bool`, defaults to `True`):
             Parameter sharing: agents whose `AgentSpec` names no policy of its own all act with one policy
             (`"shared"`). `False` keeps the specs' policies (one adapter per agent unless they name a common one).
+        beta (`float`, defaults to `0.001`):
+            KL coefficient of Eq. 6, the paper's 0.001 (Table 2; TRL's default is 0.0).
+        top_p (`float`, defaults to `1.0`):
+            TRL's default, not the paper's: Table 2 lists "top_n 0.9" ("param for top-n sampling"), a name the paper
+            does not define; the recipes here read it as nucleus sampling and set `top_p: 0.9`.
+        num_generations (`int`, defaults to `4`):
+            G, the paper's group size 4 (Table 2, `rollout.n`).
+        learning_rate (`float`, defaults to `1e-6`):
+            TRL's default, the upper end of the paper's 5e-7 to 1e-6 (Table 2, full fine-tuning of an 8B model); the
+            LoRA recipes here use larger rates.
+        temperature (`float`, defaults to `1.0`):
+            TRL's default; the paper states no sampling temperature.
     """
 
     sampling: str = field(default="fork_on_first", metadata={
         "help": "Group rollout strategy: 'independent' (IS), 'fork_on_first' (FoF) or 'round_robin' (RR)."})
     fork_probabilities: list[float] | None = field(default=None, metadata={
-        "help": "RR: probability that each agent (environment order) is the fork point; None = uniform."})
+        "help": "RR: probability that each agent (environment order) is the fork point; None = the paper's "
+                "[0.7, 0.1, 0.2] for three agents (entry, middle, final; other lengths: 0.7 entry, 0.2 final, 0.1 "
+                "shared by the agents in between)."})
     reward_aggregation: str = field(default="mean", metadata={
         "help": "Aggr of Eq. 4 for backward reward propagation: 'mean', 'max' or 'min'."})
     agent_loss_weighting: bool = field(default=True, metadata={
