@@ -1,4 +1,5 @@
-"""The command line: ``python -m trl_multiagent train --config recipe.yaml [--field value ...]``.
+"""The command line: ``python -m trl_multiagent train --config recipe.yaml [--field value ...]`` (and
+``train-verifier``, MAPoRL's learned verifier: :mod:`trl_multiagent.verifier_training`).
 
 Parsing is TRL's: :class:`RecipeParser` is a :class:`trl.TrlParser` (a ``transformers.HfArgumentParser``) over
 :class:`~trl_multiagent.recipe.RecipeArguments` and the chosen trainer's config class, so ``--help`` lists every
@@ -341,15 +342,18 @@ def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str,
     return train_command(argv, prog=name, script=name, expect=expect)
 
 
-COMMANDS = {"train": "train a team from a recipe (evaluating it before and after, as the recipe says)"}
+COMMANDS = {"train": "train a team from a recipe (evaluating it before and after, as the recipe says)",
+            "train-verifier": "sample, balance and train MAPoRL's learned verifier (App. E), save it and evaluate it "
+                              "on held-out solutions (trl_multiagent/verifier_training.py)"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m trl_multiagent <command> ...``"""
     argv = list(sys.argv[1:] if argv is None else argv)
-    listing = "\n".join(f"  {name:8s} {text}" for name, text in COMMANDS.items())
+    listing = "\n".join(f"  {name:14s} {text}" for name, text in COMMANDS.items())
     top = (f"usage: {PROG} <command> [--config RECIPE.yaml] [--field value ...]\n\ncommands:\n{listing}\n\n"
-           f"`{PROG} train --help` lists every field of a recipe.")
+           f"`{PROG} train --help` lists every field of a recipe; `{PROG} train-verifier --help` every field of a "
+           "verifier recipe.")
     if not argv:
         print(top, file=sys.stderr)
         print(f"{PROG}: error: no command given", file=sys.stderr)
@@ -360,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest, prog=f"{PROG} train")
+    if command == "train-verifier":
+        from .verifier_training import train_verifier_command
+
+        return train_verifier_command(rest, prog=f"{PROG} train-verifier")
     close = difflib.get_close_matches(command, sorted(COMMANDS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     hint += " (recipe options follow the command: train --config RECIPE.yaml)" if command.startswith("-") else ""

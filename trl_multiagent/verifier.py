@@ -15,7 +15,9 @@ solution's tokens, binary cross-entropy at the token level over the LATTER HALF 
 practice, focusing on the latter half of the generated solution tokens yielded better results"; E.3: this beat
 training on the final answer only). :func:`train_verifier` runs it. The score of a solution is the verifier's output
 at its last token (:meth:`LearnedVerifier.score`), the debate's ``s(q, y)`` when the trainer's ``verifier`` names the
-saved directory.
+saved directory. ``python -m trl_multiagent train-verifier --config RECIPE.yaml``
+(:mod:`trl_multiagent.verifier_training`) runs the whole pipeline: sample, balance, train, save, evaluate on held-out
+solutions.
 """
 
 from __future__ import annotations
@@ -100,8 +102,10 @@ class LearnedVerifier:
         return self.pool.values(HEAD, input_ids, attention_mask)
 
     @torch.no_grad()
-    def score(self, questions: Sequence[str], solutions: Sequence[str], batch_size: int = 8) -> list[float]:
-        """``s(q, y)`` in [0, 1] for every (question, solution): the sigmoid of the head at the solution's last token."""
+    def score(self, questions: Sequence[str], solutions: Sequence[str], batch_size: int = 8,
+              progress: Callable[[int], None] | None = None) -> list[float]:
+        """``s(q, y)`` in [0, 1] for every (question, solution): the sigmoid of the head at the solution's last token.
+        ``progress(rows)`` is called after every batch."""
         if len(questions) != len(solutions):
             raise ValueError(f"{len(questions)} questions but {len(solutions)} solutions")
         was_training = self.pool.training
@@ -114,6 +118,8 @@ class LearnedVerifier:
                 logits = self.logits(ids, mask)
                 last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)
                 out.extend(torch.sigmoid(logits.gather(1, last.view(-1, 1)).squeeze(1)).tolist())
+                if progress is not None:
+                    progress(len(rows))
         finally:
             self.pool.train(was_training)
         return out
@@ -148,8 +154,8 @@ class LearnedVerifier:
         marker = path / "verifier.json"
         if not marker.is_file() or not (path / "adapters" / "team.json").is_file():
             raise FileNotFoundError(f"{directory} is not a saved learned verifier (no verifier.json / "
-                                    "adapters/team.json); train one with trl_multiagent.verifier.train_verifier and "
-                                    "LearnedVerifier.save, or use verifier: rule")
+                                    "adapters/team.json); train one with `python -m trl_multiagent train-verifier "
+                                    "--config RECIPE.yaml` (docs/trainers/debate_ppo.md), or use verifier: rule")
         if json.loads(marker.read_text()).get("format") != FORMAT:
             raise ValueError(f"{marker} is not a {FORMAT} file")
 
@@ -214,26 +220,37 @@ def boxed_wrong_solution(record: Mapping[str, Any], rng: random.Random) -> str:
 
 def collect_solutions(pool: AgentPool, agent: str, env_factory: Callable, tasks: Sequence[Mapping[str, Any]],
                       num_samples: int, generation_config: GenerationConfig,
-                      max_batch_sequences: int | None = 32) -> list[dict[str, Any]]:
+                      max_batch_sequences: int | None = 32,
+                      progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Sample ``num_samples`` first-turn solutions of ``agent`` per task and label them with the debate environment's
     gold check. Returns records for :func:`balance_solutions` (``question_id``, ``question``, ``solution``,
-    ``correct``, ``answer``)."""
+    ``correct``, ``answered``: whether the environment extracts an answer from it, ``truncated``: cut at the length
+    limit, ``answer``). ``progress(num_sequences)`` is called as generation goes (the pool's ``generate_many``)."""
+    from .generation import GenerationRequest
+
     envs = [env_factory() for _ in tasks]
     prompts = [env.reset(task)[agent] for env, task in zip(envs, tasks)]
-    gens = pool.generate(agent, prompts, num_samples, generation_config, max_batch_sequences=max_batch_sequences)
+    gens = pool.generate_many([GenerationRequest(agent, p, num_samples) for p in prompts], generation_config,
+                              max_batch_sequences=max_batch_sequences, progress=progress)
     records = []
     for q, (env, task, group) in enumerate(zip(envs, tasks, gens)):
         for g in group:
             records.append({"question_id": task.get("task_id", q), "question": env.question, "solution": g.text,
-                            "correct": env.is_correct(g.text), "answer": task.get("answer")})
+                            "correct": env.is_correct(g.text), "answered": env.extract_answer(g.text) is not None,
+                            "truncated": g.truncated, "answer": task.get("answer")})
     return records
+
+
+def num_training_steps(num_examples: int, batch_size: int, epochs: int) -> int:
+    """Optimizer steps of :func:`train_verifier`: ``epochs * ceil(num_examples / batch_size)``."""
+    return epochs * math.ceil(num_examples / batch_size)
 
 
 def train_verifier(verifier: LearnedVerifier, examples: Sequence[VerifierExample], epochs: int = 1,
                    learning_rate: float = 1e-4, batch_size: int = 8, latter_fraction: float = 0.5,
-                   seed: int = 0) -> list[float]:
+                   seed: int = 0, progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Fit the verifier with AdamW on the token-level BCE of :meth:`LearnedVerifier.loss`; returns the loss of every
-    optimizer step."""
+    optimizer step (:func:`num_training_steps` of them). ``progress(steps_done, loss)`` is called after every step."""
     if not examples:
         raise ValueError("train_verifier needs at least one example")
     params = verifier.pool.policy_parameters(AGENT) + verifier.pool.critic_parameters(HEAD)
@@ -251,6 +268,8 @@ def train_verifier(verifier: LearnedVerifier, examples: Sequence[VerifierExample
             loss.backward()
             optimizer.step()
             history.append(loss.item())
+            if progress is not None:
+                progress(len(history), history[-1])
         logger.info("verifier epoch %d: mean loss %.4f", epoch + 1,
                     sum(history[-math.ceil(len(order) / batch_size):]) / math.ceil(len(order) / batch_size))
     return history
