@@ -129,7 +129,17 @@ def test_sequential_at_grpo_needs_partial_actions_before_loading(tmp_path):
         ATGRPOConfig(output_dir=str(tmp_path), report_to=[], agent_order="by_vibes")
 
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*.yaml"))
+ALL_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*.yaml"))
+#: the training recipes (the others, e.g. `command: train-verifier`, belong to another command and its tests)
+CONFIGS = [p for p in ALL_CONFIGS if "\ncommand:" not in "\n" + p.read_text()]
+
+
+def test_a_config_of_another_command_is_refused_by_train_with_the_right_command():
+    others = [p for p in ALL_CONFIGS if p not in CONFIGS]
+    assert others  # verifier_math_easy.yaml
+    for path in others:
+        with pytest.raises(RecipeError, match="run python -m trl_multiagent train-verifier --config"):
+            load_recipe(["--config", str(path)])
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

@@ -222,6 +222,9 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
     elif yaml_text is not None:
         source = "recipe"
         file_values = parse_recipe_text(yaml_text, source)
+    if file_values.get("command") == "train-verifier":
+        raise RecipeError(f"{source} is a config of the train-verifier command (command: train-verifier), not a "
+                          f"training recipe: run python -m trl_multiagent train-verifier --config {source}")
     trainer = _trainer_on_command_line(argv) or file_values.get("trainer") or DEFAULT_TRAINER
     if not isinstance(trainer, str) or trainer not in registry:
         raise RecipeError(f"{'command line' if _trainer_on_command_line(argv) else source}: "

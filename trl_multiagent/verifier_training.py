@@ -246,6 +246,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+#: A config file of this command says so (``command: train-verifier``), so that ``python -m trl_multiagent train``
+#: can tell a user who passes it there which command it belongs to.
+COMMAND_KEY, VERIFIER_COMMAND = "command", "train-verifier"
+
+
 def parse_config(argv: Sequence[str], prog: str = PROG) -> tuple[VerifierTrainingConfig, dict[str, Any]]:
     """``(config, the values as given)`` from a command line ``--config FILE [--field value ...]``; every mistake is
     one :class:`RecipeError` naming the field and where it came from. ``--help`` prints the fields and exits."""
@@ -269,6 +274,10 @@ def parse_config(argv: Sequence[str], prog: str = PROG) -> tuple[VerifierTrainin
         source = str(path)
         file_values = read_recipe_file(path)
         apply_env_block(file_values, source)
+        command = file_values.pop(COMMAND_KEY, VERIFIER_COMMAND)
+        if command != VERIFIER_COMMAND:
+            raise RecipeError(f"{source}: {COMMAND_KEY}: {command!r} names another command; this one is "
+                              f"{VERIFIER_COMMAND!r} (python -m trl_multiagent {VERIFIER_COMMAND})")
     hints = _hints(VerifierTrainingConfig)
     given: dict[str, Any] = {}
     for origin, values in ((source, file_values), ("command line", cli_values)):
