@@ -220,8 +220,10 @@ def test_collm_and_magrpo_easy_recipes_share_one_budget_and_protocol(tmp_path):
     loaded = {name: load_recipe(["--config", str(ROOT / f"recipes/configs/math_easy_{name}.yaml"), "--output_dir",
                                  str(tmp_path / name)])[:2] for name in ("cc", "dc", "magrpo")}
     assert loaded["cc"][1].critic == "centralized" and loaded["dc"][1].critic == "decentralized"
-    # The centralized critic's m_t shows the largest reward of a turn; the math environment has no reward_max.
-    assert not hasattr(MathToolEasyEnv(), "reward_max") and loaded["cc"][1].reward_max == 1.0
+    # Both critics' m_t (App. E: CC and DC) show the largest reward of a turn; the math environment has no reward_max.
+    assert not hasattr(MathToolEasyEnv(), "reward_max")
+    assert loaded["cc"][1].reward_max == loaded["dc"][1].reward_max == 1.0
+    assert loaded["cc"][1].critic_global_info and loaded["dc"][1].critic_global_info
     episodes = {name: config.max_steps * config.episodes_per_step * (config.num_generations or 1)
                 for name, (_, config) in loaded.items()}
     assert episodes == {"cc": 192, "dc": 192, "magrpo": 192}

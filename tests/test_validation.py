@@ -134,6 +134,20 @@ ALL_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs
 CONFIGS = [p for p in ALL_CONFIGS if "\ncommand:" not in "\n" + p.read_text()]
 
 
+def test_every_shipped_critic_recipe_can_show_m_t():
+    """CoLLM's critics (CC and DC, App. E) read m_t, which shows a turn's largest reward: every shipped actor-critic
+    recipe sets reward_max or runs an environment that has one (else its trainer refuses it before loading)."""
+    from trl_multiagent.recipe import environment_factory
+
+    critic_recipes = [p for p in CONFIGS if "trainer: actor_critic" in p.read_text()]
+    assert len(critic_recipes) >= 10
+    for path in critic_recipes:
+        recipe, config = load_recipe(["--config", str(path)])
+        _, _, probe = environment_factory(recipe)
+        if config.critic_global_info:
+            assert config.reward_max is not None or getattr(probe, "reward_max", None) is not None, path.name
+
+
 def test_a_config_of_another_command_is_refused_by_train_with_the_right_command():
     others = [p for p in ALL_CONFIGS if p not in CONFIGS]
     assert others  # verifier_math_easy.yaml
