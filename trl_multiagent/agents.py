@@ -36,10 +36,10 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from .critics import CriticSpec, ValueHead, select_head
-from .environments.base import Prompt
 from .generation import (  # noqa: F401  (Generation and GenerationRequest are re-exported)
     Generation,
     GenerationRequest,
+    Prompt,
     dense_weight_bytes,
     generate_team,
     packed_weight_bytes,
@@ -193,7 +193,7 @@ class AgentPool(nn.Module):
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
-        #: (:class:`~trl_multiagent.vllm_generation.VLLMGenerationBackend`, ``use_vllm``).
+        #: (:class:`~trl_multiagent.generation.vllm.VLLMGenerationBackend`, ``use_vllm``).
         self.generation_backend = None
         by_policy = check_team(specs)
         check_critics(specs, critics)
@@ -425,8 +425,8 @@ class AgentPool(nn.Module):
         """Sample every request of a team's step at once; returns one list of ``num_samples`` generations per request,
         in request order. The one generation entry point of samplers and evaluation: the rows of all agents that
         share a base are decoded together, each with its own adapter (or none: ``use_adapter=False``), in chunks of
-        at most ``max_batch_sequences`` rows (:func:`trl_multiagent.generation.generate_team`). A completion keeps
-        its first EOS token and drops what follows; ``truncated`` marks completions that hit the length limit.
+        at most ``max_batch_sequences`` rows (:func:`trl_multiagent.generation.team.generate_team`). A completion
+        keeps its first EOS token and drops what follows; ``truncated`` marks completions that hit the length limit.
         ``progress(rows)`` is called after every chunk."""
         for req in requests:
             if req.agent not in self.specs:
@@ -493,8 +493,8 @@ class AgentPool(nn.Module):
 
     def packs_weights(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
-        (:class:`~trl_multiagent.generation.PackedFrozenLinears`: CPU, float32, where a copy of the frozen weights
-        takes at most a quarter of the memory available at load time)."""
+        (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`: CPU, float32, where a copy of the
+        frozen weights takes at most a quarter of the memory available at load time)."""
         return self._packed.get(base_key, False)
 
     # ----------------------------------------------------------------------------------------------- save / load

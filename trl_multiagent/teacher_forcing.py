@@ -5,8 +5,9 @@ A batch of a multi-turn rollout repeats most of its prompt tokens: the K samples
 different prompts of one environment share their opening (a system message, worked examples as earlier chat turns).
 :func:`completion_outputs` runs each repeated span once, in three stages, each continuing the KV cache of the last:
 
-1. **shared prefixes**: prompts are grouped by their common leading tokens (:func:`~trl_multiagent.generation.
-   shared_prefixes`, the grouping team-level generation prefills with); each group's prefix runs once;
+1. **shared prefixes**: prompts are grouped by their common leading tokens
+   (:func:`~trl_multiagent.generation.prefixes.shared_prefixes`, the grouping team-level generation prefills with);
+   each group's prefix runs once;
 2. **distinct prompts**: the rest of every distinct prompt, on its group's cache rows;
 3. **completions**: every row's completion, on its prompt's cache rows.
 
@@ -22,7 +23,8 @@ from collections.abc import Callable
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from .generation import shared_prefixes
+from .generation.prefixes import shared_prefixes
+from .padding import left_pad
 
 #: the keyword of a transformers model's KV cache: ``cache`` from transformers 5.20 on, ``past_key_values`` before
 #: (an unknown keyword would be swallowed by the model's ``**kwargs`` and the cache silently ignored)
@@ -88,7 +90,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         for i, g in enumerate(group_of):
             first.setdefault(g, i)
         prefixes = [unique[first[g]][:prefix_len[g]] for g in range(len(prefix_len))]
-        ids, mask = _left_padded(prefixes, prompt_ids)
+        # prefixes and rests are left-padded with id 0: padded positions are masked, the pad id is irrelevant
+        ids, mask = left_pad(prefixes, dtype=prompt_ids.dtype, device=device)
         _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
         if cache is None:  # activation checkpointing while training: the model keeps no cache
             return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
@@ -97,7 +100,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
 
     # 2. the rest of each distinct prompt; its last position predicts the first completion token
-    rests, rest_mask = _left_padded([p[prefix_len[g]:] for p, g in zip(unique, group_of)], prompt_ids)
+    rests, rest_mask = left_pad([p[prefix_len[g]:] for p, g in zip(unique, group_of)], dtype=prompt_ids.dtype,
+                                device=device)
     mask = torch.cat([mask, rest_mask], dim=1)
     last, cache = forward(rests, mask, _positions(rest_mask, done), cache, True, 1)
     if cache is None:
@@ -120,18 +124,6 @@ def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion
     out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1), mask, _positions(mask, 0), None, False,
                      completion_ids.size(1) + 1)
     return out[:, :-1]
-
-
-def _left_padded(rows: list[list[int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows left-padded into ``(ids, mask)`` (the pad id is irrelevant: padded positions are masked)."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=like.dtype, device=like.device)
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=like.dtype)
-            mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 def _positions(mask: torch.Tensor, offset) -> torch.Tensor:

@@ -36,6 +36,7 @@ from transformers import GenerationConfig
 
 from .agents import AgentPool, AgentSpec
 from .critics import CriticSpec
+from .padding import pad_token_id, right_pad
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +88,8 @@ class LearnedVerifier:
         return prefix + body, len(prefix)
 
     def _batch(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # right padding: real tokens keep positions 0..len-1
-            ids[i, :len(r)] = torch.tensor(r)
-            mask[i, :len(r)] = 1
-        device = next(self.pool.parameters()).device
-        return ids.to(device), mask.to(device)
+        # right padding: real tokens keep positions 0..len-1
+        return right_pad(rows, pad_token_id(self.tokenizer), device=next(self.pool.parameters()).device)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` head outputs before the sigmoid, one per token."""

@@ -1,6 +1,7 @@
 """Environments (cooperative Dec-POMDPs) and the registry that recipes name them by."""
 
-from .base import Environment, FunctionEnvironment, Prompt, StepResult
+from ..generation.requests import Prompt
+from .base import Environment, FunctionEnvironment, StepResult
 from .coder_tester import CoderTesterEnv
 from .coding import AuxMainCodingEnv
 from .collab_game import CollaborationGameEnv

@@ -7,8 +7,9 @@ optional per-agent local rewards, the next prompt of every agent and whether the
 Tree-structured samplers explore several joint actions from the same state, so they call :meth:`Environment.clone`
 before each ``step``; the default deep copy is right for environments whose state is plain Python data.
 
-A prompt is either a string (wrapped as one user message when the agent's tokenizer has a chat template) or a list
-of chat messages ``[{"role": ..., "content": ...}, ...]``.
+A prompt (:data:`~trl_multiagent.generation.requests.Prompt`, defined with the generation requests, the bottom of
+the library) is either a string (wrapped as one user message when the agent's tokenizer has a chat template) or a
+list of chat messages ``[{"role": ..., "content": ...}, ...]``.
 
 Users who do not want to write a class wrap plain functions with :class:`FunctionEnvironment`.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Prompt = str | list[dict[str, str]]
+from ..generation.requests import Prompt
 
 
 @dataclass

@@ -38,7 +38,8 @@ from typing import Any
 
 from ..answers import final_answer, last_boxed
 from ..credit.maporl import majority_vote_accuracy
-from .base import Environment, Prompt, StepResult, chat_with_examples, revise_last_message
+from ..generation.requests import Prompt
+from .base import Environment, StepResult, chat_with_examples, revise_last_message
 from .checks import need_bool, need_int, need_tasks
 from .math_tool import EASY_ANSWER_FORMAT, EASY_ANSWER_RULE, EASY_EXAMPLES, NAMES, answers_match, word_problems
 

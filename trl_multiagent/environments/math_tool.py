@@ -58,8 +58,9 @@ from fractions import Fraction
 from typing import Any
 
 from ..answers import final_answer, last_boxed
+from ..generation.requests import Prompt
 from ..sandbox import SandboxConfig, run_python
-from .base import Environment, Prompt, StepResult, chat_with_examples, merge_weights, revise_last_message
+from .base import Environment, StepResult, chat_with_examples, merge_weights, revise_last_message
 from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code

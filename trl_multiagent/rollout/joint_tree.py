@@ -17,7 +17,8 @@ from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
 from ..credit import cross_sample_credit, grouped_advantages, joint_action_indices, tree_returns
-from ..environments.base import Environment, Prompt
+from ..environments.base import Environment
+from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 

@@ -43,8 +43,8 @@ from ..credit.mhgpo import (
     propagate_rewards,
     resolve_aggregation,
 )
-from ..environments.base import Prompt
 from ..environments.pipeline import PipelineEnvironment, PipelineGraph
+from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 #: The group rollout strategies of MHGPO.

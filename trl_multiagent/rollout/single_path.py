@@ -22,7 +22,8 @@ from transformers import GenerationConfig
 
 from ..agents import AgentPool
 from ..credit import discounted_returns
-from ..environments.base import Environment, Prompt
+from ..environments.base import Environment
+from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 

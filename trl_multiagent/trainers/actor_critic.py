@@ -40,8 +40,9 @@ import torch
 from ..agents import AgentSpec
 from ..credit import td_errors, td_targets
 from ..critics import CriticSpec
-from ..environments.base import Prompt
+from ..generation.requests import Prompt
 from ..losses import RESPONSE_LOSS, value_loss
+from ..padding import left_pad, pad_token_id
 from ..rollout import EpisodeBuffer, Experience, SinglePathSampler
 from ..utils import release_freed_memory
 from .base import MultiAgentConfig, MultiAgentTrainer
@@ -487,21 +488,15 @@ class ActorCriticTrainer(MultiAgentTrainer):
         (``grad``: keep the graph; only for one micro-batch at a time)."""
         if not texts:
             return torch.zeros(0, device=self.accelerator.device)
-        tok = self.pool.tokenizer_of(critic)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        pad = pad_token_id(self.pool.tokenizer_of(critic))
         out = []
         micro = len(texts) if grad else self.args.per_device_train_batch_size
         for start in range(0, len(texts), micro):
             rows = [self._critic_ids(critic, *t) for t in texts[start:start + micro]]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, r in enumerate(rows):  # left padding: the last column is every row's last token
-                ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-                mask[i, width - len(r):] = 1
-            device = self.accelerator.device
+            # left padding: the last column is every row's last token
+            ids, mask = left_pad(rows, pad, device=self.accelerator.device)
             with torch.set_grad_enabled(grad):
-                out.append(self.pool.values(critic, ids.to(device), mask.to(device))[:, -1])
+                out.append(self.pool.values(critic, ids, mask)[:, -1])
         return torch.cat(out)
 
     # ------------------------------------------------------------------------------------------------ outputs

@@ -41,6 +41,7 @@ from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..models import context_length
+from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
 from ..utils import release_freed_memory
 from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
@@ -105,7 +106,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
         check_team(specs)
         if args.use_vllm:  # a base vLLM can serve with LoRA, before any weights load
-            from ..vllm_generation import check_vllm_team
+            from ..generation.vllm import check_vllm_team
 
             check_vllm_team(specs)
         probe = environment()
@@ -131,7 +132,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                              dense_copy=args.dense_copy)
         self.pool = pool
         if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
-            from ..vllm_generation import VLLMGenerationBackend, VLLMSettings
+            from ..generation.vllm import VLLMGenerationBackend, VLLMSettings
 
             pool.generation_backend = VLLMGenerationBackend(pool, VLLMSettings.from_config(args))
         self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
@@ -440,29 +441,18 @@ class MultiAgentTrainer(TeamTrainerSurface):
     # ------------------------------------------------------------------------------------------------ batches
     def collate(self, policy: str, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         """Pad one policy's samples into the loss inputs (prompts left-padded, completions right-padded)."""
-        tok = self.pool.tokenizer_of(policy)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        p_len = max(len(s.generation.prompt_ids) for s in samples)
+        pad = pad_token_id(self.pool.tokenizer_of(policy))
         c_len = max(max(len(s.generation.completion_ids) for s in samples), 1)
-        prompt_ids = torch.full((len(samples), p_len), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((len(samples), p_len), dtype=torch.long)
-        completion_ids = torch.full((len(samples), c_len), pad, dtype=torch.long)
-        completion_mask = torch.zeros((len(samples), c_len), dtype=torch.long)
-        for i, s in enumerate(samples):
-            p, c = s.generation.prompt_ids, s.generation.completion_ids
-            prompt_ids[i, p_len - len(p):] = torch.tensor(p)
-            prompt_mask[i, p_len - len(p):] = 1
-            if c:
-                completion_ids[i, :len(c)] = torch.tensor(c)
-                completion_mask[i, :len(c)] = 1
+        prompt_ids, prompt_mask = left_pad([s.generation.prompt_ids for s in samples], pad)
+        completion_ids, completion_mask = right_pad([s.generation.completion_ids for s in samples], pad, width=c_len)
         batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                  "completion_mask": completion_mask,
                  "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
         for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
             if all(getattr(s, attr) is not None for s in samples):
-                batch[key] = _pad_rows([getattr(s, attr) for s in samples], c_len)
+                batch[key] = right_pad_values([getattr(s, attr) for s in samples], c_len)
         if self.use_vllm and self.vllm_importance_sampling_correction:
-            from ..vllm_generation import add_importance_sampling
+            from ..generation.vllm import add_importance_sampling
 
             add_importance_sampling(batch, samples, self)
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
@@ -578,13 +568,6 @@ def _chunks(rows, size):
 
 def _length(sample: Sample) -> int:
     return len(sample.generation.prompt_ids) + len(sample.generation.completion_ids)
-
-
-def _pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
 
 
 def _store(samples: Sequence[Sample], attr: str, logps: torch.Tensor, batch) -> None:

@@ -112,7 +112,7 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
         check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
         if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
-            from ..vllm_generation import check_vllm_config
+            from ..generation.vllm import check_vllm_config
 
             check_vllm_config(self)
         self.remove_unused_columns = False

@@ -89,7 +89,7 @@ class TeamTrainerSurface(GRPOTrainer):
         self.off_policy_mask_threshold = args.off_policy_mask_threshold
         self.aux_loss_enabled = False  # no MoE load-balancing loss (router_aux_loss_coef is then unused)
         self.router_aux_loss_coef = 0.0
-        self.use_vllm = args.use_vllm  # generation through vLLM (trl_multiagent.vllm_generation); TRL's correction:
+        self.use_vllm = args.use_vllm  # generation through vLLM (trl_multiagent.generation.vllm); TRL's correction:
         self.vllm_importance_sampling_correction = args.use_vllm and args.vllm_importance_sampling_correction
         self.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
         self.vllm_importance_sampling_clip_min = args.vllm_importance_sampling_clip_min

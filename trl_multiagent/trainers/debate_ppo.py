@@ -34,6 +34,7 @@ from ..credit.maporl import REWARD_MODES, Incentives, PenaltySettings, gae, toke
 from ..critics import CriticSpec
 from ..environments.debate import DebateEnv
 from ..losses import value_loss
+from ..padding import right_pad_values
 from ..rollout import Experience
 from ..rollout.debate import DebateSample, DebateSampler
 from ..utils import release_freed_memory
@@ -344,11 +345,8 @@ class DebatePPOTrainer(MultiAgentTrainer):
             width = batch["completion_ids"].size(1)
             for key, attr in (("advantages", "token_advantages"), ("returns", "token_returns"),
                               ("old_values", "old_values")):
-                values = torch.zeros((len(samples), width), dtype=torch.float32)
-                for i, s in enumerate(samples):
-                    row = getattr(s, attr)
-                    values[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-                batch[key] = values.to(self.accelerator.device)
+                batch[key] = right_pad_values([getattr(s, attr) for s in samples], width,
+                                              device=self.accelerator.device)
         return batch
 
     # ------------------------------------------------------------------------------------------------ update

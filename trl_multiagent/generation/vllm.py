@@ -1,8 +1,9 @@
 """Team generation through vLLM (``use_vllm: true``): one engine per base, one LoRA adapter per policy.
 
-:class:`VLLMGeneration` is a drop-in for the pool's own decoding loop (:func:`trl_multiagent.generation.generate_team`):
-:meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>` hands it every request of a team's
-step when the pool's ``generation_backend`` is set (the trainer sets it when ``use_vllm`` is true). Then
+:class:`VLLMGenerationBackend` is a drop-in for the pool's own decoding loop
+(:func:`~trl_multiagent.generation.team.generate_team`): :meth:`AgentPool.generate_many
+<trl_multiagent.agents.AgentPool.generate_many>` hands it every request of a team's step when the pool's
+``generation_backend`` is set (the trainer sets it when ``use_vllm`` is true). Then
 
 * each distinct base of the pool gets ONE vLLM engine, created on first use (``LLM(..., enable_lora=True)``), that
   serves the base in the pool's dtype;
@@ -11,9 +12,9 @@ step when the pool's ``generation_backend`` is set (the trainer sets it when ``u
   engine drops the old one), so the engine never serves a stale adapter and the base is never re-sent;
 * all rows of all agents on one base go to the engine in ONE ``generate`` call, each prompt with its agent's
   ``LoRARequest`` (no request for ``use_adapter=False``, the untrained base of the baselines);
-* results are :class:`~trl_multiagent.generation.Generation` objects in request order, with the same truncation
-  semantics as the pool's loop (a completion keeps its first EOS token; ``truncated`` marks those that hit the
-  length limit), plus ``sampling_logps``: the engine's log-prob of every completion token after temperature and
+* results are :class:`~trl_multiagent.generation.requests.Generation` objects in request order, with the same
+  truncation semantics as the pool's loop (a completion keeps its first EOS token; ``truncated`` marks those that hit
+  the length limit), plus ``sampling_logps``: the engine's log-prob of every completion token after temperature and
   truncation (vLLM's ``processed_logprobs``, as TRL requests), for TRL's importance-sampling correction.
 
 Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent.logprobs`); the engine's are used
@@ -40,7 +41,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from .generation import Generation, GenerationRequest
+from ..padding import right_pad_values
+from .decoding import SUPPORTED_OPTIONS, through_first_eos, unsupported_options
+from .requests import Generation, GenerationRequest
+from .team import requests_by_base
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +56,15 @@ INSTALL_HINT = ("install vLLM next to this package (GPU: pip install vllm, a rel
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_MODES = ("colocate", "server")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-#: GenerationConfig options mapped onto vLLM's SamplingParams; any other non-default option is refused.
-MAPPED_OPTIONS = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",
-                  "repetition_penalty", "suppress_tokens", "eos_token_id", "pad_token_id", "bos_token_id",
-                  "num_return_sequences", "use_cache", "return_dict_in_generate", "output_scores",
-                  "transformers_version", "_from_model_config", "cache_implementation")
+#: GenerationConfig options mapped onto vLLM's SamplingParams (:func:`sampling_kwargs`): those the pool's own loop
+#: implements; any other non-default option is refused.
+MAPPED_OPTIONS = SUPPORTED_OPTIONS
 
 
 @dataclass
 class VLLMGeneration(Generation):
-    """A :class:`~trl_multiagent.generation.Generation` sampled by vLLM, with the engine's per-token log-probs of the
-    completion (after temperature and truncation), used by the importance-sampling correction."""
+    """A :class:`~trl_multiagent.generation.requests.Generation` sampled by vLLM, with the engine's per-token
+    log-probs of the completion (after temperature and truncation), used by the importance-sampling correction."""
 
     sampling_logps: list[float] = field(default_factory=list)
 
@@ -92,7 +94,7 @@ def check_vllm_config(config) -> None:
         if config.vllm_importance_sampling_mode not in IS_MODES:
             raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got "
                              f"{config.vllm_importance_sampling_mode!r}")
-        from .losses import RESPONSE_LOSS
+        from ..losses import RESPONSE_LOSS
 
         if config.loss_type == RESPONSE_LOSS and config.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError(
@@ -108,7 +110,7 @@ def check_vllm_team(specs) -> None:
     """Every agent's base can be served by vLLM with LoRA (checked from the model's config, before any weights
     load): full precision only (vLLM cannot serve LoRA on a bitsandbytes NF4 base that matches the trainer's), an
     architecture vLLM implements with LoRA support."""
-    from .models import resolve_model
+    from ..models import resolve_model
 
     four_bit = sorted(s.name for s in specs if s.quantization == "4bit")
     if four_bit:
@@ -152,8 +154,7 @@ def _vllm_lora_problem(arch: str) -> str | None:
 def sampling_kwargs(config: GenerationConfig, eos_ids: Sequence[int]) -> dict[str, Any]:
     """vLLM ``SamplingParams`` keyword arguments with the meaning of ``config`` (a GenerationConfig as the pool's
     loop reads it): greedy when ``do_sample`` is false; EOS ids stop a row and are kept in its completion."""
-    default = GenerationConfig().to_dict()
-    unmapped = sorted(k for k, v in config.to_dict().items() if k not in MAPPED_OPTIONS and default.get(k) != v)
+    unmapped = unsupported_options(config, MAPPED_OPTIONS)
     if unmapped:
         raise ValueError(f"use_vllm: generation options {unmapped} have no vLLM mapping here; unset them or set "
                          "use_vllm: false.")
@@ -320,10 +321,7 @@ class VLLMGenerationBackend:
         pool = self.pool
         encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
         out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
-        by_base: dict[str, list[int]] = {}
-        for i, req in enumerate(requests):
-            by_base.setdefault(pool.policies[pool.policy_of(req.agent)].base_key, []).append(i)
-        for key, idxs in by_base.items():
+        for key, idxs in requests_by_base(pool, requests).items():
             engine = self.engine(key)
             tok = pool.tokenizers[key]
             eos_ids = pool.eos_token_ids(requests[idxs[0]].agent)
@@ -346,9 +344,7 @@ class VLLMGenerationBackend:
             results = engine.generate(prompts, params, lora_request=loras, use_tqdm=False)
             for (i, first, n), result in zip(slots, results):
                 for k, completion in enumerate(result.outputs[:n], start=first):
-                    ids = list(completion.token_ids)
-                    cut = next((j + 1 for j, t in enumerate(ids) if t in eos_set), None)
-                    comp = ids[:cut] if cut is not None else ids
+                    comp = through_first_eos(list(completion.token_ids), eos_set)
                     truncated = not comp or comp[-1] not in eos_set
                     out[i][k] = VLLMGeneration(list(encoded[i]), comp, tok.decode(comp, skip_special_tokens=True),
                                                truncated, sampling_logps=_token_logps(completion, comp))
@@ -409,12 +405,9 @@ def add_importance_sampling(batch: dict[str, torch.Tensor], samples, trainer) ->
     if not samples or any(s.old_logps is None for s in samples):
         return
     mask = batch["completion_mask"].float()
-    width = mask.size(1)
-    sampling = torch.full((len(samples), width), math.nan)
-    for i, s in enumerate(samples):
-        logps = list(getattr(s.generation, "sampling_logps", None) or [])[:len(s.generation.completion_ids)]
-        if logps:
-            sampling[i, :len(logps)] = torch.tensor(logps, dtype=torch.float32)
+    engine_logps = [list(getattr(s.generation, "sampling_logps", None) or [])[:len(s.generation.completion_ids)]
+                    for s in samples]
+    sampling = right_pad_values(engine_logps, mask.size(1), fill=math.nan)
     old = batch["old_per_token_logps"].float()
     ratio = importance_sampling_ratio(old, sampling, mask, trainer.vllm_importance_sampling_mode,
                                       trainer.vllm_importance_sampling_clip_min,

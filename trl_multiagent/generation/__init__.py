@@ -1,0 +1,70 @@
+"""Team-level generation: every row of every agent that shares a base, sampled in ONE batched decoding loop.
+
+A step of a team asks for completions of several agents at once (:meth:`AgentPool.generate_many
+<trl_multiagent.agents.AgentPool.generate_many>`). The package, from the bottom up (a module imports only the ones
+above it in this list, and nothing of the library but :mod:`trl_multiagent.padding`; the vLLM backend also reads
+:mod:`trl_multiagent.losses` and :mod:`trl_multiagent.models` for its checks):
+
+* :mod:`.requests`: the :data:`Prompt` type, :class:`GenerationRequest` (one prompt of one agent) and
+  :class:`Generation` (one sampled response);
+* :mod:`.frozen_weights`: the de-quantised copy of a 4-bit base's frozen weights (:func:`use_dense_copy`) and the
+  oneDNN-packed copy of frozen float32 linears on the CPU (:class:`PackedFrozenLinears`, ``PACK_MIN_WEIGHTS``);
+* :mod:`.lora_batch`: :class:`MultiAdapterBatch`, one forward pass for rows of several LoRA adapters;
+* :mod:`.sampling`: the sampler, :func:`sample_next` and :func:`nucleus_candidates` (``TOP_P_CANDIDATES``);
+* :mod:`.prefixes`: :func:`shared_prefixes`, the grouping of prompts that begin alike, shared with the
+  teacher-forced pass (:mod:`trl_multiagent.teacher_forcing`);
+* :mod:`.kv_cache`: the preallocated KV cache of the loop (:func:`~.kv_cache.preallocated_cache`);
+* :mod:`.decoding`: the decoding loop :func:`decode`, the bucketed prefill (:func:`prefill_buckets`,
+  ``PREFILL_BUCKET_MIN_ROWS``, ``PREFILL_BUCKET_OVERHEAD``) and the options it implements (:data:`SUPPORTED_OPTIONS`);
+* :mod:`.team`: team dispatch, :func:`generate_team` (requests grouped by base, chunks, transformers' ``generate``
+  for options the loop lacks), :func:`check_transformers_for_decode`;
+* :mod:`.vllm`: the vLLM backend (``use_vllm: true``), :class:`~.vllm.VLLMGenerationBackend` and its checks and
+  importance-sampling correction.
+
+Where the old names went: ``trl_multiagent/generation.py`` became this package; its public functions and classes are
+importable from ``trl_multiagent.generation`` as before. The tunable constants live in their module only (set them
+there: ``generation.frozen_weights.PACK_MIN_WEIGHTS``, ``generation.decoding.PREFILL_BUCKET_MIN_ROWS`` /
+``PREFILL_BUCKET_OVERHEAD``, ``generation.sampling.TOP_P_CANDIDATES``); ``_preallocated_cache`` is
+``generation.kv_cache.preallocated_cache``. ``trl_multiagent.vllm_generation`` is ``trl_multiagent.generation.vllm``.
+``Prompt`` moved here from ``trl_multiagent.environments.base`` (still importable from there and from
+``trl_multiagent.environments``).
+"""
+
+from .decoding import SUPPORTED_OPTIONS, decode, prefill_buckets, unsupported_options
+from .frozen_weights import (
+    PackedFrozenLinears,
+    dense_weight_bytes,
+    dequantized_weight,
+    packed_weight_bytes,
+    packing_available,
+    use_dense_copy,
+)
+from .lora_batch import MultiAdapterBatch
+from .prefixes import shared_prefixes
+from .requests import Generation, GenerationRequest, Prompt
+from .sampling import nucleus_candidates, sample_next
+from .team import MIN_TRANSFORMERS_FOR_DECODE, check_transformers_for_decode, eval_mode, generate_team
+
+__all__ = [
+    "MIN_TRANSFORMERS_FOR_DECODE",
+    "SUPPORTED_OPTIONS",
+    "Generation",
+    "GenerationRequest",
+    "MultiAdapterBatch",
+    "PackedFrozenLinears",
+    "Prompt",
+    "check_transformers_for_decode",
+    "decode",
+    "dense_weight_bytes",
+    "dequantized_weight",
+    "eval_mode",
+    "generate_team",
+    "nucleus_candidates",
+    "packed_weight_bytes",
+    "packing_available",
+    "prefill_buckets",
+    "sample_next",
+    "shared_prefixes",
+    "unsupported_options",
+    "use_dense_copy",
+]
