@@ -16,17 +16,18 @@ import sys
 import threading
 from pathlib import Path
 
-from trl_multiagent.answers import final_answer, last_boxed, last_number, text_after_boxed
-from trl_multiagent.environments import ENVIRONMENTS
-from trl_multiagent.environments.debate import nli_problems, parse_nli_label
-from trl_multiagent.environments.math_tool import (
+from trl_multiagent.answers import (
     answers_match,
-    gsm8k_to_task,
+    final_answer,
+    last_boxed,
+    last_number,
     parse_answer,
-    polaris_to_task,
-    printed_answer,
-    word_problems,
+    parse_nli_label,
+    text_after_boxed,
 )
+from trl_multiagent.environments import ENVIRONMENTS
+from trl_multiagent.environments.debate import nli_problems
+from trl_multiagent.environments.math_problems import gsm8k_to_task, polaris_to_task, word_problems
 
 PINS = Path(__file__).resolve().parent / "data" / "math_pins.json"
 
@@ -134,7 +135,7 @@ def snapshot() -> dict:
         "episodes": _episodes(),
         "texts": [[final_answer(t), final_answer(t, True), last_boxed(t), text_after_boxed(t), last_number(t),
                    parse_nli_label(last_boxed(t))] for t in TEXTS],
-        "printed": [printed_answer(s) for s in OUTPUTS],
+        "printed": [final_answer(s, printed=True) for s in OUTPUTS],
         "parsed": [[str(parse_answer(a, printed[0])), str(parse_answer(b, printed[1]))] for a, b, printed in PAIRS
                    if len(a) < 200],
         "match": [answers_match(a, b, printed) for a, b, printed in PAIRS],
