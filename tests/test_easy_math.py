@@ -12,26 +12,19 @@ from trl_multiagent.answers import final_answer, last_number, text_after_boxed
 from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
 from trl_multiagent.environments import ENVIRONMENTS
 from trl_multiagent.environments.base import chat_with_examples, revise_last_message
-from trl_multiagent.environments.debate import (
+from trl_multiagent.environments.debate import MathDebateEasyEnv, MathDebateEnv
+from trl_multiagent.environments.math_problems import EASY_TEMPLATES, THINGS, question_split, word_problems
+from trl_multiagent.environments.math_prompts import (
     EASY_DEBATE_EXAMPLES,
+    EASY_EXAMPLES,
     EASY_MATH_PROMPT,
     EASY_MATH_SYSTEM,
-    MathDebateEasyEnv,
-    MathDebateEnv,
-)
-from trl_multiagent.environments.math_tool import (
-    EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
     EASY_REASONER_SYSTEM,
-    EASY_TEMPLATES,
     EASY_TOOL_PROMPT,
     EASY_TOOL_SYSTEM,
-    THINGS,
-    MathToolEasyEnv,
-    MathToolEnv,
-    question_split,
-    word_problems,
 )
+from trl_multiagent.environments.math_tool import MathToolEasyEnv, MathToolEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 

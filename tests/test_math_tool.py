@@ -9,18 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from trl_multiagent.answers import last_boxed
-from trl_multiagent.environments.math_tool import (
+from trl_multiagent.answers import answers_match, final_answer, last_boxed
+from trl_multiagent.environments.math_problems import (
     TEMPLATES,
-    MathToolEnv,
-    answers_match,
     format_answer,
     gsm8k_to_task,
     polaris_to_task,
-    printed_answer,
     question_split,
     word_problems,
 )
+from trl_multiagent.environments.math_tool import MathToolEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"question": "A rope of 7 m is cut into 2 equal pieces. How long is each piece, in metres?", "answer": "7/2"}
@@ -34,7 +32,10 @@ def test_last_boxed_and_printed_answer():
     assert last_boxed("so \\boxed 5.") == "5"
     assert last_boxed("no final answer") is None and last_boxed("\\boxed{}") is None
     assert last_boxed("\\boxed{3} and an unclosed \\boxed{4") == "3"
-    assert printed_answer("step 1\n42\n\n") == "42" and printed_answer("  \n") is None
+    assert final_answer("step 1\n42\n\n", printed=True) == "42" and final_answer("  \n", printed=True) is None
+    assert final_answer("\\boxed{1}\n2", printed=True) == "2"  # a program's output: its last line, boxed or not
+    with pytest.raises(ValueError, match="accept_last_number"):
+        final_answer("7", accept_last_number=True, printed=True)
 
 
 @pytest.mark.parametrize("a,b,printed", [
@@ -209,6 +210,11 @@ def test_gsm8k_and_polaris_transforms():
     assert polaris_to_task({"problem": " Find x. ", "answer": "\\frac{1}{2}", "difficulty": "3/8"}) == {
         "question": "Find x.", "answer": "\\frac{1}{2}"}
     MathToolEnv.validate_dataset_columns(list(task))
+    from trl_multiagent.utils import import_object
+
+    for name, function in (("gsm8k_to_task", gsm8k_to_task), ("polaris_to_task", polaris_to_task)):
+        # the dataset_transform that recipes written before the problems moved to math_problems name
+        assert import_object(f"trl_multiagent.environments.math_tool:{name}") is function
 
 
 CONFIGS = ["math_at_grpo_shared", "math_at_grpo_specialized", "gsm8k_at_grpo", "polaris_at_grpo"]

@@ -98,7 +98,7 @@ class VerifierTrainingConfig:
         "The split of a hub dataset the training questions come from (only this split is used for training)."))
     dataset_config: str | None = field(default=None, metadata=_help("Configuration (subset) of a hub dataset."))
     dataset_transform: str | None = field(default=None, metadata=_help(
-        "Optional 'module:function' mapped over the dataset's rows (e.g. trl_multiagent.environments.math_tool:"
+        "Optional 'module:function' mapped over the dataset's rows (e.g. trl_multiagent.environments.math_problems:"
         "gsm8k_to_task)."))
     num_questions: int = field(default=64, metadata=_help(
         "Training questions: the first num_questions rows of the training split (generated: that many)."))

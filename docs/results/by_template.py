@@ -19,7 +19,7 @@ from pathlib import Path
 # This folder holds a results folder named vllm/, which would shadow the vllm package that trl probes for.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from trl_multiagent.environments.math_tool import EASY_TEMPLATES, word_problems  # noqa: E402
+from trl_multiagent.environments.math_problems import EASY_TEMPLATES, word_problems  # noqa: E402
 
 
 def templates_of(task_ids: list[str]) -> dict[str, str]:

@@ -20,12 +20,15 @@ equal answers share a key) and its correctness; the debate sampler reads them fo
 Tasks:
 
 * :class:`MathDebateEnv`: arithmetic word problems with numeric answers. ``make_dataset`` reuses the generator of
-  :mod:`trl_multiagent.environments.math_tool` (train and test splits disjoint by construction); answers are compared
-  with Math-Verify (:func:`~trl_multiagent.environments.math_tool.answers_match`). GSM8K rows map with
-  :func:`~trl_multiagent.environments.math_tool.gsm8k_to_task`.
+  :mod:`trl_multiagent.environments.math_problems` (train and test splits disjoint by construction), and the prompts
+  are in :mod:`trl_multiagent.environments.math_prompts`; answers are read with
+  :func:`~trl_multiagent.answers.final_answer` and compared with Math-Verify
+  (:func:`~trl_multiagent.answers.answers_match`). GSM8K rows map with
+  :func:`~trl_multiagent.environments.math_problems.gsm8k_to_task`.
 * :class:`NLIDebateEnv`: natural language inference (entailment / neutral / contradiction). ``make_dataset``
   generates premises from templated facts (places, counts, orderings, jobs, universal statements) with a hypothesis
-  of each label; ANLI rows map with :func:`anli_to_task`.
+  of each label; ANLI rows map with :func:`anli_to_task`. The label of an answer is read by
+  :func:`~trl_multiagent.answers.parse_nli_label`.
 """
 
 from __future__ import annotations
@@ -36,17 +39,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..answers import final_answer, last_boxed
+from ..answers import NLI_LABELS, answers_match, final_answer, last_boxed, parse_nli_label
 from ..credit.maporl import majority_vote_accuracy
 from ..generation.requests import Prompt
 from .base import Environment, StepResult, chat_with_examples, revise_last_message
 from .checks import need_bool, need_int, need_tasks
-from .math_tool import EASY_ANSWER_FORMAT, EASY_ANSWER_RULE, EASY_EXAMPLES, NAMES, answers_match, word_problems
-
-MATH_PROMPT = (
-    "Solve the following math problem. Reason step by step, then write the final answer as \\boxed{{answer}} "
-    "(a number).\n\nProblem: {question}"
-)
+from .math_problems import NAMES, word_problems
+from .math_prompts import EASY_DEBATE_EXAMPLES, EASY_MATH_PROMPT, EASY_MATH_SYSTEM, MATH_PROMPT
 
 NLI_PROMPT = (
     "Read the premise and the hypothesis. Decide whether the premise entails the hypothesis (entailment), "
@@ -54,15 +53,6 @@ NLI_PROMPT = (
     "\\boxed{{entailment}}, \\boxed{{neutral}} or \\boxed{{contradiction}}.\n\nPremise: {premise}\nHypothesis: "
     "{hypothesis}"
 )
-
-#: The easy level's prompt shows the expected format with a worked example (issue 18: a 135M model rarely boxes).
-EASY_MATH_PROMPT = "Solve the math problem. " + EASY_ANSWER_FORMAT
-#: The system message of the easy level's chat prompt (``examples_as_turns``).
-EASY_MATH_SYSTEM = "Solve the math problem. " + EASY_ANSWER_RULE
-#: The worked examples of the easy debate: the reasoner's replies of
-#: :data:`~trl_multiagent.environments.math_tool.EASY_EXAMPLES` ending at the box, because MAPoRL's App. G penalises
-#: any token after the box, punctuation included (a first run with the final period: 64% of the answers penalised).
-EASY_DEBATE_EXAMPLES = tuple((request, reply.removesuffix(".")) for request, reply, _ in EASY_EXAMPLES)
 
 REVISION = """{first_prompt}
 
@@ -219,7 +209,7 @@ class MathDebateEnv(DebateEnv):
 
     required_columns = ("question", "answer")
     prompt_template = MATH_PROMPT
-    #: The :func:`~trl_multiagent.environments.math_tool.word_problems` level of :meth:`make_dataset`.
+    #: The :func:`~trl_multiagent.environments.math_problems.word_problems` level of :meth:`make_dataset`.
     level = "standard"
     #: Whether an answer without a box answers with its last number (``accept_final_number=None``).
     accepts_final_number = False
@@ -233,7 +223,7 @@ class MathDebateEnv(DebateEnv):
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
         """Generated arithmetic word problems of the class's ``level``
-        (:func:`~trl_multiagent.environments.math_tool.word_problems`)."""
+        (:func:`~trl_multiagent.environments.math_problems.word_problems`)."""
         from datasets import Dataset
 
         need_tasks(num_tasks)
@@ -278,31 +268,10 @@ class MathDebateEasyEnv(MathDebateEnv):
         return chat_with_examples(EASY_MATH_SYSTEM, EASY_DEBATE_EXAMPLES, self.first)
 
 
-NLI_LABELS = ("entailment", "neutral", "contradiction")
-
-
-def parse_nli_label(text: str | None) -> str | None:
-    """An NLI label from a boxed answer: ``entail*`` -> entailment, ``neutral`` -> neutral, ``contradict*`` ->
-    contradiction (case and surrounding ``\\text{}`` ignored); anything else -> ``None``."""
-    if text is None:
-        return None
-    word = text.strip().lower()
-    for wrapper in ("\\text{", "\\textbf{", "\\mathrm{"):
-        if word.startswith(wrapper) and word.endswith("}"):
-            word = word[len(wrapper):-1].strip()
-    word = word.strip(" .")
-    if word.startswith("entail"):
-        return "entailment"
-    if word.startswith("neutral"):
-        return "neutral"
-    if word.startswith("contradict"):
-        return "contradiction"
-    return None
-
-
 class NLIDebateEnv(DebateEnv):
     """Debate on natural language inference: columns ``premise``, ``hypothesis``, ``answer`` (one of
-    :data:`NLI_LABELS`). The answer is the label in the last ``\\boxed{}`` (see :func:`parse_nli_label`)."""
+    :data:`~trl_multiagent.answers.NLI_LABELS`). The answer is the label in the last ``\\boxed{}`` (see
+    :func:`~trl_multiagent.answers.parse_nli_label`)."""
 
     required_columns = ("premise", "hypothesis", "answer")
     prompt_template = NLI_PROMPT

@@ -1,0 +1,126 @@
+"""The prompt texts of the math environments: first-turn prompts, revision prompts and worked examples.
+
+* The reasoner / Python-tool team (:class:`~trl_multiagent.environments.math_tool.MathToolEnv`, AT-GRPO App. C.2):
+  :data:`REASONER_PROMPT` and :data:`TOOL_PROMPT` open an episode (C.2 "Phase 1"); :data:`REASONER_REVISION` and
+  :data:`TOOL_REVISION` show each agent both agents' last outputs and answers and their mismatch (C.2 "Phase 2").
+  The easy level (:class:`~trl_multiagent.environments.math_tool.MathToolEasyEnv`, issue 18) shows the expected
+  format with worked examples: as earlier chat turns (:data:`EASY_EXAMPLES` under :data:`EASY_REASONER_SYSTEM` /
+  :data:`EASY_TOOL_SYSTEM`) or inline (:data:`EASY_REASONER_PROMPT`, :data:`EASY_TOOL_PROMPT`).
+* The math debate (:class:`~trl_multiagent.environments.debate.MathDebateEnv`, MAPoRL App. G.4-G.5, whose prompt
+  text was lost in our copy: these are this project's): :data:`MATH_PROMPT`; its easy level
+  (:class:`~trl_multiagent.environments.debate.MathDebateEasyEnv`) :data:`EASY_MATH_SYSTEM` with
+  :data:`EASY_DEBATE_EXAMPLES`, or :data:`EASY_MATH_PROMPT` inline. The debate's revision prompt, shared with the
+  NLI debate, is :data:`~trl_multiagent.environments.debate.REVISION`.
+
+Templates are ``str.format`` strings (``{question}``; a literal brace doubled).
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------------- reasoner / tool
+REASONER_PROMPT = (
+    "You are the reasoning agent in a team of two: you solve math problems by step-by-step reasoning, while a tool "
+    "agent solves the same problem with Python code. Solve the problem below step by step, then give the final "
+    "answer as \\boxed{{answer}} (a number or an expression).\n\nProblem: {question}"
+)
+
+TOOL_PROMPT = (
+    "You are the Python tool agent in a team of two: you solve math problems by writing code, while a reasoning "
+    "agent solves the same problem step by step in words. Write a short Python program that computes the answer to "
+    "the problem below and prints ONLY the final answer as its last line (for example `print(answer)`). Use exact "
+    "arithmetic (integers or fractions.Fraction) where you can. Reply with the program in a single ```python code "
+    "block.\n\nProblem: {question}"
+)
+
+#: The easy level's prompts show the expected format with a worked example (issue 18: a 135M model rarely boxes).
+EASY_ANSWER_FORMAT = (
+    "Write the calculation with the numbers from the problem, then the final answer as \\boxed{{answer}}. Format "
+    "example: if a problem asks for 2 more than 5, write: 5 + 2 = 7. The answer is \\boxed{{7}}.\n\nProblem: "
+    "{question}"
+)
+
+EASY_REASONER_PROMPT = (
+    "You are the reasoning agent in a team of two: you solve math problems in words, while a tool agent solves the "
+    "same problem with Python code. " + EASY_ANSWER_FORMAT
+)
+
+EASY_TOOL_PROMPT = (
+    "You are the Python tool agent in a team of two: you solve math problems with Python code, while a reasoning "
+    "agent solves the same problem in words. Reply with a short Python program in a single ```python code block "
+    "that prints only the answer. Format example: if a problem asks for 2 more than 5, reply:\n```python\n"
+    "print(5 + 2)\n```\n\nProblem: {question}"
+)
+
+#: Worked examples of the easy level, shown as earlier chat turns (``examples_as_turns``): the request, the
+#: reasoner's reply and the tool agent's reply. Their objects (pens, cups) are not among the generator's, so no
+#: example is a training or test task.
+EASY_EXAMPLES = (
+    ("Problem: Sam has 5 pens. Ava gives Sam 2 more. How many pens does Sam have now?",
+     "5 + 2 = 7. The answer is \\boxed{7}.", "```python\nprint(5 + 2)\n```"),
+    ("Problem: Ben has 3 bags with 4 cups in each bag. How many cups does Ben have in all?",
+     "3 * 4 = 12. The answer is \\boxed{12}.", "```python\nprint(3 * 4)\n```"),
+)
+
+#: The instructions (system message) of the easy level's chat prompts; the task follows as ``Problem: {question}``.
+EASY_ANSWER_RULE = "Write the calculation with the numbers from the problem, then the final answer as \\boxed{answer}."
+EASY_REASONER_SYSTEM = (
+    "You are the reasoning agent in a team of two: you solve math problems in words, while a tool agent solves the "
+    "same problem with Python code. " + EASY_ANSWER_RULE
+)
+EASY_TOOL_SYSTEM = (
+    "You are the Python tool agent in a team of two: you solve math problems with Python code, while a reasoning "
+    "agent solves the same problem in words. Reply with a one-line Python program in a ```python code block that "
+    "prints the answer."
+)
+
+REASONER_REVISION = """{first_prompt}
+
+Your previous solution:
+{solution}
+
+Your previous answer: {answer}
+
+The tool agent's program:
+```python
+{code}
+```
+Its output: {output}
+Its answer: {other_answer}
+
+{mismatch}
+Decide which answer is wrong, then solve the problem again and end with \\boxed{{answer}}."""
+
+TOOL_REVISION = """{first_prompt}
+
+Your previous program:
+```python
+{code}
+```
+Its output: {output}
+Your previous answer: {answer}
+
+The reasoning agent's solution:
+{solution}
+
+Its answer: {other_answer}
+
+{mismatch}
+Decide which answer is wrong, then reply with a corrected program in a single ```python code block that \
+prints only the final answer."""
+
+
+# --------------------------------------------------------------------------------------------------- debate
+#: The math debate's first-turn prompt (every agent sees the same one).
+MATH_PROMPT = (
+    "Solve the following math problem. Reason step by step, then write the final answer as \\boxed{{answer}} "
+    "(a number).\n\nProblem: {question}"
+)
+
+#: The easy level's prompt shows the expected format with a worked example (issue 18: a 135M model rarely boxes).
+EASY_MATH_PROMPT = "Solve the math problem. " + EASY_ANSWER_FORMAT
+#: The system message of the easy level's chat prompt (``examples_as_turns``).
+EASY_MATH_SYSTEM = "Solve the math problem. " + EASY_ANSWER_RULE
+#: The worked examples of the easy debate: the reasoner's replies of
+#: :data:`EASY_EXAMPLES` ending at the box, because MAPoRL's App. G penalises any token after the box, punctuation
+#: included (a first run with the final period: 64% of the answers penalised).
+EASY_DEBATE_EXAMPLES = tuple((request, reply.removesuffix(".")) for request, reply, _ in EASY_EXAMPLES)
