@@ -3,7 +3,7 @@ before and after training.
 
     accelerate launch recipes/at_grpo.py --config recipes/configs/plan_path_demo.yaml
 
-The same runner as `python -m trl_multiagent train` (see `--help`).
+The same runner as `python -m trl_multiagent train` (see `--help`); this script insists on the at_grpo trainer.
 """
 
 import sys
@@ -12,7 +12,7 @@ from trl_multiagent.cli import run_recipe_script
 
 
 def main(argv=None) -> int:
-    return run_recipe_script(argv, __file__)
+    return run_recipe_script(argv, __file__, expect={"trainer": "at_grpo"})
 
 
 if __name__ == "__main__":

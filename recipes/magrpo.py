@@ -2,8 +2,10 @@
 
     accelerate launch recipes/magrpo.py --config recipes/configs/matrix_game.yaml [--field value ...]
 
-The same runner as `python -m trl_multiagent train` (see `--help`): evaluation before and after training where the
-environment has held-out tasks, then summary.json, report.md and reward_curve.png in output_dir.
+The same runner as `python -m trl_multiagent train` (see `--help`); this script insists on the magrpo trainer (a
+recipe of another trainer is refused before anything loads: run it with its own script or the module command).
+Evaluation before and after training where the environment has held-out tasks, then summary.json, report.md and
+reward_curve.png in output_dir.
 `--resume_from_checkpoint <output_dir>/checkpoint-N` resumes a run from one of its checkpoints.
 """
 
@@ -13,7 +15,7 @@ from trl_multiagent.cli import run_recipe_script
 
 
 def main(argv=None) -> int:
-    return run_recipe_script(argv, __file__)
+    return run_recipe_script(argv, __file__, expect={"trainer": "magrpo"})
 
 
 if __name__ == "__main__":

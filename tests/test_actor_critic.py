@@ -14,7 +14,7 @@ from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.rollout import SinglePathSampler
-from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer
+from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer, DebatePPOConfig
 
 AGENTS = ("left", "right")
 
@@ -257,8 +257,8 @@ def test_one_critic_step_per_update_and_td_advantages(tiny_text_model, tmp_path)
 
 
 def test_epochs_and_minibatches_reuse_one_rollout(tiny_text_model, tmp_path):
-    trainer = _trainer(tiny_text_model, tmp_path, critic="decentralized", num_epochs=2, num_minibatches=2,
-                       max_steps=4, value_clip=0.5)
+    trainer = _trainer(tiny_text_model, tmp_path, critic="decentralized", num_iterations=2, num_minibatches=2,
+                       max_steps=4, cliprange_value=0.5)
     assert trainer.num_iterations == 4
     seen = []
     original_update = trainer._critic_update
@@ -354,9 +354,9 @@ def test_actor_is_the_unclipped_ratio_objective_of_eq_2_and_4(tiny_text_model, t
 
 
 def test_epsilon_is_a_deprecated_alias_of_actor_ratio_clip(tmp_path):
-    import trl_multiagent.trainers.actor_critic as ac
+    from trl_multiagent.trainers import critic_config
 
-    ac._warned.clear()
+    critic_config._warned.clear()
     with pytest.warns(FutureWarning, match="actor_ratio_clip"):
         config = _args(tmp_path, epsilon=0.05)
     assert config.actor_ratio_clip == 0.05 and config.epsilon is None
@@ -372,9 +372,9 @@ def test_epsilon_is_a_deprecated_alias_of_actor_ratio_clip(tmp_path):
     ({"critic": "shared"}, "critic must be one of"),
     ({"critic_share_adapter": True}, "parameter-sharing variant of CoLLM-DC"),
     ({"num_minibatches": 3}, "must not exceed episodes_per_step"),
-    ({"num_iterations": 2}, "set num_epochs"),
-    ({"value_clip": 0.0}, "value_clip must be positive"),
-    ({"num_epochs": 0}, "num_epochs must be at least 1"),
+    ({"num_iterations": 0}, "num_iterations"),
+    ({"cliprange_value": -1.0}, "cliprange_value must be >= 0"),
+    ({"num_epochs": 2, "num_iterations": 3}, "disagree"),
     ({"critic_history_turns": -2}, "critic_history_turns"),
     ({"num_generations": 4}, "num_generations must be 1"),
     ({"critic_micro_batch_size": 0}, "critic_micro_batch_size must be at least 1"),
@@ -425,6 +425,7 @@ def test_hub_writing_recipes_fail_clearly_offline(tmp_path, monkeypatch, name):
 
     from trl_multiagent import recipe as recipe_module
     from trl_multiagent.cli import load_recipe
+    from trl_multiagent.runner import Run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -434,11 +435,30 @@ def test_hub_writing_recipes_fail_clearly_offline(tmp_path, monkeypatch, name):
                                                 "--output_dir", str(tmp_path)])
     assert recipe.dataset in ("trl-lib/tldr", "gfissore/arxiv-abstracts-2021")
 
-    class NeverBuilt:  # the data fails first: no model is ever loaded here
+    class NeverBuilt(ActorCriticTrainer):  # the data fails first: no model is ever loaded here
         def __init__(self, *args, **kwargs):
             raise AssertionError("the trainer was reached although the dataset cannot load offline")
 
     monkeypatch.setattr(recipe_module, "_trainer_registry",
                         lambda: {"actor_critic": (ActorCriticConfig, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
-        recipe_module.build_trainer(recipe, config)
+        run = Run(recipe, config)
+        run.prepare()
+        run.build_trainer()
+
+
+def test_old_critic_setting_names_are_deprecated_aliases(tmp_path):
+    """One name per critic setting, shared with the debate trainer (trainers/critic_config.py): the actor-critic
+    trainer's old names still work, with a warning, and land in the current fields."""
+    from trl_multiagent.trainers import critic_config
+
+    critic_config._warned.clear()
+    with pytest.warns(FutureWarning, match="num_epochs is deprecated: use num_iterations"):
+        args = ActorCriticConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5,
+                                 episodes_per_step=2)
+    assert (args.num_iterations, args.cliprange_value) == (2, 0.5)
+    assert args.num_epochs is None and args.value_clip is None  # each setting under one name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning is given once per process
+        ActorCriticConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5, episodes_per_step=2)
+    assert DebatePPOConfig.fsdp_refusal == ActorCriticConfig.fsdp_refusal == critic_config.CRITIC_FSDP_REFUSAL

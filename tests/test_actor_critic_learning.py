@@ -86,7 +86,7 @@ def test_cc_critic_converges_to_true_values_and_policies_improve(tmp_path):
     model = _model(tmp_path / "model")
     keep = {3 + CHARS.index("A"), 3 + CHARS.index("B")}
     args = ActorCriticConfig(
-        output_dir=str(tmp_path / "out"), critic="centralized", num_turns=2, episodes_per_step=8, num_epochs=2,
+        output_dir=str(tmp_path / "out"), critic="centralized", num_turns=2, episodes_per_step=8, num_iterations=2,
         num_minibatches=2, max_steps=80, learning_rate=0.05, critic_learning_rate=0.02, critic_lora_r=8,
         max_completion_length=1, generation_kwargs={"suppress_tokens": [i for i in range(3 + len(CHARS)) if i not in keep]},
         lr_scheduler_type="constant", per_device_train_batch_size=16, report_to=[], save_strategy="no",

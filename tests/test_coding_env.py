@@ -104,13 +104,16 @@ def test_mbpp_rows_map_to_humaneval_columns():
 @pytest.mark.parametrize("config", ["recipes/configs/coop_humaneval.yaml", "recipes/configs/mbpp.yaml"])
 def test_hub_recipes_fail_clearly_offline(config, tmp_path, monkeypatch):
     from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import RecipeError, build_trainer
+    from trl_multiagent.recipe import RecipeError
+    from trl_multiagent.runner import Run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     recipe, cfg = load_recipe(["--config", config, "--output_dir", str(tmp_path)])
     with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
-        build_trainer(recipe, cfg)
+        run = Run(recipe, cfg)
+        run.prepare()
+        run.build_trainer()
 
 
 def test_llm_advisor_is_one_advisor_implementation(problem, tiny_text_model):
@@ -123,3 +126,13 @@ def test_llm_advisor_is_one_advisor_implementation(problem, tiny_text_model):
     assert "Advisor suggestions:" in result.next_prompts["main"]
     advice = advisor(problem=problem, aux="", main="def intersperse(a, b):\n    return a\n")
     assert isinstance(advice, str) and 0 < len(advice) <= 5
+    # named from a recipe (env_kwargs): the class is built once with advisor_kwargs and shared by every instance
+    named = dict(advisor="trl_multiagent.environments.coding:LLMAdvisor",
+                 advisor_kwargs={"model": tiny_text_model, "max_new_tokens": 5})
+    first, second = AuxMainCodingEnv(max_turns=2, **named), AuxMainCodingEnv(max_turns=2, **named)
+    assert isinstance(first.advisor, LLMAdvisor) and first.advisor is second.advisor
+    first.reset(problem)
+    result = first.step({"aux": "def aux(xs):\n    return xs\n", "main": "def intersperse(numbers, d):\n    return 0\n"})
+    assert "Advisor suggestions:" in result.next_prompts["main"]
+    with pytest.raises(ValueError, match="advisor_kwargs are the arguments of an advisor class"):
+        AuxMainCodingEnv(max_turns=2, advisor=lambda **kw: "", advisor_kwargs={"model": "x"})

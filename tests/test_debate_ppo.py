@@ -9,6 +9,7 @@ import torch
 from datasets import Dataset
 
 from tests.numerics import assert_same_computation
+from tests.recipe_runs import build_trainer
 from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import CollaborationGameEnv
@@ -198,10 +199,10 @@ def test_hub_debate_recipes_fail_clearly_offline(tmp_path, monkeypatch, name, da
                                                 "--output_dir", str(tmp_path)])
     assert recipe.dataset == dataset
 
-    class NeverBuilt:  # the data fails first: no model is ever loaded here
+    class NeverBuilt(DebatePPOTrainer):  # the data fails first: no model is ever loaded here
         def __init__(self, *args, **kwargs):
             raise AssertionError("the trainer was reached although the dataset cannot load offline")
 
     monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {"debate_ppo": (DebatePPOConfig, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
-        recipe_module.build_trainer(recipe, config)
+        build_trainer(recipe, config)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.recipe_runs import build_trainer
 from trl_multiagent.answers import answers_match, final_answer, last_boxed
 from trl_multiagent.environments.math_problems import (
     TEMPLATES,
@@ -251,12 +252,12 @@ def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "no-cache", raising=False)
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"),
                                                 "--output_dir", str(tmp_path)])
-    config_cls, _ = recipe_module._trainer_registry()[recipe.trainer]
+    config_cls, trainer_cls = recipe_module._trainer_registry()[recipe.trainer]
 
-    class NeverBuilt:  # the data must fail first: no model is ever loaded by this test
+    class NeverBuilt(trainer_cls):  # the data must fail first: no model is ever loaded by this test
         def __init__(self, *args, **kwargs):
             raise AssertionError("the trainer was reached although the dataset cannot load offline")
 
     monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {recipe.trainer: (config_cls, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
-        recipe_module.build_trainer(recipe, config)
+        build_trainer(recipe, config)

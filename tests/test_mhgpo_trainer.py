@@ -9,13 +9,14 @@ import torch
 from datasets import Dataset
 
 from tests.numerics import assert_same_computation, relative_deviation, rounding_tolerance
+from tests.recipe_runs import build_trainer
 from tests.test_mhgpo_learning import AB_ONLY, TwoStageGame
 from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.cli import load_recipe
 from trl_multiagent.credit.mhgpo import agent_loss_weights
 from trl_multiagent.environments import MatrixGameEnv
-from trl_multiagent.recipe import RecipeError, build_trainer
+from trl_multiagent.recipe import RecipeError
 from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*mhgpo*.yaml"))
@@ -50,8 +51,9 @@ def test_config_has_only_its_own_fields(tmp_path):
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(HeterogeneousGroupConfig)}
-    assert not names & {"num_turns", "joint_mode", "grouping", "agent_order", "alpha", "gamma"}
-    with pytest.raises(TypeError, match="num_turns"):
+    assert not names & {"joint_mode", "grouping", "agent_order", "alpha"}
+    # num_turns / gamma are the shared base's fields: the pipeline runs once per question
+    with pytest.raises(ValueError, match="num_turns must be 1 for MHGPO"):
         _args(tmp_path, num_turns=2)
 
 

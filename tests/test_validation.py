@@ -12,7 +12,6 @@ from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
 from trl_multiagent.recipe import (
     RecipeError,
     build_dataset,
-    build_trainer,
     held_out_tasks,
     resolve_environment,
 )
@@ -72,6 +71,15 @@ def test_recipe_wrong_types():
         load_recipe([], yaml_text="env_kwargs: [1, 2]\n")
 
 
+def _build(recipe, config):
+    """The runner's path to a trainer: every check that needs no model, then the trainer (and its model load)."""
+    from trl_multiagent.runner import Run
+
+    run = Run(recipe, config)
+    run.prepare()
+    return run.build_trainer()
+
+
 def test_recipe_values_and_overrides(tmp_path):
     recipe, config = load_recipe(["--num_generations", "6", "--bf16", "false", "--output_dir", str(tmp_path)],
                                  yaml_text="learning_rate: 1e-5\nnum_generations: 2\nnum_turns: 2\n")
@@ -84,17 +92,17 @@ def test_recipe_agents_checked_before_loading(tmp_path):
     recipe, config = load_recipe(["--output_dir", str(tmp_path)],
                                  yaml_text=f"model: {NOWHERE}\nagents:\n  - {{name: agent1}}\n  - {{name: bob}}\n")
     with pytest.raises(RecipeError, match=r"do not match the environment's roles"):
-        build_trainer(recipe, config)
+        _build(recipe, config)
     recipe, config = load_recipe(["--output_dir", str(tmp_path)],
                                  yaml_text="agents:\n  - {name: agent1, lr: 1}\n  - {name: agent2}\n")
     with pytest.raises(RecipeError, match=r"agents\[0\]: unknown key 'lr'"):
-        build_trainer(recipe, config)
+        _build(recipe, config)
 
 
 def test_recipe_unknown_environment_and_missing_files(tmp_path):
     with pytest.raises(RecipeError, match="Unknown environment"):
         recipe, config = load_recipe(["--environment", "chess", "--output_dir", str(tmp_path)])
-        build_trainer(recipe, config)
+        _build(recipe, config)
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(["--config", str(tmp_path / "missing.yaml")])
 
@@ -102,9 +110,10 @@ def test_recipe_unknown_environment_and_missing_files(tmp_path):
 def test_recipe_hub_dataset_offline_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    recipe, config = load_recipe(["--dataset", "someone/not-a-local-dataset", "--output_dir", str(tmp_path)])
+    recipe, config = load_recipe(["--dataset", "someone/not-a-local-dataset", "--output_dir", str(tmp_path),
+                                  "--evaluator", "none"])
     with pytest.raises(RecipeError, match="reachable Hugging Face Hub"):
-        build_trainer(recipe, config)
+        _build(recipe, config)
 
 
 def test_recipe_policy_mapping(tmp_path):

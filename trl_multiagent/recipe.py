@@ -467,20 +467,6 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
     return data if num_tasks is None else data.select(range(min(num_tasks, len(data))))
 
 
-def build_trainer(recipe: RecipeArguments, config, callbacks=None):
-    """Check everything that can be checked, then load the team and return the trainer."""
-    _, env_factory, probe = environment_factory(recipe)
-    specs = build_team(recipe, probe.agents)
-    env_cls = resolve_environment(recipe.environment)
-    dataset = build_dataset(recipe, env_cls, config)
-    check_rows_fit(probe, dataset, name=f"dataset {recipe.dataset!r}")
-    registry = _trainer_registry()
-    if recipe.trainer not in registry:
-        raise RecipeError(f"unknown trainer {recipe.trainer!r}; choose from {sorted(registry)}")
-    _, trainer_cls = registry[recipe.trainer]
-    return trainer_cls(specs, env_factory, args=config, train_dataset=dataset, callbacks=callbacks)
-
-
 def finish_distributed() -> None:
     """Wait for every process and tear the process group down before the interpreter exits.
 

@@ -75,20 +75,21 @@ class Run:
         stages = [s for s in ("before", "after") if s in recipe.eval_stages and (s == "before" or self.trains)]
         if recipe.evaluator == "none" or not stages:
             return
+        trainer_cls = self.trainer_class
         kind = recipe.evaluator
-        if kind == "auto":  # CoLLM evaluates its agents' greedy episodes, whatever the task
-            kind = "episodes" if recipe.trainer == "actor_critic" else evaluator_kind(probe)
+        if kind == "auto":
+            kind = trainer_cls.default_evaluator or evaluator_kind(probe)
         no_held_out = recipe.dataset == "generated" and not hasattr(self.env_cls, "make_dataset")
         if no_held_out:
             if recipe.evaluator == "auto":
                 logger.info("%s generates no held-out tasks: no evaluation (set evaluator and eval_dataset_split to "
                             "evaluate on a data file)", self.env_cls.__name__)
                 return
-        num_turns = getattr(config, "num_turns", None) or getattr(probe, "max_turns", 1)
-        sequential = getattr(config, "agent_order", "parallel") == "sequential" and \
-            getattr(probe, "supports_partial_actions", False)  # AT-GRPO's sequential agents
+        # agents act one after another only where the environment takes partial joint actions
+        sequential = config.evaluation_agent_order == "sequential" and \
+            getattr(probe, "supports_partial_actions", False)
         try:
-            self.evaluator = make_evaluator(kind, self.env_factory, num_turns,
+            self.evaluator = make_evaluator(kind, self.env_factory, config.num_turns,
                                             "sequential" if sequential else "parallel")
         except (ValueError, TypeError, ImportError) as exc:
             raise RecipeError(f"evaluator {recipe.evaluator!r}: {exc}") from exc
@@ -107,7 +108,7 @@ class Run:
         if hasattr(probe, "reset"):
             check_rows_fit(self.env_factory(), _AsDataset(self.tasks), name="held-out tasks")
         self.sampled = recipe.eval_temperature > 0 if recipe.eval_temperature is not None else \
-            (self.evaluator.sampled or recipe.trainer == "debate_ppo")
+            (self.evaluator.sampled or trainer_cls.evaluate_sampled)
         self.num_samples = recipe.eval_num_samples if self.sampled else 1
         self.stages_planned = stages
         self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.naive_is_untrained_team
@@ -125,17 +126,21 @@ class Run:
         if self.sampled:
             temperature = recipe.eval_temperature if recipe.eval_temperature is not None else config.temperature
             settings.update(temperature=temperature, top_p=config.top_p if config.top_p is not None else 1.0)
-        return GenerationConfig(**{**(getattr(config, "generation_kwargs", None) or {}), **settings}), settings
+        return GenerationConfig(**{**(config.generation_kwargs or {}), **settings}), settings
 
     # ------------------------------------------------------------------------------------------------ model
-    def build_trainer(self, callbacks=None):
-        """The trainer of ``trainer:`` (it checks the output directory and a resume checkpoint before loading)."""
+    @property
+    def trainer_class(self) -> type:
+        """The trainer class of ``trainer:``."""
         registry = recipe_module._trainer_registry()
         if self.recipe.trainer not in registry:
             raise RecipeError(f"unknown trainer {self.recipe.trainer!r}; choose from {sorted(registry)}")
-        _, trainer_cls = registry[self.recipe.trainer]
-        self.trainer = trainer_cls(self.specs, self.env_factory, args=self.config, train_dataset=self.dataset,
-                                   callbacks=callbacks)
+        return registry[self.recipe.trainer][1]
+
+    def build_trainer(self, callbacks=None):
+        """The trainer of ``trainer:`` (it checks the output directory and a resume checkpoint before loading)."""
+        self.trainer = self.trainer_class(self.specs, self.env_factory, args=self.config, train_dataset=self.dataset,
+                                          callbacks=callbacks)
         return self.trainer
 
     # ------------------------------------------------------------------------------------------------ run
@@ -144,7 +149,7 @@ class Run:
 
         config = self.config
         generation, _ = self.generation_config()
-        progress = EvalProgress(enabled=not getattr(config, "disable_tqdm", False),
+        progress = EvalProgress(enabled=not config.disable_tqdm,
                                 description="held-out eval")
         samples = {m: self.method_samples[m] for m in methods}
         logger.info("Evaluating %s on %d held-out tasks (%s); samples per task: %s", ", ".join(methods),
@@ -191,10 +196,8 @@ class Run:
     def _count_generations(self) -> list[int]:
         """Samples generated for training (this process), counted at every rollout."""
         counts: list[int] = []
-        sampler = getattr(self.trainer, "sampler", None)
-        rollout = getattr(sampler, "rollout", None)
-        if rollout is None:
-            return counts
+        sampler = self.trainer.sampler
+        rollout = sampler.rollout
 
         def counting_rollout(*args, **kwargs):
             experience = rollout(*args, **kwargs)

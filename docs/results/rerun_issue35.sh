@@ -71,7 +71,7 @@ for group in "$@"; do
       $BIN/python docs/results/collect.py search_qa_mhgpo_rr outputs/mhgpo_rr_s0 ;;
     strbuild_magrpo)
       echo "== $(date -u +%H:%M:%S) strbuild magrpo" >&2
-      OMP_NUM_THREADS=1 "${LAUNCH[@]}" recipes/actor_critic.py --config recipes/configs/strbuild_magrpo.yaml \
+      OMP_NUM_THREADS=1 "${LAUNCH[@]}" recipes/magrpo.py --config recipes/configs/strbuild_magrpo.yaml \
         --output_dir outputs/strbuild_magrpo --overwrite_output_dir true
       mkdir -p docs/results/strbuild/earlier_objective
       for f in magrpo_summary.json magrpo_metrics.jsonl; do

@@ -334,6 +334,22 @@ class LLMAdvisor:
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+_ADVISORS: dict[tuple, Any] = {}
+
+
+def build_advisor(spec: str | Callable, kwargs: Mapping[str, Any] | None = None) -> Callable:
+    """The advisor ``spec`` names: a callable as it is; a class (given or named ``"module:Class"``) built with
+    ``kwargs``, once per process for the same class and arguments (an LLM advisor loads a model: every environment
+    instance of a run shares it)."""
+    obj = import_object(spec, "advisor")
+    if not isinstance(obj, type):
+        return obj
+    key = (obj, repr(sorted((kwargs or {}).items())))
+    if key not in _ADVISORS:
+        _ADVISORS[key] = obj(**dict(kwargs or {}))
+    return _ADVISORS[key]
+
+
 # --------------------------------------------------------------------------------------------------- environment
 class AuxMainCodingEnv(Environment):
     """Two agents, ``aux`` and ``main``, write one program together (MAGRPO coding collaboration).
@@ -345,7 +361,11 @@ class AuxMainCodingEnv(Environment):
             ``levels`` (``trl_multiagent.rewards.coding.cooperative_code_reward``).
         sandbox: limits of the sandboxed test runs.
         advisor: optional external advisor, ``advisor(problem=, aux=, main=, feedback=) -> str``; its text is
-            appended to both agents' next prompts (an LLM advisor is one implementation).
+            appended to both agents' next prompts. A callable, or ``"module:name"`` naming a callable or a class;
+            a class is built once per process with ``advisor_kwargs`` and shared by every environment instance
+            (from YAML: ``advisor: trl_multiagent.environments.coding:LLMAdvisor`` with ``advisor_kwargs: {model:
+            ..., max_new_tokens: 256}``, MAGRPO's external agent of Appendix D).
+        advisor_kwargs: arguments of an advisor class named by ``advisor``.
     """
 
     agents = ("aux", "main")
@@ -354,11 +374,15 @@ class AuxMainCodingEnv(Environment):
 
     def __init__(self, max_turns: int = 1,
                  reward_fn: str | Callable = "trl_multiagent.rewards.coding:cooperative_code_reward",
-                 sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None):
+                 sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None,
+                 advisor_kwargs: Mapping[str, Any] | None = None):
         self.max_turns = need_int("max_turns", max_turns, minimum=1)
         self.reward_fn = import_object(reward_fn, "reward_fn")
         self.sandbox = sandbox_settings(sandbox, {"timeout_s": 10})
-        self.advisor = import_object(advisor, "advisor") if advisor is not None else None
+        if advisor_kwargs and (advisor is None or not isinstance(import_object(advisor, "advisor"), type)):
+            raise ValueError("advisor_kwargs are the arguments of an advisor class: name one with advisor "
+                             "(e.g. 'trl_multiagent.environments.coding:LLMAdvisor')")
+        self.advisor = build_advisor(advisor, advisor_kwargs) if advisor is not None else None
         self.problem: dict = {}
         self.turn = 0
         self.first_prompts: dict[str, str] = {}

@@ -9,7 +9,7 @@ One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgen
    episodes, ONE path each (no tree); the behaviour log-probabilities ``pi_old(a_{i,t} | h_{i,t})`` come from one
    teacher-forced pass per policy right after (the shared base's ``rollout``). The joint transitions form the
    buffer.
-2. ``num_epochs`` (E) passes over the buffer, each cut into ``num_minibatches`` minibatches; every minibatch is one
+2. ``num_iterations`` (E) passes over the buffer, each cut into ``num_minibatches`` minibatches; every minibatch is one
    optimizer step (Alg. 1 lines 16-25): the critic's value ``V`` of every transition's history and of its successor
    history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
    bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import random
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -46,16 +45,17 @@ from ..padding import left_pad, pad_token_id
 from ..rollout import EpisodeBuffer, Experience, SinglePathSampler
 from ..utils import release_freed_memory
 from .base import MultiAgentConfig, MultiAgentTrainer
+from .critic_config import CriticSettings, warn_once
 
 CRITIC_MODES = ("centralized", "decentralized")
 
 
 @dataclass
-class ActorCriticConfig(MultiAgentConfig):
+class ActorCriticConfig(CriticSettings, MultiAgentConfig):
     r"""Configuration of [`ActorCriticTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`]
     field keeps its meaning; each episode is one path (`num_generations` = 1).
 
-    Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_epochs`; minibatch = the buffer
+    Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_iterations`; minibatch = the buffer
     (`episodes_per_step` episodes) cut into `num_minibatches` parts; actor learning rate alpha_pi = `learning_rate`
     (or `AgentSpec.learning_rate`); critic learning rate alpha_V = `critic_learning_rate`; rho of Eq. 2 / Eq. 4 =
     the whole-response ratio of `loss_type="response"`, unclipped by default (`actor_ratio_clip`).
@@ -85,12 +85,14 @@ class ActorCriticConfig(MultiAgentConfig):
             Learning rate alpha_V of the critics (adapter and head), separate from the actors' `learning_rate`.
         vf_coef (`float`, defaults to `1.0`):
             Weight of the value loss (matters only when a critic shares the policy's adapter).
-        value_clip (`float` or `None`, defaults to `None`):
+        cliprange_value (`float` or `None`, defaults to `None`):
             PPO-style value clipping around the critic's estimate at rollout time (not in the paper); `None`: off.
-        num_epochs (`int`, defaults to `1`):
-            E: passes over each rollout buffer. Each pass shuffles the buffer's joint transitions.
+            (`value_clip` is its deprecated old name.)
+        num_iterations (`int`, defaults to `1`):
+            E: passes over each rollout buffer. Each pass shuffles the buffer's joint transitions. (`num_epochs` is
+            its deprecated old name.)
         num_minibatches (`int`, defaults to `1`):
-            Minibatches per pass; each is one optimizer step, so a buffer gives `num_epochs * num_minibatches`
+            Minibatches per pass; each is one optimizer step, so a buffer gives `num_iterations * num_minibatches`
             steps (`max_steps` counts these updates). At most `episodes_per_step` (no minibatch is ever empty).
         critic_global_info (`bool`, defaults to `True`):
             Give the critic(s), centralized AND decentralized, the global information m_t ("turn t of H; last reward
@@ -129,12 +131,7 @@ class ActorCriticConfig(MultiAgentConfig):
     """
 
     min_generations: ClassVar[int] = 1
-    #: Refused under FSDP (trainers/sharding.py): the critics run outside the pool's forward.
-    fsdp_refusal: ClassVar[str | None] = ("its critics' value heads run outside the team's FSDP forward and their "
-                                          "losses take a per-process number of backward passes")
 
-    num_turns: int = field(default=1, metadata={"help": "H: the horizon."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount of the TD targets and returns."})
     critic: str = field(default="centralized", metadata={
         "help": "'centralized' (CoLLM-CC: V(joint history, m_t)) or 'decentralized' (CoLLM-DC: V_i(local history))."})
     critic_agent: str | None = field(default=None, metadata={
@@ -143,16 +140,14 @@ class ActorCriticConfig(MultiAgentConfig):
         "help": "A model of the critic's own; None: an adapter on its agent's base (no second copy)."})
     critic_quantization: str | None = field(default=None, metadata={
         "help": "Quantization of critic_model: None or '4bit'."})
-    critic_lora_r: int = field(default=16, metadata={"help": "LoRA rank of the critic adapter."})
+    critic_lora_r: int | None = field(default=16, metadata={"help": "LoRA rank of the critic adapter."})
     critic_lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha of the critic adapter."})
     critic_lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout of the critic adapter."})
     critic_share_adapter: bool = field(default=False, metadata={
         "help": "DC only: critics read their agent's policy adapter (parameter sharing, Appendix B)."})
-    critic_learning_rate: float = field(default=3e-6, metadata={"help": "alpha_V: the critics' learning rate."})
-    vf_coef: float = field(default=1.0, metadata={"help": "Weight of the value loss."})
-    value_clip: float | None = field(default=None, metadata={
+    critic_learning_rate: float | None = field(default=3e-6, metadata={"help": "alpha_V: the critics' learning rate."})
+    cliprange_value: float | None = field(default=None, metadata={
         "help": "PPO-style value clipping around the rollout-time value (not in the paper); None: off."})
-    num_epochs: int = field(default=1, metadata={"help": "E: passes over each rollout buffer."})
     num_minibatches: int = field(default=1, metadata={
         "help": "Minibatches (optimizer steps) per pass over the buffer; at most episodes_per_step."})
     critic_global_info: bool = field(default=True, metadata={
@@ -181,12 +176,6 @@ class ActorCriticConfig(MultiAgentConfig):
         if self.num_generations != 1:
             raise ValueError(f"ActorCriticTrainer rolls out one path per episode: num_generations must be 1, got "
                              f"{self.num_generations} (K > 1 is MAGRPO's tree; use MultiAgentGRPOTrainer)")
-        if self.num_turns < 1:
-            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.num_iterations != 1:
-            raise ValueError("num_iterations is not used by the actor-critic trainer; set num_epochs (E) instead")
         if self.critic_share_adapter and self.critic == "centralized":
             raise ValueError("critic_share_adapter is the parameter-sharing variant of CoLLM-DC; the centralized "
                              "critic reads all agents' histories and cannot share one agent's adapter")
@@ -194,16 +183,7 @@ class ActorCriticConfig(MultiAgentConfig):
             raise ValueError("critic_share_adapter reads the policy's own base; it cannot be combined with critic_model")
         if self.critic_quantization not in (None, "4bit"):
             raise ValueError(f"critic_quantization must be None or '4bit', got {self.critic_quantization!r}")
-        if self.critic_lora_r <= 0:
-            raise ValueError(f"critic_lora_r must be positive, got {self.critic_lora_r}")
-        if self.critic_learning_rate <= 0:
-            raise ValueError(f"critic_learning_rate must be positive, got {self.critic_learning_rate}")
-        if self.vf_coef <= 0:
-            raise ValueError(f"vf_coef must be positive, got {self.vf_coef}")
-        if self.value_clip is not None and self.value_clip <= 0:
-            raise ValueError(f"value_clip must be positive or None, got {self.value_clip}")
-        if self.num_epochs < 1:
-            raise ValueError(f"num_epochs must be at least 1, got {self.num_epochs}")
+        self.check_critic_settings()
         if self.num_minibatches < 1:
             raise ValueError(f"num_minibatches must be at least 1, got {self.num_minibatches}")
         if self.num_minibatches > self.episodes_per_step:
@@ -220,8 +200,8 @@ class ActorCriticConfig(MultiAgentConfig):
         if self.critic_global_info is None:
             raise ValueError("critic_global_info must be true or false (true, the paper's: CC and DC critics read m_t)")
         if self.epsilon is not None:  # the deprecated name of actor_ratio_clip
-            _warn_once("ActorCriticConfig.epsilon is deprecated: the actor's ratio clip is actor_ratio_clip (default "
-                       "None, no clip: CoLLM Eq. 2 / Eq. 4); epsilon is read as actor_ratio_clip")
+            warn_once("ActorCriticConfig.epsilon is deprecated: the actor's ratio clip is actor_ratio_clip (default "
+                      "None, no clip: CoLLM Eq. 2 / Eq. 4); epsilon is read as actor_ratio_clip")
             if self.actor_ratio_clip is not None and self.actor_ratio_clip != self.epsilon:
                 raise ValueError(f"epsilon={self.epsilon} (the deprecated name of actor_ratio_clip) and "
                                  f"actor_ratio_clip={self.actor_ratio_clip} disagree; set actor_ratio_clip only")
@@ -234,15 +214,6 @@ class ActorCriticConfig(MultiAgentConfig):
         self.epsilon = 0.0  # the shared range checks need a number here; the trainer reads actor_ratio_clip only
         super().__post_init__()
         self.epsilon = None  # unused (and a config rebuilt from its fields does not see the alias set)
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, FutureWarning, stacklevel=3)
 
 
 def actor_ratio_clip_range(clip: float | None) -> float:
@@ -318,8 +289,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
     }
 
     config_class = ActorCriticConfig
+    default_evaluator = "episodes"  # CoLLM evaluates its agents' greedy episodes, whatever the task
     summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "actor_ratio_clip",
-                      "num_epochs", "num_minibatches", "critic_learning_rate", "value_clip", "vf_coef",
+                      "num_iterations", "num_minibatches", "critic_learning_rate", "cliprange_value", "vf_coef",
                       "critic_history_turns", "critic_max_length")
 
     @property
@@ -361,7 +333,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         self.epsilon_low = self.epsilon_high = actor_ratio_clip_range(args.actor_ratio_clip)
         # One rollout serves E passes of M minibatches, one optimizer step each: the shared base re-rolls every
         # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.
-        self.num_iterations = args.num_epochs * args.num_minibatches
+        self.num_iterations = args.num_iterations * args.num_minibatches
 
     @property
     def critic_of(self) -> dict[str, str]:
@@ -387,9 +359,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
     @torch.no_grad()
     def rollout(self, tasks) -> EpisodeBuffer:
         """Alg. 1 lines 3-15: single-path episodes with behaviour log-probs; then this buffer's minibatch schedule
-        (and, with ``value_clip``, every critic's value at rollout time)."""
+        (and, with ``cliprange_value``, every critic's value at rollout time)."""
         buffer = super().rollout(tasks)
-        if self.args.value_clip is not None:
+        if self.args.cliprange_value is not None:
             for critic in dict.fromkeys(self.critic_of.values()):
                 values = self._values(critic, [self.critic_parts(buffer, tr.index, critic) for tr in buffer.transitions],
                                       grad=False)
@@ -398,7 +370,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         rng = random.Random(f"{self.args.seed}/{self.state.global_step}/{self.accelerator.process_index}")
         m = self.args.num_minibatches
         self._schedule = []
-        for _ in range(self.args.num_epochs):
+        for _ in range(self.args.num_iterations):
             order = list(range(len(buffer.transitions)))
             rng.shuffle(order)
             self._schedule.append([order[k::m] for k in range(m)])
@@ -446,10 +418,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 targets = td_targets([tr.reward for tr in chunk], [next_values.get(tr.next, 0.0) for tr in chunk],
                                      [tr.done for tr in chunk], self.args.gamma).to(values)
                 old = None
-                if self.args.value_clip is not None:
+                if self.args.cliprange_value is not None:
                     old = torch.tensor([tr.old_values[critic] for tr in chunk], dtype=values.dtype,
                                        device=values.device)
-                loss, _ = value_loss(values, targets, old, self.args.value_clip)
+                loss, _ = value_loss(values, targets, old, self.args.cliprange_value)
                 loss = loss * (len(chunk) / n)
                 with self.timed("backward"):
                     self.accelerator.backward(loss * self.args.vf_coef)

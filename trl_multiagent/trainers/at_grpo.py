@@ -46,7 +46,6 @@ class ATGRPOConfig(MultiAgentConfig):
             GRPO's per-response objective (the paper states no other); any TRL loss type or `"response"` works.
     """
 
-    num_turns: int = field(default=1, metadata={"help": "The turn budget."})
     agent_order: str = field(default="sequential", metadata={
         "help": "'sequential' (each agent sees the earlier agents' executed actions) or 'parallel'."})
     alpha: float = field(default=1.0, metadata={"help": "Eq. 3: r = alpha * team reward + local reward."})
@@ -55,9 +54,12 @@ class ATGRPOConfig(MultiAgentConfig):
     loss_type: str = field(default="grpo", metadata={
         "help": "GRPO's per-response token mean ('grpo', the default: the paper gives no other) or any loss type."})
 
+    @property
+    def evaluation_agent_order(self) -> str:
+        """Held-out episodes act in the order the agents train in."""
+        return self.agent_order
+
     def __post_init__(self):
-        if self.num_turns < 1:
-            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
         if self.agent_order not in ("sequential", "parallel"):
             raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {self.agent_order!r}")
         super().__post_init__()

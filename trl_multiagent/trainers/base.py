@@ -90,6 +90,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
     algorithm: ClassVar[str] = ""
     #: Config fields of the trainer's own that summary.json records.
     summary_fields: ClassVar[tuple[str, ...]] = ()
+    #: The held-out evaluator when a recipe says ``evaluator: auto``; None: the one the environment calls for
+    #: (:func:`~trl_multiagent.evaluation.evaluator_kind`).
+    default_evaluator: ClassVar[str | None] = None
+    #: Held-out evaluation samples at the training temperature (unless the recipe sets ``eval_temperature``), as the
+    #: paper evaluates; False: greedy, unless the evaluator itself samples.
+    evaluate_sampled: ClassVar[bool] = False
 
     def __init__(
         self,

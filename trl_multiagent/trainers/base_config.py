@@ -35,6 +35,12 @@ class MultiAgentConfig(GRPOConfig):
         episodes_per_step (`int`, defaults to `1`):
             Tasks (dataset rows) each process rolls out per optimizer step; every sample of those episodes goes into
             that one step.
+        num_turns (`int`, defaults to `1`):
+            Turns of an episode: the horizon H of MAGRPO and CoLLM, AT-GRPO's turn budget, MAPoRL's debate turns T
+            (fewer where the environment ends an episode early). MHGPO's pipeline is one pass: 1.
+        gamma (`float`, defaults to `1.0`):
+            Discount of later turns' rewards, in [0, 1]: MAGRPO's returns, CoLLM's TD targets, MAPoRL's reward
+            modes. AT-GRPO (each turn's own reward, Eq. 3) and MHGPO (one end reward) use none.
         model_dtype (`str`, defaults to `"auto"`):
             Weights dtype of full-precision bases: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`,
             `"bfloat16"`, `"float16"` or `"float64"` (slow; for numerical checks, where two computations of one
@@ -56,6 +62,11 @@ class MultiAgentConfig(GRPOConfig):
     fsdp_refusal: ClassVar[str | None] = None
 
     episodes_per_step: int = field(default=1, metadata={"help": "Tasks rolled out per process per optimizer step."})
+    num_turns: int = field(default=1, metadata={
+        "help": "Turns of an episode (H; AT-GRPO's turn budget; MAPoRL's debate turns), fewer where the environment "
+                "ends it early."})
+    gamma: float = field(default=1.0, metadata={
+        "help": "Discount of later turns' rewards, in [0, 1] (MAGRPO, CoLLM, MAPoRL; unused by AT-GRPO and MHGPO)."})
     model_dtype: str = field(default="auto", metadata={
         "help": "'auto', 'float32', 'bfloat16', 'float16' or 'float64' (slow; for numerical checks)."})
     num_threads: int | None = field(default=None, metadata={
@@ -91,6 +102,12 @@ class MultiAgentConfig(GRPOConfig):
     gradient_checkpointing: bool | None = field(default=None, metadata={
         "help": "transformers' deprecated alias of activation_checkpointing."})
 
+    @property
+    def evaluation_agent_order(self) -> str:
+        """How the agents act in held-out episodes: ``"parallel"`` (all at once), or ``"sequential"`` for a trainer
+        whose agents act one after another (AT-GRPO's ``agent_order``)."""
+        return "parallel"
+
     def __post_init__(self):
         cuda = torch.cuda.is_available()
         if self.bf16 is None:
@@ -99,6 +116,10 @@ class MultiAgentConfig(GRPOConfig):
         check_common_values(self, self.min_generations)
         if self.episodes_per_step < 1:
             raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}")
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
         if self.dense_copy not in DENSE_COPY:

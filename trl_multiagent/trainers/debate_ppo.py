@@ -39,6 +39,7 @@ from ..rollout import Experience
 from ..rollout.debate import DebateSample, DebateSampler
 from ..utils import release_freed_memory
 from .base import MultiAgentConfig, MultiAgentTrainer, _chunks
+from .critic_config import CriticSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ _CLIPPED_LOSSES = ("bnpo", "grpo", "dr_grpo", "dapo")
 
 
 @dataclass
-class DebatePPOConfig(MultiAgentConfig):
+class DebatePPOConfig(CriticSettings, MultiAgentConfig):
     r"""Configuration of [`DebatePPOTrainer`] (MAPoRL). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field keeps
     its meaning; the fields below are added or get new defaults.
 
@@ -115,9 +116,6 @@ class DebatePPOConfig(MultiAgentConfig):
     """
 
     min_generations: ClassVar[int] = 1
-    #: Refused under FSDP (trainers/sharding.py): the critics run outside the pool's forward.
-    fsdp_refusal: ClassVar[str | None] = ("its critics' value heads run outside the team's FSDP forward and their "
-                                          "losses take a per-process number of backward passes")
 
     num_turns: int = field(default=3, metadata={"help": "T: debate turns (earlier end when all agents agree)."})
     num_generations: int | None = field(default=1, metadata={"help": "Independent debates per task."})
@@ -136,16 +134,12 @@ class DebatePPOConfig(MultiAgentConfig):
         "help": "'rule' (gold-answer check) or the directory of a saved learned verifier (App. E)."})
     kl_coef: float = field(default=0.002, metadata={"help": "Per-token KL penalty in the token rewards."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the clipped value loss."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around the rollout's values."})
+    cliprange_value: float | None = field(default=0.2, metadata={
+        "help": "Value clip around the rollout's values; None: no clip."})
     gae_gamma: float = field(default=1.0, metadata={"help": "GAE discount between the tokens of one answer."})
     gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Normalise each policy's token advantages."})
     value_head_per_turn: bool = field(default=False, metadata={"help": "One value head per turn in every critic."})
-    critic_share_adapter: bool = field(default=False, metadata={
-        "help": "Critics read through the policy's adapter (own head only)."})
-    critic_lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the critics (None: agent's)."})
-    critic_learning_rate: float | None = field(default=None, metadata={
-        "help": "Learning rate of the critics (None: learning_rate)."})
     penalty_value: float = field(default=-10.0, metadata={
         "help": "Verifier score of an answer hit by an App. G penalty (the paper's -10); it enters the reward sums."})
     penalize_no_boxed: bool = field(default=True, metadata={"help": "Penalise answers without \\boxed{}."})
@@ -165,22 +159,14 @@ class DebatePPOConfig(MultiAgentConfig):
         if self.beta != 0.0:
             raise ValueError("MAPoRL puts the KL penalty into the per-token rewards (kl_coef); beta (TRL's KL loss "
                              "term) must be 0")
-        if self.num_turns < 1:
-            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations (debates per task) must be at least 1, got {self.num_generations}")
-        for name in ("kl_coef", "vf_coef", "cliprange_value"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        self.check_critic_settings()
         for name in ("gae_gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.critic_lora_r is not None and self.critic_lora_r <= 0:
-            raise ValueError(f"critic_lora_r must be positive, got {self.critic_lora_r}")
-        if self.critic_learning_rate is not None and self.critic_learning_rate <= 0:
-            raise ValueError(f"critic_learning_rate must be positive, got {self.critic_learning_rate}")
         if self.min_response_tokens < 0 or self.max_repeats < 1 or self.max_repeat_ngram < 1:
             raise ValueError("min_response_tokens must be >= 0, max_repeats and max_repeat_ngram >= 1")
         if not self.verifier:
@@ -234,6 +220,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
     }
 
     config_class = DebatePPOConfig
+    evaluate_sampled = True  # Sec. 4.1: majority vote over answers sampled at the training temperature
     algorithm = "MAPoRL"
     summary_fields = ("num_turns", "gamma", "reward_mode", "alpha0", "alpha1", "beta0", "beta1", "verifier", "kl_coef",
                       "vf_coef", "gae_gamma", "gae_lambda", "num_iterations")

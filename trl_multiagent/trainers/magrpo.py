@@ -72,11 +72,7 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
             No KL term (and no reference pass): the paper's 0.02 is stated for writing only, none for coding.
     """
 
-    num_turns: int = field(default=1, metadata={
-        "help": "Horizon H: turns of the rollout tree; H > 1: each turn's loss averaged over its samples, the turns "
-                "summed (Algorithm 1)."})
     joint_mode: str = field(default="aligned", metadata={"help": "'aligned' (K joint actions) or 'cross' (K**n)."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount of later turns' rewards (the paper: 1.0)."})
     loss_type: str = field(default=RESPONSE_LOSS, metadata={
         "help": "'response' (MAGRPO Eq. 2: whole-response ratio, summed token log-probs) or a TRL loss type."})
     temperature: float = field(default=1.0, metadata={
@@ -91,12 +87,8 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
         "help": "KL coefficient; 0 (no reference pass): the paper states 0.02 for writing only, none for coding."})
 
     def __post_init__(self):
-        if self.num_turns < 1:
-            raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
         if self.joint_mode not in ("aligned", "cross"):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.num_turns > 1 and self.loss_type != RESPONSE_LOSS and self.loss_type not in ROW_MEAN_LOSSES:
             raise ValueError(f"num_turns > 1 weighs each turn's samples on their own (Algorithm 1), which needs a "
                              f"per-response loss_type ({RESPONSE_LOSS!r} or {sorted(ROW_MEAN_LOSSES)}), got "

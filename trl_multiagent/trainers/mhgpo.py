@@ -107,6 +107,9 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
     beta: float = field(default=0.001, metadata={"help": "KL coefficient (Table 2 of the paper: 0.001)."})
 
     def __post_init__(self):
+        if self.num_turns != 1:
+            raise ValueError(f"num_turns must be 1 for MHGPO: its pipeline (the agent DAG) runs once per question, got "
+                             f"{self.num_turns}")
         if self.sampling not in STRATEGIES:
             raise ValueError(f"sampling must be one of {list(STRATEGIES)}, got {self.sampling!r}")
         if self.fork_probabilities is not None:
