@@ -89,6 +89,12 @@ def assert_same_computation(actual, expected, *, terms: int, dtype: torch.dtype 
     else:
         diff = torch.as_tensor(actual).detach().double() - torch.as_tensor(expected).detach().double()
         deviation = diff.norm().item() / scale
+    return check_deviation(deviation, terms=terms, dtype=dtype, what=what)
+
+
+def check_deviation(deviation: float, *, terms: int, dtype: torch.dtype = MODEL_ROUNDING, what: str = "") -> float:
+    """Assert that a relative deviation measured elsewhere (e.g. in a launched process) is within
+    ``rounding_tolerance(terms, dtype)``; :func:`assert_same_computation` measures it and calls this."""
     tolerance = rounding_tolerance(terms, dtype)
     _log({"what": what, "deviation": deviation, "tolerance": tolerance, "terms": terms, "dtype": str(dtype)})
     assert deviation <= tolerance, (f"{what or 'values'}: relative deviation {deviation:.3e} exceeds the rounding "

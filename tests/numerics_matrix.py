@@ -26,12 +26,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: every test file with a comparison of two numerical paths (tests/numerics.py); test_vllm.py runs in .venv-vllm
+#: every test with a comparison of two numerical paths (tests/numerics.py); test_vllm.py's run in .venv-vllm. Whole
+#: files would work too, at several times the cost: the rest of their tests compare nothing numerical.
 NUMERICAL_TESTS = [
-    "tests/test_logprobs.py", "tests/test_generation.py", "tests/test_agents.py", "tests/test_trainer.py",
-    "tests/test_trl_equivalence.py", "tests/test_verifier.py", "tests/test_losses.py", "tests/test_debate_ppo.py",
-    "tests/test_actor_critic.py", "tests/test_mhgpo_trainer.py", "tests/test_models.py", "tests/test_distributed.py",
-    "tests/test_sharded.py", "tests/test_vllm_config.py", "tests/test_numerics.py",
+    "tests/test_logprobs.py",
+    "tests/test_generation.py::test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer",
+    "tests/test_generation.py::test_samples_of_one_prompt_share_one_prefill",
+    "tests/test_generation.py::test_prompts_with_a_shared_prefix_prefill_it_once",
+    "tests/test_generation.py::test_dense_copy_computes_what_the_4bit_layer_computes",
+    "tests/test_generation.py::test_packed_frozen_linears_give_the_same_answers_as_f_linear",
+    "tests/test_generation.py::test_bucketed_prefill_gives_every_row_its_greedy_answer_and_pads_less",
+    "tests/test_agents.py::test_generate_many_answers_every_request_in_order",
+    "tests/test_trainer.py::test_max_grad_norm_bounds_each_policy_separately",
+    "tests/test_trl_equivalence.py",
+    "tests/test_verifier.py::test_loss_is_token_bce_over_the_latter_half_of_the_solution",
+    "tests/test_verifier.py::test_trained_verifier_saved_reloaded_and_used_as_the_debate_scorer",
+    "tests/test_losses.py",
+    "tests/test_debate_ppo.py::test_value_loss_trains_only_the_critics_and_is_the_clipped_loss",
+    "tests/test_actor_critic.py::test_centralized_critic_loss_is_one_mean_over_joint_transitions",
+    "tests/test_actor_critic.py::test_actor_is_the_unclipped_ratio_objective_of_eq_2_and_4",
+    "tests/test_mhgpo_trainer.py::test_eq6_agent_weights_reach_the_gradient",
+    "tests/test_models.py::test_converted_model_generates_and_matches_gguf",
+    "tests/test_sharded.py::test_fsdp_two_processes_match_one_process_and_resume",
+    "tests/test_distributed.py",
+    "tests/test_vllm_config.py",
+    "tests/test_numerics.py",
 ]
 
 
