@@ -15,6 +15,7 @@ from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.rollout import SinglePathSampler
 from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer, DebatePPOConfig
+from trl_multiagent.trainers.actor_critic import episode_returns
 
 AGENTS = ("left", "right")
 
@@ -47,7 +48,10 @@ class ThreeTurns(Environment):
 def _scripted_buffer(num_tasks=1, stop_after=None):
     """A buffer from the real single-path sampler with scripted responses ``<agent> says <k> at <prompt>``."""
     pool = ScriptedPool(AGENTS, lambda agent, prompt, k: f"reply of {agent} to '{prompt}'")
-    return SinglePathSampler(num_turns=3).rollout(pool, lambda: ThreeTurns(stop_after), [{}] * num_tasks, None), pool
+    buffer = SinglePathSampler(num_turns=3).rollout(pool, lambda: ThreeTurns(stop_after), [{}] * num_tasks, None)
+    assert all(tr.ret == 0.0 for tr in buffer.transitions)
+    episode_returns(buffer, gamma=1.0)  # the trainer's credit: the Monte-Carlo returns
+    return buffer, pool
 
 
 def _args(tmp_path, **kw):

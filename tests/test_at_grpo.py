@@ -1,4 +1,5 @@
-"""AT-GRPO's agent-and-turn sampler (trl_multiagent/rollout/agent_turn.py) with a scripted pool."""
+"""AT-GRPO's agent-and-turn sampler (trl_multiagent/rollout/agent_turn.py) and its credit (trainers/at_grpo.py:
+agent_turn_credit) with a scripted pool."""
 
 import pytest
 from transformers import GenerationConfig
@@ -7,8 +8,17 @@ from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit import best_candidate, mix_rewards
 from trl_multiagent.environments import Environment, MatrixGameEnv, StepResult
 from trl_multiagent.rollout import AgentTurnSampler
+from trl_multiagent.trainers.at_grpo import agent_turn_credit
 
 GEN = GenerationConfig(max_new_tokens=2)
+
+
+def play(sampler, pool, env, tasks, drop_zero_std_groups=False):
+    """The sampler's rollout, then AT-GRPO's credit with the sampler's alpha (what the trainer's assign_credit does)."""
+    exp = sampler.rollout(pool, env, tasks, GEN)
+    assert all(s.advantage == 0.0 for s in exp.samples)
+    agent_turn_credit(exp, sampler.alpha, drop_zero_std_groups=drop_zero_std_groups)
+    return exp
 
 
 class RelayEnv(Environment):
@@ -45,7 +55,7 @@ def digits(agent, prompt, k):
 
 def test_groups_never_merge_problems_turns_or_agents():
     pool = ScriptedPool(["first", "second"], digits)
-    exp = AgentTurnSampler(num_samples=4, num_turns=3).rollout(pool, RelayEnv, [{"id": 0}, {"id": 1}], GEN)
+    exp = play(AgentTurnSampler(num_samples=4, num_turns=3), pool, RelayEnv, [{"id": 0}, {"id": 1}])
     groups = {}
     for s in exp.samples:
         groups.setdefault(s.group, []).append(s)
@@ -57,7 +67,7 @@ def test_groups_never_merge_problems_turns_or_agents():
 
 def test_sequential_later_agent_is_scored_after_earlier_agents_executed_action():
     pool = ScriptedPool(["first", "second"], digits)
-    exp = AgentTurnSampler(num_samples=4, num_turns=1, alpha=0.0).rollout(pool, RelayEnv, [{"id": 0}], GEN)
+    exp = play(AgentTurnSampler(num_samples=4, num_turns=1, alpha=0.0), pool, RelayEnv, [{"id": 0}])
     firsts = [s for s in exp.samples if s.agent == "first"]
     executed_first = max(firsts, key=lambda s: (s.reward, -firsts.index(s))).generation.text
     seconds = [s for s in exp.samples if s.agent == "second"]
@@ -69,7 +79,7 @@ def test_sequential_later_agent_is_scored_after_earlier_agents_executed_action()
 
 def test_greedy_executes_the_argmax_candidate():
     pool = ScriptedPool(["first", "second"], digits)
-    exp = AgentTurnSampler(num_samples=4, num_turns=1, alpha=1.0).rollout(pool, RelayEnv, [{"id": 7}], GEN)
+    exp = play(AgentTurnSampler(num_samples=4, num_turns=1, alpha=1.0), pool, RelayEnv, [{"id": 7}])
     firsts = [s.reward for s in exp.samples if s.agent == "first"]
     executed = exp.joint_actions[0]
     assert executed.sample_index == (firsts.index(max(firsts)),)
@@ -79,7 +89,7 @@ def test_greedy_executes_the_argmax_candidate():
 def test_reward_mixing_eq3():
     assert mix_rewards(team=2.0, local=0.5, alpha=0.3) == pytest.approx(1.1)
     pool = ScriptedPool(["first", "second"], digits)
-    exp = AgentTurnSampler(num_samples=3, num_turns=1, alpha=0.5).rollout(pool, RelayEnv, [{"id": 0}], GEN)
+    exp = play(AgentTurnSampler(num_samples=3, num_turns=1, alpha=0.5), pool, RelayEnv, [{"id": 0}])
     first_exec = exp.joint_actions[0]
     for s in exp.samples:
         if s.agent == "second":
@@ -92,8 +102,7 @@ def test_reward_mixing_eq3():
 def test_parallel_scores_aligned_candidates_with_local_rewards():
     pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: "AB"[k % 2] if a == "agent1" else "BA"[k % 2])
     env = lambda: MatrixGameEnv(local_payoff="posg2")  # noqa: E731
-    exp = AgentTurnSampler(num_samples=2, num_turns=1, agent_order="parallel", alpha=0.0).rollout(
-        pool, env, [{}], GEN)
+    exp = play(AgentTurnSampler(num_samples=2, num_turns=1, agent_order="parallel", alpha=0.0), pool, env, [{}])
     # candidate 0: (A, B) -> locals (1, 6), team 7; candidate 1: (B, A) -> locals (6, 1), team 7
     r = {(s.agent, s.generation.text): s.reward for s in exp.samples}
     assert r == {("agent1", "A"): 1.0, ("agent1", "B"): 6.0, ("agent2", "B"): 6.0, ("agent2", "A"): 1.0}
@@ -109,8 +118,7 @@ def test_parallel_executes_the_best_scored_joint_action_by_hand():
     #   k = 0: (B, A) -> r = (6, 1), sum 7;  k = 1: (A, B) -> r = (1, 6), sum 7;  k = 2: (A, A) -> r = (5, 5), sum 10
     pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: ("BAA" if a == "agent1" else "ABA")[k])
     env = lambda: MatrixGameEnv(local_payoff="posg2")  # noqa: E731
-    exp = AgentTurnSampler(num_samples=3, num_turns=1, agent_order="parallel", alpha=0.0).rollout(
-        pool, env, [{}], GEN)
+    exp = play(AgentTurnSampler(num_samples=3, num_turns=1, agent_order="parallel", alpha=0.0), pool, env, [{}])
     assert [s.reward for s in exp.samples if s.agent == "agent1"] == [6.0, 1.0, 5.0]
     assert [s.reward for s in exp.samples if s.agent == "agent2"] == [1.0, 6.0, 5.0]
     # executed: argmax of the sums (7, 7, 10) = k = 2, (A, A), team reward 10 as observed when it was scored.
@@ -138,13 +146,12 @@ def test_best_candidate_sums_the_acting_agents_eq3_rewards():
 def test_sequential_needs_partial_actions():
     pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: "A")
     with pytest.raises(ValueError, match="partial"):
-        AgentTurnSampler(num_samples=2, num_turns=1).rollout(pool, MatrixGameEnv, [{}], GEN)
+        play(AgentTurnSampler(num_samples=2, num_turns=1), pool, MatrixGameEnv, [{}])
 
 
 def test_zero_std_groups_are_dropped_and_counted():
     pool = ScriptedPool(["first", "second"], lambda a, p, k: "5")  # every candidate ties
-    exp = AgentTurnSampler(num_samples=3, num_turns=1, drop_zero_std_groups=True).rollout(
-        pool, RelayEnv, [{"id": 0}], GEN)
+    exp = play(AgentTurnSampler(num_samples=3, num_turns=1), pool, RelayEnv, [{"id": 0}], drop_zero_std_groups=True)
     assert exp.samples == [] and exp.stats["dropped_samples"] == 6.0
     assert exp.stats["frac_reward_zero_std"] == 1.0
 

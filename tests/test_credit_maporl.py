@@ -1,4 +1,5 @@
-"""MAPoRL's credit (trl_multiagent/credit/maporl.py) against hand-computed values on small debates."""
+"""MAPoRL's credit (trl_multiagent/credit/maporl.py; GAE and whitening in credit/returns.py) and its debate metrics
+(trl_multiagent/metrics/debate.py) against hand-computed values on small debates."""
 
 import pytest
 
@@ -12,18 +13,15 @@ from trl_multiagent.credit.maporl import (
     cumulative_rewards,
     discount_sums,
     fill_after_early_stop,
-    gae,
     immediate_rewards,
     influence_aware_rewards,
-    majority_vote_accuracy,
-    peer_majority,
     penalized_score,
     repeated_run,
     token_level_rewards,
-    transition_fractions,
     verification_rewards,
-    whiten,
 )
+from trl_multiagent.credit.returns import gae, whiten
+from trl_multiagent.metrics.debate import majority_vote_accuracy, peer_majority, transition_fractions
 
 
 def close(got, expected):

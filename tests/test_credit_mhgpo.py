@@ -1,4 +1,5 @@
-"""MHGPO's credit functions (trl_multiagent/credit/mhgpo.py) and the QA metrics, against hand-computed values."""
+"""MHGPO's credit functions (trl_multiagent/credit/mhgpo.py), the QA metrics and the intra-group similarity
+(trl_multiagent/metrics/), against hand-computed values."""
 
 import math
 import statistics
@@ -10,10 +11,10 @@ from trl_multiagent.credit.mhgpo import (
     agent_loss_weights,
     final_rewards,
     heterogeneous_group_advantages,
-    intra_group_similarity,
     propagate_rewards,
 )
 from trl_multiagent.metrics.qa import accuracy, exact_match, normalize_answer, qa_scores, token_f1
+from trl_multiagent.metrics.similarity import intra_group_similarity
 
 # A small DAG of outputs (indices in topological order):
 #   0: Rewriter (one output)  -> consumed by 1, 2 (two forked Reranker outputs) and 3 (a side agent, one output)

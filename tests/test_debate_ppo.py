@@ -1,5 +1,6 @@
 """DebatePPOTrainer (MAPoRL) on a tiny model: a training step, GAE targets, value-head gradients, the clipped value
-loss, per-turn heads, PPO epochs reusing one rollout, validation and the debate recipes."""
+loss (a term of the base's update loop), per-turn heads, PPO epochs reusing one rollout, validation and the debate
+recipes."""
 
 import json
 from pathlib import Path
@@ -30,8 +31,9 @@ def _args(tmp_path, **kw):
     return DebatePPOConfig(**base)
 
 
-def _trainer(model, tmp_path, **kw):
-    agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in AGENTS]
+def _trainer(model, tmp_path, shared_policy=False, **kw):
+    policy = {"policy": "team"} if shared_policy else {}
+    agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8, **policy) for a in AGENTS]
     return DebatePPOTrainer(agents, CollaborationGameEnv, _args(tmp_path, **kw),
                             Dataset.from_dict({"task_id": list(range(16))}))
 
@@ -67,15 +69,23 @@ def test_rollout_gives_gae_targets_of_the_final_reward(tiny_text_model, tmp_path
             assert s.reward == pytest.approx((s.score + by_key[(episode, agent, 1)].score) / 2)
 
 
-def test_value_loss_trains_only_the_critics_and_is_the_clipped_loss(tiny_text_model, tmp_path):
-    trainer = _trainer(tiny_text_model, tmp_path, cliprange_value=0.05, vf_coef=0.5)
+@pytest.mark.parametrize("shared_policy", [False, True])  # shared: a micro-batch holds both agents' answers
+def test_value_loss_trains_only_the_critics_and_is_the_clipped_loss(tiny_text_model, tmp_path, shared_policy):
+    trainer = _trainer(tiny_text_model, tmp_path, shared_policy, cliprange_value=0.05, vf_coef=0.5)
     experience = trainer.rollout(_tasks())
     with torch.no_grad():  # move the values away from the rollout's (zero) values, past the clip
         for head in trainer.pool.value_heads.values():
             head.linear.weight.normal_(0, 0.5)
             head.linear.bias.fill_(0.3)
     _zero_grads(trainer)
-    total = trainer._value_update(trainer.pool, experience)
+    total = torch.zeros(())
+    for policy in trainer.pool.policies:  # the term the base's update loop adds to each of a policy's micro-batches
+        rows = experience.samples_of(policy)
+        for start in range(0, len(rows), trainer.args.per_device_train_batch_size):
+            chunk = rows[start:start + trainer.args.per_device_train_batch_size]
+            term = trainer.auxiliary_loss(trainer.pool, policy, chunk, trainer.collate(policy, chunk), experience)
+            term.backward()
+            total = total + term.detach()
 
     critic_params = {id(p) for c in trainer.pool.critics for p in trainer.pool.critic_parameters(c)}
     for critic in trainer.pool.critics:
@@ -101,7 +111,8 @@ def test_value_loss_trains_only_the_critics_and_is_the_clipped_loss(tiny_text_mo
     # the update's batches and one pass per sample sum in another order (tests/numerics.py)
     tokens = sum(len(s.generation.prompt_ids) + len(s.generation.completion_ids) for s in experience.samples)
     assert_same_computation(total.detach(), torch.tensor(expected), terms=model_terms(tokens), what="value loss")
-    assert trainer._metrics["train"]["value_clipfrac"][-1] > 0  # the clip was active
+    clipfracs = trainer._metrics["train"]["value_clipfrac"]  # one per micro-batch; the log reports their mean
+    assert sum(clipfracs) / len(clipfracs) > 0  # the clip was active
 
 
 def test_per_turn_value_heads_read_the_head_of_each_turn(tiny_text_model, tmp_path):

@@ -1,4 +1,5 @@
-"""The MAPoRL debate sampler, environments and evaluation against hand-built debates (scripted pool, no model)."""
+"""The MAPoRL debate sampler, its reward credit (trainers/debate_ppo.py: debate_rewards), environments and evaluation
+against hand-built debates (scripted pool, no model)."""
 
 import re
 
@@ -12,6 +13,7 @@ from trl_multiagent.environments import CollaborationGameEnv, MathDebateEnv, NLI
 from trl_multiagent.environments.debate import anli_to_task, nli_problems
 from trl_multiagent.evaluation import debate_metrics, evaluate_debate
 from trl_multiagent.rollout import DebateSampler
+from trl_multiagent.trainers.debate_ppo import debate_rewards
 
 GEN = GenerationConfig(max_new_tokens=8)
 TASKS = [{"task_id": "q1", "question": "What is 2 + 3?", "answer": "5"},
@@ -43,6 +45,14 @@ class DebatePool(ScriptedPool):
         return CharTokenizer()
 
 
+def play(sampler, pool, env, reward_mode, gamma, incentives=None, penalty_value=-10.0):
+    """The sampler's rollout, then MAPoRL's reward credit (what the trainer's assign_credit does before GAE)."""
+    exp = sampler.rollout(pool, env, TASKS, GEN)
+    assert all(s.reward == 0.0 for s in exp.samples)
+    debate_rewards(exp, sampler.num_turns, reward_mode, gamma, incentives, penalty_value)
+    return exp
+
+
 def test_debate_turns_prompts_batching_and_early_stop():
     pool = DebatePool()
     debates = DebateSampler(num_turns=3).run(pool, MathDebateEnv, TASKS, GEN)
@@ -61,10 +71,9 @@ def test_debate_turns_prompts_batching_and_early_stop():
 
 
 def test_rollout_rewards_mode_incentives_and_penalty_by_hand():
-    sampler = DebateSampler(num_turns=3, reward_mode="cumulative", gamma=0.5,
-                            incentives=Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8),
-                            penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
-    exp = sampler.rollout(DebatePool(), MathDebateEnv, TASKS, GEN)
+    sampler = DebateSampler(num_turns=3, penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
+    exp = play(sampler, DebatePool(), MathDebateEnv, "cumulative", 0.5,
+               incentives=Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8))
     reward = {(s.episode, s.agent, s.turn): s.reward for s in exp.samples}
     # q1 rule scores: agent1 0, 1, 1; agent2 0, 0, 1, and agent2's turn-2 answer (text after the box) is penalised:
     # its verifier score becomes -10 (App. G.2), so agent2's scores are 0, -10, 1. Cumulative rewards (App. F Eq. 1)
@@ -92,9 +101,8 @@ def test_rollout_rewards_mode_incentives_and_penalty_by_hand():
 
 def test_penalty_score_enters_every_influence_aware_reward():
     # issue 35 point 5, App. G.2: the penalised answer's VERIFIER SCORE is -10 and flows into the sums of Def. 1
-    sampler = DebateSampler(num_turns=3, reward_mode="influence", gamma=0.5,
-                            penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
-    exp = sampler.rollout(DebatePool(), MathDebateEnv, TASKS, GEN)
+    sampler = DebateSampler(num_turns=3, penalties=PenaltySettings(no_eos=False, min_tokens=0, repetition=False))
+    exp = play(sampler, DebatePool(), MathDebateEnv, "influence", 0.5)
     reward = {(s.episode, s.agent, s.turn): s.reward for s in exp.samples}
     # q1 scores: agent1 0, 1, 1; agent2 0, -10 (penalised: text after the box), 1
     # team means: t1 0, t2 (1 - 10)/2 = -4.5, t3 1; D = 1.75, 1.5, 1
@@ -119,8 +127,7 @@ def test_influence_mode_and_learned_scorer_replace_scores():
         calls.append(len(solutions))
         return [0.25 if "boxed{5}" in s else 0.0 for s in solutions]
 
-    exp = DebateSampler(num_turns=3, reward_mode="influence", gamma=0.5, scorer=scorer).rollout(
-        DebatePool(), MathDebateEnv, TASKS, GEN)
+    exp = play(DebateSampler(num_turns=3, scorer=scorer), DebatePool(), MathDebateEnv, "influence", 0.5)
     assert calls == [8]
     scores = {(s.episode, s.agent, s.turn): s.score for s in exp.samples}
     assert scores[(0, "agent1", 1)] == 0.25 and scores[(0, "agent2", 1)] == 0.0
@@ -135,8 +142,11 @@ def test_influence_mode_and_learned_scorer_replace_scores():
 
 def test_incentives_and_verifier_need_a_debate_env():
     pool = ScriptedPool(["agent1", "agent2"], lambda a, p, k: "A")
+    exp = DebateSampler(num_turns=2).rollout(pool, CollaborationGameEnv, [{}], GEN)
     with pytest.raises(ValueError, match="not a DebateEnv"):
-        DebateSampler(num_turns=2, incentives=Incentives(alpha0=1)).run(pool, CollaborationGameEnv, [{}], GEN)
+        debate_rewards(exp, 2, "influence", 0.3, incentives=Incentives(alpha0=1))
+    with pytest.raises(ValueError, match="not a DebateEnv"):
+        DebateSampler(num_turns=2, scorer=lambda q, s: [0.0] * len(s)).run(pool, CollaborationGameEnv, [{}], GEN)
 
 
 def test_evaluation_per_turn_majority_transitions_and_agents_alone():

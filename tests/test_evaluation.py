@@ -23,7 +23,7 @@ from trl_multiagent.evaluation import (
     paired_bootstrap,
     write_run_outputs,
 )
-from trl_multiagent.evaluation.stats import percentile_interval
+from trl_multiagent.metrics.stats import percentile_interval
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 

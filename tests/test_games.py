@@ -430,6 +430,7 @@ def test_at_grpo_rollout_sequential_and_parallel(fake_sandbox):
 
     from tests.fake_pool import ScriptedPool
     from trl_multiagent.rollout import AgentTurnSampler
+    from trl_multiagent.trainers.at_grpo import agent_turn_credit
 
     def script(agent, prompt, k):
         if agent == "tool":
@@ -444,6 +445,7 @@ def test_at_grpo_rollout_sequential_and_parallel(fake_sandbox):
         pool = ScriptedPool(["tool", "plan"], script)
         sampler = AgentTurnSampler(num_samples=2, num_turns=3, agent_order=order)
         exp = sampler.rollout(pool, lambda: PlanPathEnv(max_turns=3), [{"grid": PP_GRID}], GenerationConfig())
+        agent_turn_credit(exp, sampler.alpha)  # the trainer's credit: Eq. 3 rewards
         best_tool = [s for s in exp.samples if s.agent == "tool" and s.turn == 0]
         assert best_tool[0].reward > best_tool[1].reward  # the solver's code beats prose
         assert exp.joint_actions[-1].done and exp.joint_actions[-1].info["success"] == 1.0

@@ -1,4 +1,4 @@
-"""@k metrics and bootstrap intervals (trl_multiagent/evaluation/at_k.py, stats.py) against hand-computed values; the
+"""@k metrics and bootstrap intervals (trl_multiagent/metrics/at_k.py, stats.py) against hand-computed values; the
 coding evaluation itself is tested in tests/test_evaluation.py."""
 
 import math

@@ -1,4 +1,5 @@
-"""MHGPO's pipeline sampler (trl_multiagent/rollout/pipeline.py) on hand-built trajectories, with a scripted pool.
+"""MHGPO's pipeline sampler (trl_multiagent/rollout/pipeline.py) and its credit (trainers/mhgpo.py: pipeline_credit)
+on hand-built trajectories, with a scripted pool.
 
 The toy pipeline is a DAG with a tool:   a -> b -> d,   a -> t (tool) -> c -> d.
 Every agent's output is ``<agent><n>``, n = how many times this agent already saw this exact prompt (so the G copies
@@ -17,6 +18,7 @@ from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit import STD_EPS
 from trl_multiagent.environments.pipeline import PipelineEnvironment, PipelineGraph
 from trl_multiagent.rollout.pipeline import PipelineSampler, choose_fork_agents, default_fork_probabilities
+from trl_multiagent.trainers.mhgpo import pipeline_credit
 
 GEN = GenerationConfig(max_new_tokens=4)
 G = 2
@@ -68,6 +70,14 @@ def counting_pool():
 TASKS = [{"id": 0, "bonus": 0.0}, {"id": 1, "bonus": 1.0}, {"id": 2, "bonus": 0.0}]
 
 
+def play(sampler, pool, tasks, forks=None, aggregate="mean"):
+    """The sampler's rollout, then MHGPO's credit (what the trainer's assign_credit does)."""
+    exp = sampler.rollout(pool, ToyDag, tasks, GEN, forks=forks)
+    assert all(s.advantage == 0.0 and s.reward == 0.0 for s in exp.samples)
+    pipeline_credit(exp, aggregate)
+    return exp
+
+
 def by_agent(samples):
     out = defaultdict(list)
     for s in samples:
@@ -103,7 +113,7 @@ def test_graph_validation(edges, message):
 
 def test_fork_on_first_counts_groups_and_advantages_by_hand():
     pool = counting_pool()
-    exp = PipelineSampler(num_samples=G, strategy="fork_on_first").rollout(pool, ToyDag, TASKS[:2], GEN)
+    exp = play(PipelineSampler(num_samples=G, strategy="fork_on_first"), pool, TASKS[:2])
     # one generate call per agent for every question and branch: 2 questions x G = 4 prompts each
     assert pool.calls == [("a", 4, 1), ("b", 4, 1), ("c", 4, 1), ("d", 4, 1)]
     groups = by_agent(exp.samples)
@@ -133,7 +143,7 @@ def test_fork_on_first_counts_groups_and_advantages_by_hand():
 def test_round_robin_fork_at_b_propagates_through_the_dag_by_hand():
     pool = counting_pool()
     sampler = PipelineSampler(num_samples=G, strategy="round_robin")
-    exp = sampler.rollout(pool, ToyDag, TASKS, GEN, forks=["a", "b", "b"])
+    exp = play(sampler, pool, TASKS, forks=["a", "b", "b"])
     groups = by_agent(exp.samples)
     # question 0 forks at a (as FoF); questions 1 and 2 fork at b: a, t and c run once, b and d G times
     assert {k: len(v) for k, v in groups.items()} == {
@@ -173,8 +183,8 @@ def test_round_robin_fork_at_b_propagates_through_the_dag_by_hand():
 
 def test_round_robin_with_another_aggregation():
     # Aggr = min (Eq. 4): question 1 forked at b: c = min(1.0, 1.5) = 1.0 (then -0.1); a = min(1.0, 1.5, 1.0) = 1.0
-    exp = PipelineSampler(num_samples=G, strategy="round_robin", aggregate="min").rollout(
-        counting_pool(), ToyDag, TASKS, GEN, forks=["a", "b", "b"])
+    exp = play(PipelineSampler(num_samples=G, strategy="round_robin"), counting_pool(), TASKS, forks=["a", "b", "b"],
+               aggregate="min")
     groups = by_agent(exp.samples)
     assert groups[(1, "c")][0].ret == pytest.approx(1.0) and groups[(1, "c")][0].reward == pytest.approx(0.9)
     assert groups[(1, "a")][0].reward == pytest.approx(1.0) and groups[(2, "a")][0].reward == pytest.approx(0.0)
@@ -183,7 +193,7 @@ def test_round_robin_with_another_aggregation():
 
 def test_independent_sampling_keeps_one_homogeneous_group_per_agent():
     pool = counting_pool()
-    exp = PipelineSampler(num_samples=G, strategy="independent").rollout(pool, ToyDag, TASKS[:1], GEN)
+    exp = play(PipelineSampler(num_samples=G, strategy="independent"), pool, TASKS[:1])
     groups = by_agent(exp.samples)
     # n*G kept samples, one homogeneous group (same prompt) per agent
     assert {k: len(v) for k, v in groups.items()} == {(0, a): G for a in "abcd"}

@@ -24,6 +24,7 @@ from trl_multiagent.environments.search_qa import (
 )
 from trl_multiagent.evaluation import TEAM, PipelineEvaluator, evaluate_team
 from trl_multiagent.rollout.pipeline import PipelineSampler
+from trl_multiagent.trainers.mhgpo import pipeline_credit
 
 GEN = GenerationConfig(max_new_tokens=8)
 
@@ -113,6 +114,7 @@ def oracle_pool(rows, wrong_answer=False):
 def test_pipeline_with_oracle_agents_scores_full_marks():
     rows = generate_questions(8, seed=1)
     exp = PipelineSampler(num_samples=2, strategy="fork_on_first").rollout(oracle_pool(rows), SearchQAEnv, rows, GEN)
+    pipeline_credit(exp)  # the trainer's credit: Eq. 4 propagation, Eq. 5 groups
     assert exp.stats["env/em"] == 1.0 and exp.stats["env/f1"] == 1.0 and exp.stats["env/acc"] == 1.0
     assert exp.stats["env/gold_retrieved"] == 1.0 and exp.stats["env/gold_selected"] == 1.0
     assert exp.stats["agent/rewriter/num_queries"] == 2.0 and exp.stats["agent/reranker/num_selected"] >= 2.0

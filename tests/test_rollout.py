@@ -1,4 +1,5 @@
-"""The MAGRPO joint tree rollout (trl_multiagent/rollout/joint_tree.py) against hand-computed trees, with a scripted pool."""
+"""The MAGRPO joint tree rollout (trl_multiagent/rollout/joint_tree.py) and its credit (trainers/magrpo.py:
+tree_credit) against hand-computed trees, with a scripted pool."""
 
 import math
 import statistics
@@ -10,8 +11,18 @@ from tests.fake_pool import ScriptedPool
 from trl_multiagent.credit import STD_EPS, num_tree_generations
 from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
 from trl_multiagent.rollout import JointTreeSampler
+from trl_multiagent.trainers.magrpo import tree_credit
 
 GEN = GenerationConfig(max_new_tokens=4)
+
+
+def play(pool, env, tasks, num_samples, num_turns, joint_mode="aligned", gamma=1.0):
+    """The sampler's rollout, then MAGRPO's credit (what the trainer's assign_credit does)."""
+    exp = JointTreeSampler(num_samples=num_samples, num_turns=num_turns, joint_mode=joint_mode).rollout(
+        pool, env, tasks, GEN)
+    assert all(s.advantage == 0.0 for s in exp.samples) and all(j.advantage == 0.0 for j in exp.joint_actions)
+    tree_credit(exp, num_samples, gamma)
+    return exp
 
 
 def ab_script(agent, prompt, k):
@@ -21,7 +32,7 @@ def ab_script(agent, prompt, k):
 def test_aligned_matrix_game_advantages_by_hand():
     # K=4, aligned: samples A,B,A,B for both agents -> joint actions AA, BB, AA, BB -> rewards 10, 0, 10, 0
     pool = ScriptedPool(["agent1", "agent2"], ab_script)
-    exp = JointTreeSampler(num_samples=4, num_turns=1, joint_mode="aligned").rollout(pool, MatrixGameEnv, [{}], GEN)
+    exp = play(pool, MatrixGameEnv, [{}], num_samples=4, num_turns=1, joint_mode="aligned")
     assert [j.reward for j in exp.joint_actions] == [10.0, 0.0, 10.0, 0.0]
     a = 5 / (statistics.stdev([10, 0, 10, 0]) + STD_EPS)
     assert [j.advantage for j in exp.joint_actions] == pytest.approx([a, -a, a, -a])
@@ -32,7 +43,7 @@ def test_aligned_matrix_game_advantages_by_hand():
 
 def test_cross_matrix_game_credits_mean_over_joint_actions():
     pool = ScriptedPool(["agent1", "agent2"], ab_script)
-    exp = JointTreeSampler(num_samples=2, num_turns=1, joint_mode="cross").rollout(pool, MatrixGameEnv, [{}], GEN)
+    exp = play(pool, MatrixGameEnv, [{}], num_samples=2, num_turns=1, joint_mode="cross")
     assert [j.reward for j in exp.joint_actions] == [10.0, 7.0, 7.0, 0.0]
     s = math.sqrt((16 + 1 + 1 + 36) / 3) + STD_EPS
     credits = {(x.agent, x.generation.text): x.advantage for x in exp.samples}
@@ -64,7 +75,7 @@ def _two_turn_env(stop_on=None):
 
 def test_two_turn_tree_returns_and_groups_by_hand():
     pool = ScriptedPool(["agent1", "agent2"], ab_script)
-    exp = JointTreeSampler(num_samples=2, num_turns=2, gamma=0.5).rollout(pool, _two_turn_env(), [{}], GEN)
+    exp = play(pool, _two_turn_env(), [{}], num_samples=2, num_turns=2, gamma=0.5)
     joints = exp.joint_actions
     # root: j0 (A, r=1) and j1 (B, r=0); each has two children with rewards 2 (A) and 4 (B)
     assert [j.reward for j in joints] == [1.0, 0.0, 2.0, 4.0, 2.0, 4.0]

@@ -102,3 +102,26 @@ def test_max_grad_norm_bounds_each_policy_separately(tiny_ab_model, tmp_path):
     for n in lora:
         if ".agent2" not in n:
             assert torch.equal(alone[n], start[n])
+
+
+def test_assign_credit_runs_once_per_rollout_before_the_log_prob_pass(tiny_ab_model, tmp_path):
+    """The credit stage: the base calls the trainer's assign_credit once per rollout (not once per step: a rollout
+    serves num_iterations steps), right after the sampler's rollout, which brings no advantages, and before the
+    behaviour log-probs; the update then reads the advantages it wrote."""
+    trainer = _trainer(tiny_ab_model, tmp_path, max_steps=4, num_iterations=2, logging_steps=1)
+    seen = []
+    assign = trainer.assign_credit
+
+    def spy(experience):
+        before = [(s.advantage, s.old_logps) for s in experience.samples]
+        assign(experience)
+        seen.append((trainer.state.global_step, before, [s.advantage for s in experience.samples]))
+
+    trainer.assign_credit = spy
+    trainer.train()
+    assert [step for step, _, _ in seen] == [0, 2]  # two rollouts for four steps
+    for _, before, _ in seen:
+        assert before == [(0.0, None)] * 8  # n * K samples, nothing credited or scored yet
+    buffered = trainer._buffered_inputs.samples
+    assert all(s.old_logps is not None for s in buffered)  # num_iterations > 1: behaviour log-probs after the credit
+    assert [s.advantage for s in buffered] == seen[-1][2]  # what the last two updates read

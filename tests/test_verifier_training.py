@@ -19,13 +19,13 @@ from datasets import Dataset
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.cli import main, parse_recipe
 from trl_multiagent.environments.debate import DebateEnv
-from trl_multiagent.evaluation.stats import resample_indices
 from trl_multiagent.metrics.classification import (
     accuracy_at_threshold,
     average_ranks,
     question_bootstrap,
     roc_auc,
 )
+from trl_multiagent.metrics.stats import resample_indices
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
 from trl_multiagent.verifier import num_training_steps
 from trl_multiagent.verifier_training import VerifierRun, parse_config

@@ -194,6 +194,8 @@ def test_team_step_with_vllm_matches_transformers_generate_rewards_under_greedy_
             via_hf = trainer.sampler.rollout(pool, _environment, tasks, trainer.generation_config)
         finally:
             pool.generation_backend = backend
+    for experience in (via_vllm, via_hf):  # the credit stage: each sample's reward is its joint action's
+        trainer.assign_credit(experience)
     assert len(via_vllm.samples) == len(via_hf.samples)
     for v, h in zip(via_vllm.samples, via_hf.samples):
         assert (v.agent, v.episode, v.generation.prompt_ids) == (h.agent, h.episode, h.generation.prompt_ids)

@@ -7,27 +7,24 @@ functions; they never re-implement them.
 | module | paper | what |
 |---|---|---|
 | ``group`` | MAGRPO Eq. 1 (shared by all GRPO variants) | group-relative advantages, normalisation by group key |
-| ``returns`` | MAGRPO Alg. 1 (used by every trainer) | tree returns and discounted returns: the one returns computation |
+| ``returns`` | MAGRPO Alg. 1 (used by every trainer), MAPoRL Sec. 3.2 | tree and discounted returns (the one returns computation), GAE, whitening |
 | ``magrpo`` | MAGRPO Alg. 1, Eq. 2 | joint actions (aligned / cross), cross-joint-action credit, generation count, per-turn loss weights |
 | ``at_grpo`` | AT-GRPO Alg. 1, Eq. 3 | mixing team and local rewards, the greedy choice of the executed candidate |
 | ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages |
-| ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G | reward modes, incentives, penalties, token rewards, GAE, majority vote |
-| ``mhgpo`` | MHGPO Eq. 4-6, Fig. 9 | backward reward propagation, heterogeneous groups, per-agent loss weights, similarity |
+| ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G, Sec. 3.2 | reward modes, incentives, penalties, token rewards |
+| ``mhgpo`` | MHGPO Eq. 4-6 | backward reward propagation, heterogeneous groups, per-agent loss weights |
+
+The trainers call them from one hook, ``assign_credit(experience)``, right after every rollout; metrics that only
+score a rollout (the debate's majority vote, MHGPO's group similarity) are in :mod:`trl_multiagent.metrics`.
 """
 
 from .actor_critic import episode_td, td_errors, td_targets
 from .at_grpo import best_candidate, mix_rewards
 from .group import STD_EPS, group_relative_advantages, grouped_advantages
 from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations, turn_loss_weights
-from .maporl import gae, majority_vote_accuracy, verification_rewards
-from .mhgpo import (
-    agent_loss_weights,
-    final_rewards,
-    heterogeneous_group_advantages,
-    intra_group_similarity,
-    propagate_rewards,
-)
-from .returns import discounted_returns, tree_returns
+from .maporl import verification_rewards
+from .mhgpo import agent_loss_weights, final_rewards, heterogeneous_group_advantages, propagate_rewards
+from .returns import discounted_returns, gae, tree_returns, whiten
 
 __all__ = [
     "STD_EPS",
@@ -35,7 +32,6 @@ __all__ = [
     "best_candidate",
     "final_rewards",
     "heterogeneous_group_advantages",
-    "intra_group_similarity",
     "propagate_rewards",
     "cross_sample_credit",
     "discounted_returns",
@@ -44,7 +40,6 @@ __all__ = [
     "group_relative_advantages",
     "grouped_advantages",
     "joint_action_indices",
-    "majority_vote_accuracy",
     "mix_rewards",
     "num_tree_generations",
     "td_errors",
@@ -52,4 +47,5 @@ __all__ = [
     "tree_returns",
     "turn_loss_weights",
     "verification_rewards",
+    "whiten",
 ]

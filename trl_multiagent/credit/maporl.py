@@ -1,9 +1,11 @@
-"""MAPoRL's credit: verifier rewards, collaboration incentives, App. G penalties, token rewards, GAE, majority vote.
+"""MAPoRL's credit: verifier rewards, collaboration incentives, App. G penalties, token rewards.
 
 Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement Learning"
-(Park et al., arXiv 2502.18439): Sec. 2 (Observation 1), Sec. 3.1 (Def. 1), Sec. 3.2 (token rewards, GAE, PPO
-losses), Sec. 3.3 (Tables 1-2), Sec. 4.1 (majority vote and its tie rule), App. F (reward modes), App. G.2-G.3
-(penalties).
+(Park et al., arXiv 2502.18439): Sec. 2 (Observation 1), Sec. 3.1 (Def. 1), Sec. 3.2 (token rewards; GAE and the
+whitening of the advantages are :func:`~trl_multiagent.credit.returns.gae` and
+:func:`~trl_multiagent.credit.returns.whiten`), Sec. 3.3 (Tables 1-2), App. F (reward modes), App. G.2-G.3
+(penalties). The debate metrics (the majority vote and its tie rule of Sec. 4.1, the transitions of Sec. 4.3) are in
+:mod:`trl_multiagent.metrics.debate`.
 
 Conventions: a debate of n agents over T turns is held as ``[agent][turn]`` lists (agent i's row, turn t's column,
 turns counted from 0 in code, from 1 in the paper). ``scores[i][t]`` is the verifier score ``s(q, y_{i,t})`` of
@@ -13,12 +15,12 @@ it implements where the prose leaves room.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from ..answers import text_after_boxed
+from ..metrics.debate import peer_majority
 from .returns import discounted_returns
 
 REWARD_MODES = ("immediate", "cumulative", "influence")
@@ -117,44 +119,6 @@ def fill_after_early_stop(rows: Sequence[Sequence], num_turns: int) -> list[list
             raise ValueError(f"a row has {len(row)} turns, more than num_turns={num_turns}")
         out.append(list(row) + [row[-1]] * (num_turns - len(row)))
     return out
-
-
-# --------------------------------------------------------------------------------------------------- Sec. 4.1
-def majority_vote_accuracy(answers: Sequence[Hashable | None], correct: Sequence[bool | float]) -> float:
-    """Accuracy of the majority vote over one turn's answers, with the tie rule of Sec. 4.1.
-
-    ``answers[i]`` is agent i's answer as a canonical key (equal keys = the same answer; ``None`` = no answer, which
-    casts no vote) and ``correct[i]`` whether it is right. The answers with the most votes win; when several tie,
-    the score is the expected accuracy of picking one of the tied answers uniformly ("the expected accuracy of
-    selecting the first agent's answer"), i.e. the fraction of the tied answers that are right. No vote at all
-    scores 0.
-    """
-    if len(answers) != len(correct):
-        raise ValueError(f"{len(answers)} answers but {len(correct)} correctness flags")
-    votes: dict[Hashable, int] = {}
-    right: dict[Hashable, bool] = {}
-    for key, ok in zip(answers, correct):
-        if key is None:
-            continue
-        votes[key] = votes.get(key, 0) + 1
-        right[key] = right.get(key, False) or bool(ok)
-    if not votes:
-        return 0.0
-    top = max(votes.values())
-    tied = [k for k, v in votes.items() if v == top]
-    return sum(right[k] for k in tied) / len(tied)
-
-
-def peer_majority(answers: Sequence[Hashable | None], correct: Sequence[bool | float], agent: int) -> float:
-    """Tie-rule majority accuracy (:func:`majority_vote_accuracy`) of the answers of every agent but ``agent``.
-
-    This is "Majority (t)" of Tables 1-2 in our reading: the answers the agent reads (Table 1) or influences
-    (Table 2) are the others'; with two agents it is simply the other agent's correctness.
-    """
-    others = [i for i in range(len(answers)) if i != agent]
-    if not others:
-        raise ValueError("a peer majority needs at least two agents")
-    return majority_vote_accuracy([answers[i] for i in others], [correct[i] for i in others])
 
 
 # --------------------------------------------------------------------------------------------------- Tables 1-2
@@ -317,80 +281,6 @@ def token_level_rewards(logps: Sequence[float], ref_logps: Sequence[float], scor
     rewards = [-kl_coef * (float(lp) - float(rp)) for lp, rp in zip(logps, ref_logps)]
     rewards[-1] += float(score)
     return rewards
-
-
-def gae(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float,
-        last_value: float = 0.0) -> tuple[list[float], list[float]]:
-    """Generalized Advantage Estimation (Schulman et al. 2016; Sec. 3.2) over one response's tokens.
-
-    ``delta_k = r_k + gamma * V_{k+1} - V_k`` with ``V_K = last_value`` after the last token (0: the response is a
-    whole episode, its reward already holds the future turns), ``A_k = delta_k + gamma * lam * A_{k+1}``, and the
-    value targets ``R_k = A_k + V_k``. Returns ``(advantages, returns)``.
-    """
-    if len(rewards) != len(values):
-        raise ValueError(f"{len(rewards)} rewards but {len(values)} values")
-    advantages = [0.0] * len(rewards)
-    running, next_value = 0.0, float(last_value)
-    for k in reversed(range(len(rewards))):
-        delta = float(rewards[k]) + gamma * next_value - float(values[k])
-        running = delta + gamma * lam * running
-        advantages[k] = running
-        next_value = float(values[k])
-    return advantages, [a + float(v) for a, v in zip(advantages, values)]
-
-
-def whiten(rows: Sequence[Sequence[float]], eps: float = 1e-8) -> list[list[float]]:
-    """Normalise all tokens of ``rows`` together to mean 0 and standard deviation 1 (the usual PPO advantage
-    whitening); a single token or a constant set is only centred."""
-    flat = [float(x) for row in rows for x in row]
-    if not flat:
-        return [list(row) for row in rows]
-    mean = sum(flat) / len(flat)
-    var = sum((x - mean) ** 2 for x in flat) / max(len(flat) - 1, 1)
-    scale = 1.0 / math.sqrt(var + eps) if var > 0 else 1.0
-    return [[(float(x) - mean) * scale for x in row] for row in rows]
-
-
-# --------------------------------------------------------------------------------------------------- Sec. 4.3
-def transition_fractions(correct: Sequence[Sequence[Sequence[bool | float]]],
-                         answers: Sequence[Sequence[Sequence[Hashable | None]]] | None = None) -> list[dict[str, float]]:
-    """Fractions of answers changing correctness from turn t to t+1 (Sec. 4.3 and the columns of Tables 3-4).
-
-    ``correct[d][i][t]``: whether agent i's answer at turn t of debate d is right; ``answers[d][i][t]`` its canonical
-    answer key (``None``: no answer), used for the majorities. Every debate needs the same number of turns (fill
-    early-stopped debates first, :func:`fill_after_early_stop`). Returns one dict per transition t -> t+1 with
-    ``"RR"``, ``"RW"``, ``"WR"``, ``"WW"`` (answer at t, answer at t+1) over all (debate, agent) pairs, and the
-    Table 3-4 triples ``"RWR"``, ``"RWW"``, ``"WRW"``, ``"WRR"`` (answer t, answer t+1, majority of the OTHER agents
-    at t: :func:`peer_majority`, whose tie rule splits a tied majority between R and W by its expected accuracy).
-    Without ``answers`` every wrong answer counts as a different answer.
-    """
-    if not correct:
-        return []
-    turns = {len(row) for debate in correct for row in debate}
-    if len(turns) != 1:
-        raise ValueError("every agent of every debate needs the same number of turns")
-    num_turns = turns.pop()
-    out = []
-    for t in range(num_turns - 1):
-        counts = dict.fromkeys(("RR", "RW", "WR", "WW", "RWR", "RWW", "WRW", "WRR"), 0.0)
-        pairs = 0
-        for d, debate in enumerate(correct):
-            n = len(debate)
-            now = [bool(debate[i][t]) for i in range(n)]
-            if answers is not None:
-                keys = [answers[d][j][t] for j in range(n)]
-            else:
-                keys = ["right" if now[j] else ("wrong", j) for j in range(n)]
-            for i in range(n):
-                key = ("R" if now[i] else "W") + ("R" if debate[i][t + 1] else "W")
-                counts[key] += 1
-                pairs += 1
-                if n > 1 and key in ("RW", "WR"):
-                    m = peer_majority(keys, now, i)
-                    counts[key + "R"] += m
-                    counts[key + "W"] += 1 - m
-        out.append({k: v / pairs for k, v in counts.items()} if pairs else counts)
-    return out
 
 
 # --------------------------------------------------------------------------------------------------- Sec. 2

@@ -1,7 +1,8 @@
 """MHGPO's credit: backward reward propagation through a pipeline, heterogeneous groups, per-agent loss weights.
 
 Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems" (Chen et al., MHGPO),
-Sec. "Multi-Agent Policy Optimization Framework", Eq. 4-7, and Figure 9.
+Sec. "Multi-Agent Policy Optimization Framework", Eq. 4-7 (the intra-group similarity of its Figure 9 is a metric:
+:func:`trl_multiagent.metrics.similarity.intra_group_similarity`).
 
 The outputs of one rollout form a DAG: an output ``o_k`` of agent ``A_k`` is consumed by the outputs of its direct
 successors (agents whose input contains ``o_k`` with no agent in between). Only the final outputs get a reward; it is
@@ -12,12 +13,9 @@ then over agents (Eq. 6).
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
-from ..metrics.qa import token_f1
 from .group import grouped_advantages
 
 Aggregation = str | Callable[[Sequence[float]], float]
@@ -123,25 +121,3 @@ def agent_loss_weights(agents: Sequence[Hashable], questions: Sequence[Hashable]
         agents_of[q].add(a)
     n_questions = len(agents_of)
     return [1.0 / (n_questions * len(agents_of[q]) * per_pair[(q, a)]) for a, q in zip(agents, questions)]
-
-
-def intra_group_similarity(texts: Sequence[str], group_ids: Sequence[Hashable],
-                           similarity: Callable[[str, str], float] = token_f1) -> float:
-    """MHGPO Figure 9: the mean pairwise similarity (token F1 by default) of the outputs inside a group, averaged
-    over the groups that have at least two members; NaN when none has.
-
-    It measures how close a heterogeneous group is to a homogeneous one: it rises during training as sampling
-    diversity falls, which is the paper's explanation of why heterogeneous groups work (Sec. "Question 4").
-    """
-    if len(texts) != len(group_ids):
-        raise ValueError(f"{len(texts)} texts but {len(group_ids)} group ids")
-    members: dict[Hashable, list[str]] = defaultdict(list)
-    for t, g in zip(texts, group_ids):
-        members[g].append(t)
-    per_group = []
-    for group in members.values():
-        if len(group) < 2:
-            continue
-        pairs = list(itertools.combinations(group, 2))
-        per_group.append(sum(similarity(a, b) for a, b in pairs) / len(pairs))
-    return sum(per_group) / len(per_group) if per_group else math.nan

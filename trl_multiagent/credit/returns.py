@@ -1,9 +1,11 @@
 """Returns: the one place discounted sums of rewards are computed (MAGRPO Alg. 1 line 11 and its tree form; CoLLM's
-Monte-Carlo returns; MAPoRL's cumulative and influence-aware rewards, App. F / Def. 1).
+Monte-Carlo returns; MAPoRL's cumulative and influence-aware rewards, App. F / Def. 1), and the general RL estimates
+beside them: GAE and the whitening of advantages (MAPoRL Sec. 3.2's PPO).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -36,3 +38,35 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     tree of :func:`tree_returns` where every turn has one continuation."""
     chain = [[t + 1] for t in range(len(rewards) - 1)] + ([[]] if rewards else [])
     return tree_returns(rewards, chain, gamma)
+
+
+def gae(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float,
+        last_value: float = 0.0) -> tuple[list[float], list[float]]:
+    """Generalized Advantage Estimation (Schulman et al. 2016; MAPoRL Sec. 3.2) over one response's tokens.
+
+    ``delta_k = r_k + gamma * V_{k+1} - V_k`` with ``V_K = last_value`` after the last token (0: the response is a
+    whole episode, its reward already holds the future turns), ``A_k = delta_k + gamma * lam * A_{k+1}``, and the
+    value targets ``R_k = A_k + V_k``. Returns ``(advantages, returns)``.
+    """
+    if len(rewards) != len(values):
+        raise ValueError(f"{len(rewards)} rewards but {len(values)} values")
+    advantages = [0.0] * len(rewards)
+    running, next_value = 0.0, float(last_value)
+    for k in reversed(range(len(rewards))):
+        delta = float(rewards[k]) + gamma * next_value - float(values[k])
+        running = delta + gamma * lam * running
+        advantages[k] = running
+        next_value = float(values[k])
+    return advantages, [a + float(v) for a, v in zip(advantages, values)]
+
+
+def whiten(rows: Sequence[Sequence[float]], eps: float = 1e-8) -> list[list[float]]:
+    """Normalise all tokens of ``rows`` together to mean 0 and standard deviation 1 (the usual PPO advantage
+    whitening, MAPoRL's ``whiten_advantages``); a single token or a constant set is only centred."""
+    flat = [float(x) for row in rows for x in row]
+    if not flat:
+        return [list(row) for row in rows]
+    mean = sum(flat) / len(flat)
+    var = sum((x - mean) ** 2 for x in flat) / max(len(flat) - 1, 1)
+    scale = 1.0 / math.sqrt(var + eps) if var > 0 else 1.0
+    return [[(float(x) - mean) * scale for x in row] for row in rows]

@@ -10,7 +10,7 @@ previous answer and every other agent's previous answer, and writes an updated a
 * ``local_rewards``: the rule verifier's score of every agent's answer, 1.0 when it matches the gold answer else 0.0
   (a learned verifier, :mod:`trl_multiagent.verifier`, replaces these scores in the trainer);
 * ``team_reward``: the accuracy of the majority vote over this turn's answers, ties scored by the expected accuracy
-  of a uniform pick among the tied answers (Sec. 4.1, :func:`~trl_multiagent.credit.maporl.majority_vote_accuracy`);
+  of a uniform pick among the tied answers (Sec. 4.1, :func:`~trl_multiagent.metrics.debate.majority_vote_accuracy`);
 * ``done``: after ``max_turns`` turns, or as soon as every agent gives the same answer (early stop, ``early_stop``);
 * ``info``: ``majority_accuracy``, ``agreed``, ``answered`` (fraction of agents with a boxed answer), ``accuracy``.
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..answers import NLI_LABELS, answers_match, final_answer, last_boxed, parse_nli_label
-from ..credit.maporl import majority_vote_accuracy
 from ..generation.requests import Prompt
+from ..metrics.debate import majority_vote_accuracy
 from .base import Environment, StepResult, chat_with_examples, revise_last_message
 from .checks import need_bool, need_int, need_tasks
 from .math_problems import NAMES, word_problems

@@ -8,16 +8,18 @@
   :class:`DebateEvaluator` (MAPoRL's majority vote per turn), :class:`PipelineEvaluator` (MHGPO's accuracy, EM, F1),
   :class:`WritingEvaluator` (two writers against the four MAGRPO baselines, the writing reward and its components).
   :func:`make_evaluator` picks one for an environment.
-* :mod:`.stats`: the paired bootstrap; :mod:`.report`: ``summary.json``'s ``evaluation`` section, ``report.md``
-  and ``reward_curve.png``, written in one place.
+* :mod:`.report`: ``summary.json``'s ``evaluation`` section, ``report.md`` and ``reward_curve.png``, written in one
+  place. The statistics it reports (the paired bootstrap, the @k metrics, the debate metrics) are pure functions of
+  :mod:`trl_multiagent.metrics`, re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..metrics.at_k import KS, at_k_metrics, expected_max_at_k, pass_at_k
+from ..metrics.stats import bootstrap_interval, paired_bootstrap
 from ..utils import import_object
-from .at_k import KS, at_k_metrics, expected_max_at_k, pass_at_k
 from .coding import BASELINES, METHODS, CodingEvaluator
 from .core import (
     TEAM,
@@ -34,7 +36,6 @@ from .episodes import EpisodeEvaluator, play_episodes, success_rate
 from .pipeline import PipelineEvaluator
 from .progress import EvalProgress
 from .report import evaluation_section, summarize, write_report, write_run_outputs
-from .stats import bootstrap_interval, paired_bootstrap
 from .writing import WritingEvaluator
 
 #: ``evaluator:`` names of a recipe (``auto`` picks by environment, ``none`` evaluates nothing).

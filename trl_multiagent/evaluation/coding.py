@@ -21,10 +21,10 @@ from typing import Any
 
 from ..agents import GenerationRequest
 from ..environments.base import Environment
-from .at_k import KS, at_k_metrics
+from ..metrics.at_k import KS, at_k_metrics
+from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
 from .episodes import by_task, play_episodes
-from .stats import mean
 
 BASELINES = PAIR_BASELINES
 #: Every method of the coding evaluation, the team first.

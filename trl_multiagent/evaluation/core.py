@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents import Generation, GenerationRequest
-from .stats import mean
+from ..metrics.stats import mean
 
 #: The trained (or to-be-trained) team: the agents' policies with their adapters on.
 TEAM = "team"

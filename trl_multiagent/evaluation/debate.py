@@ -21,11 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..credit.maporl import fill_after_early_stop, majority_vote_accuracy, transition_fractions
+from ..credit.maporl import fill_after_early_stop
 from ..environments.debate import DebateEnv, TurnOutcome
+from ..metrics.debate import majority_vote_accuracy, transition_fractions
+from ..metrics.stats import mean
 from .core import TEAM, Evaluator, MethodOutput, Program
 from .episodes import by_task, play_episodes
-from .stats import mean
 
 
 @dataclass

@@ -30,8 +30,8 @@ from typing import Any
 
 from ..agents import Generation, GenerationRequest
 from ..environments.base import Environment, StepResult
+from ..metrics.stats import mean
 from .core import TEAM, Evaluator, MethodOutput, Program
-from .stats import mean
 
 
 @dataclass
@@ -199,8 +199,8 @@ def success_rate(pool, env_factory: Callable[[], Environment], tasks: Sequence[M
     95% bootstrap interval over tasks, and the mean team reward per executed step."""
     from transformers import GenerationConfig
 
+    from ..metrics.stats import bootstrap_interval
     from .core import evaluate_team
-    from .stats import bootstrap_interval
 
     if agent_order == "sequential" and not getattr(env_factory(), "supports_partial_actions", False):
         agent_order = "parallel"

@@ -4,7 +4,7 @@
 For every method and stage the section gives the mean of the headline metric over tasks with its 95% bootstrap
 interval; for the team the ``gain`` from before to after training, and ``gain_vs_best_baseline`` against the
 baseline with the highest mean before training, both ``{"mean": m, "ci95": [lo, hi]}`` from a paired bootstrap over
-tasks (:func:`~trl_multiagent.evaluation.stats.paired_bootstrap`). Every other metric gets the same entries under
+tasks (:func:`~trl_multiagent.metrics.stats.paired_bootstrap`). Every other metric gets the same entries under
 ``metrics``; aggregates that are not per-task means (pass@k for k > 1, transitions, per-turn means) are under
 ``details``.
 """
@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..metrics.stats import DEFAULT_RESAMPLES, paired_bootstrap
 from .core import TEAM, StageResult, nan_to_none
-from .stats import DEFAULT_RESAMPLES, paired_bootstrap
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from typing import Any
 
 from ..agents import GenerationRequest
 from ..environments.base import Environment
+from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
 from .episodes import by_task, play_episodes
-from .stats import mean
 
 BASELINES = PAIR_BASELINES
 #: Every method of the writing evaluation, the team first.

@@ -1,4 +1,17 @@
-"""Metrics as `evaluate` modules that load from this package (no hub): ``load_metric("coding_at_k")``."""
+"""Metrics: pure functions that score rollouts and evaluations, the lowest of the metrics / credit / evaluation
+packages (it imports neither of the other two).
+
+| module | what |
+|---|---|
+| ``qa`` | exact match, accuracy by containment, token F1 (MHGPO Table 1) |
+| ``similarity`` | MHGPO Figure 9: the intra-group similarity of a group's outputs |
+| ``debate`` | MAPoRL's majority vote with its tie rule, peer majorities, correctness transitions (Sec. 4.1, 4.3) |
+| ``at_k`` | the @k metrics of MAGRPO App. B (pass@k, acc@k, coop@k) |
+| ``stats`` | means over tasks, percentile bootstrap intervals, the paired bootstrap of a gain |
+| ``classification`` | a verifier's accuracy at a threshold, ROC AUC and their bootstrap over questions |
+
+The folders are `evaluate` modules that load from this package (no hub): ``load_metric("coding_at_k")``.
+"""
 
 from pathlib import Path
 

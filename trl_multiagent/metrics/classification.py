@@ -12,7 +12,7 @@ correct. The quantities, each a small pure function:
   ``(1 + a - b) / 2``.
 * :func:`question_bootstrap`: a percentile bootstrap interval of either metric that resamples QUESTIONS with
   replacement (all solutions of a drawn question come along), since the solutions of one question are not
-  independent evidence; it reuses the intervals of :mod:`trl_multiagent.evaluation.stats`.
+  independent evidence; it reuses the intervals of :mod:`trl_multiagent.metrics.stats`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .stats import percentile_interval, resample_indices
 
 
 def _check(scores: Sequence[float], labels: Sequence[bool]) -> None:
@@ -73,16 +75,14 @@ def question_bootstrap(metric: Callable[[list[float], list[bool]], float], score
     Args:
         metric: ``metric(scores, labels) -> float`` over a flat list of solutions (e.g. :func:`roc_auc`).
         scores, labels: one list per question (the question's solutions' scores and labels).
-        num_resamples, alpha, seed: the bootstrap (:func:`~trl_multiagent.evaluation.stats.resample_indices`,
-            :func:`~trl_multiagent.evaluation.stats.percentile_interval`). A resample on which the metric is
+        num_resamples, alpha, seed: the bootstrap (:func:`~trl_multiagent.metrics.stats.resample_indices`,
+            :func:`~trl_multiagent.metrics.stats.percentile_interval`). A resample on which the metric is
             undefined (e.g. one class only for the AUC) is left out; ``resamples_used`` counts the others.
 
     Returns:
         ``{"mean": metric on all solutions, "ci95": [lo, hi], "num_questions": q, "num_solutions": n,
         "resamples_used": r}``.
     """
-    from ..evaluation.stats import percentile_interval, resample_indices
-
     if len(scores) != len(labels):
         raise ValueError(f"{len(scores)} questions of scores but {len(labels)} of labels")
     flat_scores = [float(s) for group in scores for s in group]

@@ -9,7 +9,7 @@ collapsed before comparing.
 - ``token_f1``: the harmonic mean of precision and recall of the bag of normalized tokens.
 
 With several gold answers (aliases) every metric takes the best one. The same ``token_f1`` is the reward of the
-search task and the intra-group similarity of MHGPO's Figure 9 (:func:`trl_multiagent.credit.mhgpo.intra_group_similarity`).
+search task and the intra-group similarity of MHGPO's Figure 9 (:func:`trl_multiagent.metrics.similarity.intra_group_similarity`).
 """
 
 from __future__ import annotations

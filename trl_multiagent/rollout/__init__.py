@@ -1,8 +1,9 @@
 """Rollout engines ("samplers"): how a team explores an environment and what experience it keeps.
 
 A sampler turns a batch of tasks into :class:`Experience`: one :class:`Sample` per (agent, turn, sampled response)
-with its token ids, the group it is compared within, and its reward, return and advantage. The advantages come from
-the pure functions of :mod:`trl_multiagent.credit`. One module per rollout topology:
+with its token ids, the group it is compared within, the rewards the environment gave and the links of the tree.
+Returns and advantages are not the sampler's: the trainer's ``assign_credit`` computes them from the pure functions
+of :mod:`trl_multiagent.credit` right after the rollout. One module per rollout topology:
 
 | module | sampler | paper |
 |---|---|---|
@@ -13,12 +14,13 @@ the pure functions of :mod:`trl_multiagent.credit`. One module per rollout topol
 | ``pipeline`` | :class:`PipelineSampler` | MHGPO: a DAG of agents and tools, IS / FoF / RR group rollouts |
 """
 
-from .agent_turn import AgentTurnSampler
+from .agent_turn import AgentTurnSampler, CandidateSample
 from .debate import DebateSample, DebateSampler
-from .experience import Experience, JointAction, Sample, rollout_stats
+from .experience import Experience, JointAction, Sample, credit_stats, rollout_stats
 from .joint_tree import JointTreeSampler
-from .pipeline import PipelineSampler
+from .pipeline import PipelineExperience, PipelineSample, PipelineSampler
 from .single_path import EpisodeBuffer, SinglePathSampler, Transition
 
-__all__ = ["AgentTurnSampler", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience", "JointAction",
-           "JointTreeSampler", "PipelineSampler", "Sample", "SinglePathSampler", "Transition", "rollout_stats"]
+__all__ = ["AgentTurnSampler", "CandidateSample", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience",
+           "JointAction", "JointTreeSampler", "PipelineExperience", "PipelineSample", "PipelineSampler", "Sample",
+           "SinglePathSampler", "Transition", "credit_stats", "rollout_stats"]

@@ -1,18 +1,33 @@
-"""AT-GRPO's rollout: agent-and-turn groups, tree sampling with greedy execution (AT-GRPO Sec. 4.1, Alg. 1, Eq. 3)."""
+"""AT-GRPO's rollout: agent-and-turn groups, tree sampling with greedy execution (AT-GRPO Sec. 4.1, Alg. 1, Eq. 3).
+
+The sampler keeps every candidate's team and local reward; the Eq. 3 rewards of the samples, their group
+normalisation and the leaving out of tied groups are the trainer's credit
+(:func:`~trl_multiagent.trainers.at_grpo.agent_turn_credit`). Eq. 3 also picks the executed candidate during the
+rollout (Alg. 1, line 11), so the sampler mixes the rewards with the same ``alpha`` for that choice.
+"""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
-from ..credit import best_candidate, grouped_advantages, mix_rewards
+from ..credit.at_grpo import best_candidate, mix_rewards
 from ..environments.base import Environment
 from .experience import Experience, JointAction, Sample, rollout_stats
+
+
+@dataclass
+class CandidateSample(Sample):
+    """One agent's candidate at one turn, with the two rewards Eq. 3 mixes: the team reward and the agent's local
+    reward observed when the candidate was scored."""
+
+    team_reward: float = 0.0
+    local_reward: float = 0.0
 
 
 class AgentTurnSampler:
@@ -38,19 +53,16 @@ class AgentTurnSampler:
         num_samples: K candidates per agent per turn.
         num_turns: the turn budget (episodes end earlier when the environment says ``done``).
         agent_order: ``"sequential"`` or ``"parallel"``.
-        alpha: weight of the team reward in Eq. 3.
-        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
-        drop_zero_std_groups: leave groups whose candidates all tie out of the update (they are still counted).
+        alpha: weight of the team reward in Eq. 3, for the greedy choice of the executed candidate.
     """
 
-    def __init__(self, num_samples: int, num_turns: int, agent_order: str = "sequential", alpha: float = 1.0,
-                 scale_rewards: str = "group", drop_zero_std_groups: bool = False):
+    def __init__(self, num_samples: int, num_turns: int, agent_order: str = "sequential", alpha: float = 1.0):
         if agent_order not in ("sequential", "parallel"):
             raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {agent_order!r}")
         if num_samples < 1 or num_turns < 1:
             raise ValueError("num_samples and num_turns must be at least 1")
         self.num_samples, self.num_turns, self.agent_order = num_samples, num_turns, agent_order
-        self.alpha, self.scale_rewards, self.drop_zero_std_groups = alpha, scale_rewards, drop_zero_std_groups
+        self.alpha = alpha
 
     def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
                 generation_config: GenerationConfig) -> Experience:
@@ -77,10 +89,11 @@ class AgentTurnSampler:
                     candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage})
                     for a in stage:
                         for k, g in enumerate(gens[a][pos]):
-                            reward = candidates[k][2][a]
-                            samples.append(Sample(agent=a, policy=pool.policy_of(a), episode=e, turn=turn, node=e,
-                                                  generation=g, joint_ids=[], group=(e, turn, a),
-                                                  reward=reward, ret=reward))
+                            result = candidates[k][1]
+                            samples.append(CandidateSample(
+                                agent=a, policy=pool.policy_of(a), episode=e, turn=turn, node=e, generation=g,
+                                joint_ids=[], group=(e, turn, a), team_reward=result.team_reward,
+                                local_reward=(result.local_rewards or {}).get(a, 0.0)))
                     # greedy transition (Alg. 1, line 11): the scored (joint) candidate with the highest reward, its
                     # scored clone kept as the environment's next state
                     best = best_candidate([mixed for _, _, mixed in candidates])
@@ -98,21 +111,9 @@ class AgentTurnSampler:
                                              "when the episode goes on")
                         prompts[e] = result.next_prompts
                 active = [e for e in active if e not in finished]
-        advantages, group_stats = grouped_advantages([s.reward for s in samples], [s.group for s in samples],
-                                                     scale=self.scale_rewards)
-        for s, a in zip(samples, advantages):
-            s.advantage = a
-        kept = samples
-        if self.drop_zero_std_groups:
-            spread: dict[tuple, list[float]] = defaultdict(list)
-            for s in samples:
-                spread[s.group].append(s.reward)
-            kept = [s for s in samples if max(spread[s.group]) - min(spread[s.group]) > 1e-12]
-        stats = rollout_stats(agents, samples, executed, group_stats, num_generations, len(tasks))
-        stats["reward"] = sum(s.reward for s in samples) / len(samples) if samples else math.nan
+        stats = rollout_stats(agents, samples, executed, num_generations, len(tasks))
         stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
-        stats["dropped_samples"] = float(len(samples) - len(kept))
-        return Experience(kept, executed, stats)
+        return Experience(samples, executed, stats, agents)
 
     def _score(self, env: Environment, stage: list[str], gens: Mapping[str, list[Generation]]):
         """Step a clone per candidate (sequential) or per aligned joint candidate (parallel); mixed rewards."""

@@ -1,4 +1,4 @@
-"""MAPoRL's rollout: collaborative debates, each answer rewarded by the verifier with incentives and penalties.
+"""MAPoRL's rollout: collaborative debates, each answer scored by the verifier and checked for the App. G penalties.
 
 Paper: MAPoRL (Park et al., arXiv 2502.18439), Sec. 3.1 (debate), Def. 1 / App. F (reward modes), Sec. 3.3 (Tables 1-2),
 App. G.2-G.3 (penalties).
@@ -8,18 +8,19 @@ later turns: each agent reads every agent's previous answer (the environment wri
 debate ends after ``num_turns`` turns or when the environment says ``done`` (a debate environment stops as soon as
 all agents agree). Generation is batched: at each turn, all agents answer all live debates in one team-level call.
 
-Each answer ``y_{i,t}`` becomes one :class:`DebateSample` whose ``reward`` is, in this order:
+Each answer ``y_{i,t}`` becomes one :class:`DebateSample` with what the rollout observed: the verifier score
+``s(q, y_{i,t})`` (the environment's ``local_rewards``, the rule verifier, or a learned verifier's score when a
+``scorer`` is given), the App. G checks it triggered, and (debate environments) its answer group and correctness.
+Its reward is the trainer's credit (:func:`~trl_multiagent.trainers.debate_ppo.debate_rewards`), in this order:
 
-1. the verifier score ``s(q, y_{i,t})``: the environment's ``local_rewards`` (the rule verifier), or a learned
-   verifier's score when a ``scorer`` is given;
-2. replaced by the penalty value (-10) when an App. G penalty triggers (App. G.2: the answer's VERIFIER SCORE
-   becomes -10, :func:`~trl_multiagent.credit.maporl.penalized_score`), so that it enters every sum below;
-3. the reward mode over the debate's (penalised) score matrix (``immediate``, ``cumulative`` or ``influence``, with
+1. a penalised answer's verifier score becomes the penalty value (-10, App. G.2,
+   :func:`~trl_multiagent.credit.maporl.penalized_score`), so that it enters every sum below;
+2. the reward mode over the debate's (penalised) score matrix (``immediate``, ``cumulative`` or ``influence``, with
    ``gamma``; an early-stopped debate's last answers stand for its remaining turns);
-4. plus the collaboration incentives of Tables 1-2 (needs a :class:`~trl_multiagent.environments.debate.DebateEnv`,
-   which knows which answers are right).
+3. plus the collaboration incentives of Tables 1-2 (needs a :class:`~trl_multiagent.environments.debate.DebateEnv`,
+   which knows which answers are right);
 
-The token-level part (KL penalty per token, GAE with the critic's values) needs the models and is done by the trainer.
+then the token-level part (KL penalty per token, GAE with the critic's values at rollout time).
 """
 
 from __future__ import annotations
@@ -32,20 +33,10 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
-from ..credit import discounted_returns
-from ..credit.maporl import (
-    REWARD_MODES,
-    Incentives,
-    PenaltySettings,
-    answer_penalties,
-    collaboration_incentives,
-    fill_after_early_stop,
-    majority_vote_accuracy,
-    penalized_score,
-    verification_rewards,
-)
+from ..credit.maporl import PenaltySettings, answer_penalties
 from ..environments.base import Environment
 from ..environments.debate import DebateEnv, TurnOutcome
+from ..metrics.debate import majority_vote_accuracy
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 #: A learned verifier: ``scorer(questions, solutions) -> scores in [0, 1]``.
@@ -59,9 +50,11 @@ class DebateSample(Sample):
     Attributes:
         score: the verifier score of the answer as the verifier gave it (before an App. G penalty replaces it by the
             penalty value in the reward's sums).
-        base_reward: the reward-mode reward over the penalised scores, before the incentives.
-        incentive: the Tables 1-2 incentive added to it.
+        base_reward: the reward-mode reward over the penalised scores, before the incentives (the credit's).
+        incentive: the Tables 1-2 incentive added to it (the credit's).
         correct: whether the answer is right (debate environments), else ``None``.
+        answer_group: the answer's group key in its turn (equal keys: the same answer; ``None``: no answer), debate
+            environments only.
         penalties: the App. G checks and whether each triggered.
         token_advantages, token_returns, old_values: per completion token, filled in by the trainer (GAE).
     """
@@ -70,6 +63,7 @@ class DebateSample(Sample):
     base_reward: float = 0.0
     incentive: float = 0.0
     correct: bool | None = None
+    answer_group: int | None = None
     penalties: dict[str, bool] = field(default_factory=dict)
     token_advantages: list[float] | None = None
     token_returns: list[float] | None = None
@@ -96,28 +90,20 @@ class Debate:
 
 
 class DebateSampler:
-    """Rolls out MAPoRL debates and scores every answer (see the module docstring).
+    """Rolls out MAPoRL debates, scores every answer and runs the App. G checks (see the module docstring).
 
     Args:
         num_turns: T, the turn budget.
         num_debates: independent debates per task.
-        reward_mode: ``"immediate"``, ``"cumulative"`` or ``"influence"`` (App. F, Def. 1).
-        gamma: the discount of later turns in the reward modes.
-        incentives: alpha0, alpha1, beta0, beta1 of Tables 1-2.
         penalties: the App. G checks (``None``: no penalties).
         scorer: a learned verifier ``scorer(questions, solutions)``; ``None`` uses the environment's local rewards.
     """
 
-    def __init__(self, num_turns: int, num_debates: int = 1, reward_mode: str = "influence", gamma: float = 0.3,
-                 incentives: Incentives | None = None, penalties: PenaltySettings | None = None,
+    def __init__(self, num_turns: int, num_debates: int = 1, penalties: PenaltySettings | None = None,
                  scorer: Scorer | None = None):
         if num_turns < 1 or num_debates < 1:
             raise ValueError("num_turns and num_debates must be at least 1")
-        if reward_mode not in REWARD_MODES:
-            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
         self.num_turns, self.num_debates = num_turns, num_debates
-        self.reward_mode, self.gamma = reward_mode, gamma
-        self.incentives = incentives or Incentives()
         self.penalties = penalties
         self.scorer = scorer
 
@@ -134,9 +120,6 @@ class DebateSampler:
                 envs.append(env)
                 debates.append(Debate(len(debates), task, list(env.agents),
                                       question=env.question if isinstance(env, DebateEnv) else None))
-        if self.incentives.active and envs and not isinstance(envs[0], DebateEnv):
-            raise ValueError(f"collaboration incentives need a debate environment that knows which answers are right; "
-                             f"{type(envs[0]).__name__} is not a DebateEnv")
         if self.scorer is not None and envs and not isinstance(envs[0], DebateEnv):
             raise ValueError(f"a learned verifier scores debate answers; {type(envs[0]).__name__} is not a DebateEnv")
         live = list(range(len(envs)))
@@ -192,38 +175,15 @@ class DebateSampler:
             flags.append(row)
         return flags
 
-    def reward_parts(self, debate: Debate, flags: Sequence[Mapping[str, Mapping[str, bool]]] | None = None
-                     ) -> tuple[list[list[float]], list[list[float]]]:
-        """The reward-mode reward and the Tables 1-2 incentive of every answer, ``[agent][turn played]`` each.
-
-        ``flags`` (:meth:`penalty_flags`) marks the penalised answers: their verifier score becomes the penalty value
-        (App. G.2, :func:`~trl_multiagent.credit.maporl.penalized_score`) BEFORE the reward mode aggregates the
-        scores, so a penalty also lowers the cumulative and influence-aware rewards that the answer's score enters.
-        """
-        played = debate.turns_played
-        value = self.penalties.value if self.penalties is not None else 0.0
-        rows = [[debate.scores[t][a] if flags is None else penalized_score(debate.scores[t][a], flags[t][a], value)
-                 for t in range(played)] for a in debate.agents]
-        filled = fill_after_early_stop(rows, self.num_turns)
-        base = [row[:played] for row in verification_rewards(filled, self.reward_mode, self.gamma)]
-        incentive = [[0.0] * played for _ in debate.agents]
-        if self.incentives.active:
-            groups = fill_after_early_stop([[o.groups[i] for o in debate.outcomes] for i in range(len(debate.agents))],
-                                           self.num_turns)
-            correct = fill_after_early_stop([[o.correct[i] for o in debate.outcomes]
-                                             for i in range(len(debate.agents))], self.num_turns)
-            incentive = [row[:played] for row in collaboration_incentives(groups, correct, self.incentives)]
-        return base, incentive
-
     def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
                 generation_config: GenerationConfig) -> Experience:
-        """Debates -> one :class:`DebateSample` per answer, rewarded, and the per-turn team results as joint actions."""
+        """Debates -> one :class:`DebateSample` per answer (score, App. G checks, answer group and correctness; no
+        reward yet) and the per-turn team results as joint actions, each turn's the child of the turn before."""
         debates = self.run(pool, env_factory, tasks, generation_config)
         samples: list[DebateSample] = []
         joints: list[JointAction] = []
         for debate in debates:
             flags = self.penalty_flags(pool, debate)
-            base, incentive = self.reward_parts(debate, flags)
             for t in range(debate.turns_played):
                 ja = JointAction(id=len(joints), node=debate.episode, episode=debate.episode, turn=t,
                                  sample_index=tuple([0] * len(debate.agents)), reward=debate.team_rewards[t],
@@ -233,45 +193,29 @@ class DebateSampler:
                     joints[-1].children.append(ja.id)
                 joints.append(ja)
                 for i, agent in enumerate(debate.agents):
-                    gen = debate.generations[t][agent]
-                    reward = base[i][t] + incentive[i][t]
+                    outcome = debate.outcomes[t] if debate.outcomes else None
                     samples.append(DebateSample(
                         agent=agent, policy=pool.policy_of(agent), episode=debate.episode, turn=t, node=debate.episode,
-                        generation=gen, joint_ids=[ja.id], group=(debate.episode,), reward=reward, ret=reward,
-                        score=debate.scores[t][agent], base_reward=base[i][t], incentive=incentive[i][t],
-                        correct=debate.outcomes[t].correct[i] if debate.outcomes else None,
-                        penalties=dict(flags[t][agent])))
-        for debate_joints in _by_episode(joints):  # the team's return: its per-turn results summed from this turn on
-            for j, ret in zip(debate_joints, discounted_returns([j.reward for j in debate_joints], 1.0)):
-                j.ret = ret
+                        generation=debate.generations[t][agent], joint_ids=[ja.id], group=(debate.episode,),
+                        score=debate.scores[t][agent], correct=outcome.correct[i] if outcome else None,
+                        answer_group=outcome.groups[i] if outcome else None, penalties=dict(flags[t][agent])))
         agents = debates[0].agents if debates else list(pool.agent_names)
-        stats = rollout_stats(agents, samples, joints, {"num_groups": float(len(debates)),
-                                                        "frac_zero_std_groups": math.nan},
-                              len(samples), len(debates))
-        for key in ("frac_reward_zero_std", "num_groups", "num_generations", "num_joint_actions"):
+        stats = rollout_stats(agents, samples, joints, len(samples), len(debates))
+        for key in ("num_generations", "num_joint_actions"):
             stats.pop(key, None)
         stats.update(debate_stats(debates, samples, self.num_turns))
-        return Experience(samples, joints, stats)
-
-
-def _by_episode(joints: Sequence[JointAction]) -> list[list[JointAction]]:
-    """The joint actions of each debate, in turn order."""
-    episodes: dict[int, list[JointAction]] = {}
-    for j in joints:
-        episodes.setdefault(j.episode, []).append(j)
-    return [sorted(js, key=lambda j: j.turn) for js in episodes.values()]
+        return Experience(samples, joints, stats, agents)
 
 
 def debate_stats(debates: Sequence[Debate], samples: Sequence[DebateSample], num_turns: int) -> dict[str, float]:
     """Metrics of one batch of debates: per-turn majority accuracy (tie rule; early-stopped debates keep their last
-    answers), agreement, scores, incentives and the fraction of answers each penalty hit."""
+    answers), agreement, scores and the fraction of answers each penalty hit (the incentives are the credit's)."""
     def mean(xs):
         xs = list(xs)
         return sum(xs) / len(xs) if xs else math.nan
 
     stats: dict[str, float] = {"debate/turns_played": mean(d.turns_played for d in debates),
-                               "score": mean(s.score for s in samples),
-                               "incentive": mean(s.incentive for s in samples)}
+                               "score": mean(s.score for s in samples)}
     with_outcomes = [d for d in debates if d.outcomes]
     for t in range(num_turns):
         if with_outcomes:

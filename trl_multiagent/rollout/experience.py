@@ -1,5 +1,11 @@
 """What every sampler returns: :class:`Experience`, one :class:`Sample` per (agent, turn, sampled response), and the
-metrics all samplers log."""
+metrics all samplers log.
+
+A sampler fills in what it observed: token ids, the rewards the environment gave, group keys and the links of the
+tree (a sample's node and joint actions, a joint action's children). Returns and advantages are the trainer's:
+:meth:`~trl_multiagent.trainers.base.MultiAgentTrainer.assign_credit` computes them with :mod:`trl_multiagent.credit`
+right after the rollout, and adds :func:`credit_stats` to the rollout's :func:`rollout_stats`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,12 @@ from ..agents import Generation
 
 @dataclass
 class Sample:
-    """One agent's sampled response at one node: a training row for that agent's policy."""
+    """One agent's sampled response at one node: a training row for that agent's policy.
+
+    ``group`` is the key of the samples it is compared with; ``reward``, ``ret`` and ``advantage`` are the credit's
+    (the trainer's ``assign_credit``): before it, ``reward`` holds only what the sampler observed, where that is the
+    sample's own reward.
+    """
 
     agent: str
     policy: str
@@ -31,7 +42,9 @@ class Sample:
 
 @dataclass
 class JointAction:
-    """One joint action of the tree: which sample of each agent, its joint reward, and its continuations."""
+    """One joint action of the tree: which sample of each agent (in :attr:`Experience.agents` order), its joint
+    reward, and its continuations (the joint actions sampled at the node it leads to); ``ret`` and ``advantage`` are
+    the credit's."""
 
     id: int
     node: int
@@ -49,35 +62,37 @@ class JointAction:
 
 @dataclass
 class Experience:
-    """The result of one rollout: training samples, the joint actions behind them, and summary statistics."""
+    """The result of one rollout: training samples, the joint actions behind them, and summary statistics.
+
+    ``agents`` are the team's agents in the order of :attr:`JointAction.sample_index` and of the per-agent metrics.
+    """
 
     samples: list[Sample]
     joint_actions: list[JointAction]
     stats: dict[str, float]
+    agents: list[str] = field(default_factory=list)
 
     def samples_of(self, policy: str) -> list[Sample]:
         return [s for s in self.samples if s.policy == policy]
 
 
-def rollout_stats(agents, samples, joints, group_stats, num_generations, num_episodes) -> dict[str, float]:
-    """The metrics every sampler logs: rewards, returns, group statistics, per-turn, per-environment-component
-    and per-agent (``agent/<name>/...``) means."""
-    def mean(xs):
-        xs = list(xs)
-        return sum(xs) / len(xs) if xs else math.nan
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else math.nan
 
+
+def rollout_stats(agents, samples, joints, num_generations, num_episodes) -> dict[str, float]:
+    """The metrics every sampler logs of what it played: joint rewards, the generation count, per-turn,
+    per-environment-component and per-agent (``agent/<name>/...``) means. The credit's metrics are
+    :func:`credit_stats`, added by the trainer's ``assign_credit``."""
     rewards = [j.reward for j in joints]
-    roots = [j for j in joints if j.turn == 0]
     stats = {
-        "reward": mean(rewards),
-        "reward_std": (mean([(r - mean(rewards)) ** 2 for r in rewards]) ** 0.5) if rewards else math.nan,
-        "return": mean(j.ret for j in roots),
-        "frac_reward_zero_std": group_stats["frac_zero_std_groups"],
-        "num_groups": group_stats["num_groups"],
+        "reward": _mean(rewards),
+        "reward_std": (_mean([(r - _mean(rewards)) ** 2 for r in rewards]) ** 0.5) if rewards else math.nan,
         "num_generations": float(num_generations),
         "num_joint_actions": float(len(joints)),
         "episodes": float(num_episodes),
-        "turns": mean(1 + max((j.turn for j in joints if j.episode == e), default=0) for e in range(num_episodes)),
+        "turns": _mean(1 + max((j.turn for j in joints if j.episode == e), default=0) for e in range(num_episodes)),
     }
     by_turn: dict[int, list[float]] = defaultdict(list)
     infos: dict[str, list[float]] = defaultdict(list)
@@ -86,13 +101,27 @@ def rollout_stats(agents, samples, joints, group_stats, num_generations, num_epi
         for k, v in j.info.items():
             infos[k].append(float(v))
     for t, rs in by_turn.items():
-        stats[f"turn/{t}/reward"] = mean(rs)
+        stats[f"turn/{t}/reward"] = _mean(rs)
     for k, vs in infos.items():
-        stats[f"env/{k}"] = mean(vs)
+        stats[f"env/{k}"] = _mean(vs)
     for a in agents:
         mine = [s for s in samples if s.agent == a]
-        stats[f"agent/{a}/reward"] = mean(s.reward for s in mine)
-        stats[f"agent/{a}/return"] = mean(s.ret for s in mine)
-        stats[f"agent/{a}/completion_length"] = mean(len(s.generation.completion_ids) for s in mine)
-        stats[f"agent/{a}/clipped_ratio"] = mean(float(s.generation.truncated) for s in mine)
+        stats[f"agent/{a}/completion_length"] = _mean(len(s.generation.completion_ids) for s in mine)
+        stats[f"agent/{a}/clipped_ratio"] = _mean(float(s.generation.truncated) for s in mine)
+    return stats
+
+
+def credit_stats(agents, samples, joints, group_stats: dict[str, float] | None = None) -> dict[str, float]:
+    """The metrics of the credit, logged after ``assign_credit``: the mean return of the first turn's joint actions,
+    every agent's credited reward and return and, with ``group_stats`` (of
+    :func:`~trl_multiagent.credit.group.grouped_advantages`), the number of groups and the fraction of groups whose
+    rewards all tie (``frac_reward_zero_std``)."""
+    stats = {"return": _mean(j.ret for j in joints if j.turn == 0)}
+    if group_stats is not None:
+        stats["frac_reward_zero_std"] = group_stats["frac_zero_std_groups"]
+        stats["num_groups"] = group_stats["num_groups"]
+    for a in agents:
+        mine = [s for s in samples if s.agent == a]
+        stats[f"agent/{a}/reward"] = _mean(s.reward for s in mine)
+        stats[f"agent/{a}/return"] = _mean(s.ret for s in mine)
     return stats

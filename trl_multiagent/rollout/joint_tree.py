@@ -1,8 +1,10 @@
-"""MAGRPO's rollout: a tree of joint actions with joint groups (MAGRPO Algorithm 1; tree returns and Eq. 1).
+"""MAGRPO's rollout: a tree of joint actions (MAGRPO Algorithm 1).
 
 At every node of the tree each agent samples K responses, which form joint actions (``aligned`` or ``cross``); each
 joint action gets the joint reward and, unless the episode ends, becomes a child node. Generation is batched: at each
 turn, all agents answer all branch points of all episodes in one team-level call (``AgentPool.generate_many``).
+The returns along the tree, Eq. 1 within each node's joint actions and each sample's share of its joint actions are
+the trainer's credit (:func:`~trl_multiagent.trainers.magrpo.tree_credit`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool, Generation
-from ..credit import cross_sample_credit, grouped_advantages, joint_action_indices, tree_returns
+from ..credit.magrpo import joint_action_indices
 from ..environments.base import Environment
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
@@ -33,23 +35,20 @@ class _Node:
 
 
 class JointTreeSampler:
-    """MAGRPO's tree rollout with joint groups (MAGRPO Algorithm 1; tree returns and Eq. 1 advantages).
+    """MAGRPO's tree rollout (MAGRPO Algorithm 1): joint actions with their joint rewards, each sample's node (its
+    group) and joint actions, each joint action's children; no returns or advantages (the trainer's credit).
 
     Args:
         num_samples: K, the responses each agent samples at every node.
         num_turns: H, the horizon; the tree stops earlier where the environment says ``done``.
         joint_mode: ``"aligned"`` (K joint actions per node) or ``"cross"`` (K**n).
-        gamma: discount of later turns' rewards.
-        scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (as ``GRPOConfig.scale_rewards``).
     """
 
-    def __init__(self, num_samples: int, num_turns: int, joint_mode: str = "aligned", gamma: float = 1.0,
-                 scale_rewards: str = "group"):
+    def __init__(self, num_samples: int, num_turns: int, joint_mode: str = "aligned"):
         if num_samples < 1 or num_turns < 1:
             raise ValueError("num_samples and num_turns must be at least 1")
         joint_action_indices(1, 1, joint_mode)  # validates the mode
         self.num_samples, self.num_turns, self.joint_mode = num_samples, num_turns, joint_mode
-        self.gamma, self.scale_rewards = gamma, scale_rewards
 
     def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
                 generation_config: GenerationConfig) -> Experience:
@@ -61,7 +60,6 @@ class JointTreeSampler:
         node_count = len(frontier)
         joints: list[JointAction] = []
         samples: list[Sample] = []
-        slots: list[tuple[Sample, int, int]] = []  # (sample, agent index, sample index k at its node)
         num_generations = 0
 
         for turn in range(self.num_turns):
@@ -101,25 +99,9 @@ class JointTreeSampler:
                                                    result.next_prompts, ja.id))
                         node_count += 1
                 samples.extend(node_samples.values())
-                slots.extend((sample, agents.index(a), k) for (a, k), sample in node_samples.items())
             frontier = next_frontier
-
-        returns = tree_returns([j.reward for j in joints], [j.children for j in joints], self.gamma)
-        advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=self.scale_rewards)
-        for j, r, a in zip(joints, returns, advantages):
-            j.ret, j.advantage = r, a
-        # each sample's credit: aligned, its one joint action's; cross, the mean over the K**(n-1) it appears in
-        by_node: dict[int, list[JointAction]] = {}
-        for j in joints:
-            by_node.setdefault(j.node, []).append(j)
-        for s, i, k in slots:
-            node = by_node[s.node]
-            indices = [j.sample_index for j in node]
-            s.reward, s.ret, s.advantage = (cross_sample_credit([getattr(j, attr) for j in node], indices, i,
-                                                                self.num_samples)[k]
-                                            for attr in ("reward", "ret", "advantage"))
-        stats = rollout_stats(agents, samples, joints, group_stats, num_generations, len(tasks))
-        return Experience(samples, joints, stats)
+        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks))
+        return Experience(samples, joints, stats, agents)
 
     @staticmethod
     def _step_all(frontier, index_sets, agents, gens) -> dict:

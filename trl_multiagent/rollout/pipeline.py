@@ -20,8 +20,10 @@ and is shared by all branches.
   Algorithm 5 instead re-shuffles such singletons into chunks of G).
 
 Generation is batched per agent: the nodes of one agent, over all questions, fork instances and branches, go to the
-pool in ONE ``generate`` call; tools run on each node's inputs. Rewards are carried backward with MHGPO Eq. 4 and the
-advantages normalized in the groups above with Eq. 5 (:mod:`trl_multiagent.credit.mhgpo`).
+pool in ONE ``generate`` call; tools run on each node's inputs. The rollout returns the final answers' rewards, each
+kept output's agent-specific (format) reward and the links of the DAG (:class:`PipelineExperience`); carrying the
+rewards backward (Eq. 4) and normalising them in the groups above (Eq. 5) is the trainer's credit
+(:func:`~trl_multiagent.trainers.mhgpo.pipeline_credit`, with :mod:`trl_multiagent.credit.mhgpo`).
 """
 
 from __future__ import annotations
@@ -36,15 +38,9 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import Generation
-from ..credit.mhgpo import (
-    final_rewards,
-    heterogeneous_group_advantages,
-    intra_group_similarity,
-    propagate_rewards,
-    resolve_aggregation,
-)
 from ..environments.pipeline import PipelineEnvironment, PipelineGraph
 from ..generation.requests import Prompt
+from ..metrics.similarity import intra_group_similarity
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 #: The group rollout strategies of MHGPO.
@@ -112,6 +108,27 @@ class PipelineRollout:
         return {name: self.nodes[i].output for name, i in trajectory.node_ids.items()}
 
 
+@dataclass
+class PipelineSample(Sample):
+    """A kept agent output, with its agent-specific reward ``R_spe`` (MHGPO Eq. 4, second line: a format reward)."""
+
+    format_reward: float = 0.0
+
+
+@dataclass
+class PipelineExperience(Experience):
+    """:class:`Experience` of a pipeline rollout, with the links MHGPO Eq. 4 carries the rewards back along.
+
+    Attributes:
+        consumers: every agent output (by node id) -> the agent outputs of its direct successors that consumed it
+            (tools looked through; :meth:`PipelineSampler.agent_consumers`).
+        terminal_rewards: the final answers' outputs (by node id) -> the reward of the system's answer.
+    """
+
+    consumers: dict[int, list[int]] = field(default_factory=dict)
+    terminal_rewards: dict[int, float] = field(default_factory=dict)
+
+
 #: MHGPO's Round-robin fork probabilities for its three-agent pipeline (Rewriter, Reranker, Answerer; Sec.
 #: "Experiments & Discussion": "the round-robin probabilities for each agent are set to (0.7, 0.1, 0.2)").
 PAPER_FORK_PROBABILITIES = (0.7, 0.1, 0.2)
@@ -154,14 +171,11 @@ class PipelineSampler:
         strategy: ``"independent"``, ``"fork_on_first"`` or ``"round_robin"``.
         fork_probabilities: Round-robin's ``p_j`` per agent, by agent name (``None``: the paper's,
             :func:`default_fork_probabilities` over the agents in topological order).
-        aggregate: ``Aggr`` of Eq. 4 (``"mean"``, ``"max"``, ``"min"`` or a callable).
-        scale_rewards: ``"group"`` (Eq. 5), ``"batch"`` or ``"none"``, as ``GRPOConfig.scale_rewards``.
         rng: random source of Round-robin's fork agents (default: the ``random`` module, seeded by the trainer).
     """
 
     def __init__(self, num_samples: int, strategy: str = "fork_on_first",
-                 fork_probabilities: Mapping[str, float] | None = None, aggregate: str | Callable = "mean",
-                 scale_rewards: str = "group", rng: random.Random | None = None):
+                 fork_probabilities: Mapping[str, float] | None = None, rng: random.Random | None = None):
         if num_samples < 1:
             raise ValueError(f"num_samples (G) must be at least 1, got {num_samples}")
         if strategy not in STRATEGIES:
@@ -172,10 +186,9 @@ class PipelineSampler:
             if any(p < 0 for p in fork_probabilities.values()) or not math.isclose(
                     sum(fork_probabilities.values()), 1.0, abs_tol=1e-6):
                 raise ValueError(f"fork_probabilities must be non-negative and sum to 1, got {dict(fork_probabilities)}")
-        resolve_aggregation(aggregate)  # validates
         self.num_samples, self.strategy = num_samples, strategy
         self.fork_probabilities = dict(fork_probabilities) if fork_probabilities is not None else None
-        self.aggregate, self.scale_rewards, self.rng = aggregate, scale_rewards, rng
+        self.rng = rng
 
     # --------------------------------------------------------------------------------------------- the plan
     def fork_agents(self, graph: PipelineGraph, num_questions: int) -> list[str]:
@@ -267,7 +280,7 @@ class PipelineSampler:
     def _inputs(nodes: Sequence[PipelineNode], node: PipelineNode) -> dict[str, str]:
         return {name: nodes[i].output for name, i in node.inputs.items()}
 
-    # --------------------------------------------------------------------------------------------- credit
+    # --------------------------------------------------------------------------------------------- links
     @staticmethod
     def agent_consumers(nodes: Sequence[PipelineNode]) -> dict[int, list[int]]:
         """For every agent node, the agent nodes of its direct successors that consumed it: the consumers, with
@@ -286,38 +299,20 @@ class PipelineSampler:
 
         return {n.id: through(n.id) for n in nodes if n.is_agent}
 
-    def credit(self, env: PipelineEnvironment, tasks: Sequence[Mapping[str, Any]], result: PipelineRollout
-               ) -> tuple[list[PipelineNode], list[float], list[float], list[float], list[float], dict[str, float]]:
-        """Eq. 4 (propagation + agent-specific rewards) and Eq. 5 (group advantages) for the kept nodes.
-
-        Returns the kept nodes and, aligned with them, their shared rewards, agent-specific rewards, final rewards
-        and advantages, plus the group statistics.
-        """
-        consumers = self.agent_consumers(result.nodes)
-        agent_ids = sorted(consumers)
-        index = {node_id: k for k, node_id in enumerate(agent_ids)}
-        terminal = {index[t.sink]: t.reward for t in result.trajectories}
-        shared_all = propagate_rewards([[index[c] for c in consumers[i]] for i in agent_ids], terminal,
-                                       self.aggregate)
-        kept = [result.nodes[i] for i in agent_ids if result.nodes[i].kept]
-        shared = [shared_all[index[n.id]] for n in kept]
-        specific = [float(env.format_reward(n.name, tasks[n.question], self._inputs(result.nodes, n), n.output))
-                    for n in kept]
-        rewards = final_rewards(shared, specific)
-        advantages, group_stats = heterogeneous_group_advantages(rewards, [n.group for n in kept],
-                                                                 scale=self.scale_rewards)
-        return kept, shared, specific, rewards, advantages, group_stats
-
     # --------------------------------------------------------------------------------------------- experience
     def rollout(self, pool, env_factory: Callable[[], PipelineEnvironment], tasks: Sequence[Mapping[str, Any]],
-                generation_config: GenerationConfig, forks: Sequence[str] | None = None) -> Experience:
-        """Run, credit, and return :class:`Experience`: one ``Sample`` per kept agent output (``reward`` = Eq. 4's
-        final reward, ``ret`` = its shared part, ``advantage`` = Eq. 5) and one ``JointAction`` per trajectory
-        (``reward`` = the final reward of its answer, ``info`` = the environment's metrics)."""
+                generation_config: GenerationConfig, forks: Sequence[str] | None = None) -> PipelineExperience:
+        """Run and return :class:`PipelineExperience`: one :class:`PipelineSample` per kept agent output (its group
+        ``m`` of Eq. 5 and its format reward; ``reward``, ``ret`` and ``advantage`` are the credit's), one
+        ``JointAction`` per trajectory (``reward`` = the final reward of its answer, ``info`` = the environment's
+        metrics) and the links of the DAG."""
         env = env_factory()
         tasks = list(tasks)
         result = self.run(pool, env, tasks, generation_config, forks)
-        kept, shared, specific, rewards, advantages, group_stats = self.credit(env, tasks, result)
+        consumers = self.agent_consumers(result.nodes)
+        kept = [result.nodes[i] for i in sorted(consumers) if result.nodes[i].kept]
+        specific = [float(env.format_reward(n.name, tasks[n.question], self._inputs(result.nodes, n), n.output))
+                    for n in kept]
         joints = [JointAction(id=t_id, node=t.sink, episode=t.question, turn=0, sample_index=(t.copy,),
                               reward=t.reward, done=True, info=dict(t.info), ret=t.reward)
                   for t_id, t in enumerate(result.trajectories)]
@@ -325,14 +320,14 @@ class PipelineSampler:
         for t_id, t in enumerate(result.trajectories):
             for node_id in t.node_ids.values():
                 member_of[node_id].append(t_id)
-        samples = [Sample(agent=n.name, policy=pool.policy_of(n.name), episode=n.question, turn=0, node=n.id,
-                          generation=n.generation, joint_ids=member_of[n.id], group=n.group, reward=r, ret=s,
-                          advantage=a)
-                   for n, s, r, a in zip(kept, shared, rewards, advantages)]
+        samples = [PipelineSample(agent=n.name, policy=pool.policy_of(n.name), episode=n.question, turn=0, node=n.id,
+                                  generation=n.generation, joint_ids=member_of[n.id], group=n.group, format_reward=r)
+                   for n, r in zip(kept, specific)]
         graph = env.graph()
-        stats = rollout_stats(list(graph.agents), samples, joints, group_stats, result.num_generations, len(tasks))
+        stats = rollout_stats(list(graph.agents), samples, joints, result.num_generations, len(tasks))
         stats.update(self._pipeline_stats(env, graph, result, kept, specific))
-        return Experience(samples, joints, stats)
+        return PipelineExperience(samples, joints, stats, list(graph.agents), consumers=consumers,
+                                  terminal_rewards={t.sink: t.reward for t in result.trajectories})
 
     def _pipeline_stats(self, env, graph, result, kept, specific) -> dict[str, float]:
         def mean(xs):

@@ -11,7 +11,6 @@ not keep: every agent's observation text at every turn and the order of the tran
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,6 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import AgentPool
-from ..credit import discounted_returns
 from ..environments.base import Environment
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
@@ -42,7 +40,8 @@ class Transition:
         previous: index of the transition at ``t - 1`` of the same episode (``None`` at ``t = 0``).
         next: index of the transition at ``t + 1`` (``None`` when ``done``).
         ret: the Monte-Carlo return ``sum_{tau >= t} gamma^(tau - t) r_tau`` (logged; the critic's regression
-            target in expectation).
+            target in expectation), filled in by the trainer's credit
+            (:func:`~trl_multiagent.trainers.actor_critic.episode_returns`).
         info: the environment's named scalars for this step.
         old_values: each critic's value of this transition's history at rollout time (for value clipping).
     """
@@ -105,13 +104,12 @@ class SinglePathSampler:
 
     Args:
         num_turns: H, the horizon; an episode ends earlier when the environment says ``done``.
-        gamma: discount of the Monte-Carlo returns kept for logging (the TD targets are the trainer's).
     """
 
-    def __init__(self, num_turns: int, gamma: float = 1.0):
+    def __init__(self, num_turns: int):
         if num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {num_turns}")
-        self.num_turns, self.gamma = num_turns, gamma
+        self.num_turns = num_turns
 
     def rollout(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
                 generation_config: GenerationConfig) -> EpisodeBuffer:
@@ -161,28 +159,13 @@ class SinglePathSampler:
                     prompts[e] = dict(result.next_prompts)
                     still.append(e)
             active = still
-        self._returns(transitions, joints)
-        stats = rollout_stats(agents, samples, joints, {"num_groups": math.nan, "frac_zero_std_groups": math.nan},
-                              num_generations, len(tasks))
-        for key in ("frac_reward_zero_std", "num_groups"):  # no groups in a single-path rollout
-            stats.pop(key)
-        buffer = EpisodeBuffer(samples, joints, stats, transitions=transitions, num_turns=self.num_turns)
+        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks))
+        buffer = EpisodeBuffer(samples, joints, stats, agents, transitions=transitions, num_turns=self.num_turns)
         finals = buffer.final_infos()
         for key in dict.fromkeys(k for info in finals for k in info):
             values = [float(info[key]) for info in finals if key in info]
             stats[f"final/{key}"] = sum(values) / len(values)
         return buffer
-
-    def _returns(self, transitions: list[Transition], joints: list[JointAction]) -> None:
-        by_episode: dict[int, list[Transition]] = {}
-        for tr in transitions:
-            by_episode.setdefault(tr.episode, []).append(tr)
-        for chain in by_episode.values():
-            for tr, ret in zip(chain, discounted_returns([t.reward for t in chain], self.gamma)):
-                tr.ret = ret
-                joints[tr.samples[next(iter(tr.samples))].joint_ids[0]].ret = ret
-                for s in tr.samples.values():
-                    s.ret = ret
 
     @staticmethod
     def _step_all(envs: list[Environment], actions: list[dict[str, str]]):

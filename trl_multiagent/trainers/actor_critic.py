@@ -8,7 +8,7 @@ One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgen
 1. rollout (Alg. 1 lines 3-15): :class:`~trl_multiagent.rollout.SinglePathSampler` plays ``episodes_per_step``
    episodes, ONE path each (no tree); the behaviour log-probabilities ``pi_old(a_{i,t} | h_{i,t})`` come from one
    teacher-forced pass per policy right after (the shared base's ``rollout``). The joint transitions form the
-   buffer.
+   buffer; the credit of the rollout (:func:`episode_returns`) is only the Monte-Carlo returns, logged.
 2. ``num_iterations`` (E) passes over the buffer, each cut into ``num_minibatches`` minibatches; every minibatch is one
    optimizer step (Alg. 1 lines 16-25): the critic's value ``V`` of every transition's history and of its successor
    history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
@@ -37,12 +37,12 @@ from typing import ClassVar
 import torch
 
 from ..agents import AgentSpec
-from ..credit import td_errors, td_targets
+from ..credit import discounted_returns, td_errors, td_targets
 from ..critics import CriticSpec
 from ..generation.requests import Prompt
 from ..losses import RESPONSE_LOSS, value_loss
 from ..padding import left_pad, pad_token_id
-from ..rollout import EpisodeBuffer, Experience, SinglePathSampler
+from ..rollout import EpisodeBuffer, Experience, SinglePathSampler, credit_stats
 from ..utils import release_freed_memory
 from .base import MultiAgentConfig, MultiAgentTrainer
 from .critic_config import CriticSettings, warn_once
@@ -226,6 +226,22 @@ def actor_ratio_clip_range(clip: float | None) -> float:
     return math.inf if clip is None else float(clip)
 
 
+def episode_returns(buffer: EpisodeBuffer, gamma: float) -> None:
+    """The Monte-Carlo return ``sum_{tau >= t} gamma^(tau - t) r_tau`` of every transition of ``buffer``
+    (:func:`~trl_multiagent.credit.returns.discounted_returns` along each episode), on the transition, its joint
+    action and its samples (logged; the critic's regression target in expectation), and the credit's metrics."""
+    by_episode: dict[int, list] = {}
+    for tr in buffer.transitions:
+        by_episode.setdefault(tr.episode, []).append(tr)
+    for chain in by_episode.values():
+        for tr, ret in zip(chain, discounted_returns([t.reward for t in chain], gamma)):
+            tr.ret = ret
+            buffer.joint_actions[tr.samples[next(iter(tr.samples))].joint_ids[0]].ret = ret
+            for s in tr.samples.values():
+                s.ret = ret
+    buffer.stats.update(credit_stats(buffer.agents, buffer.samples, buffer.joint_actions))
+
+
 # ---------------------------------------------------------------------------------------------- critic inputs
 def global_info_text(turn: int, num_turns: int, last_reward: float | None, reward_max: float) -> str:
     """m_t, the global information the paper gives its critics (App. E.3): turn, horizon, last reward, its maximum."""
@@ -325,7 +341,14 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return self.critic_specs(specs, args, self.agent_order)
 
     def build_sampler(self, args: ActorCriticConfig) -> SinglePathSampler:
-        return SinglePathSampler(num_turns=args.num_turns, gamma=args.gamma)
+        return SinglePathSampler(num_turns=args.num_turns)
+
+    def assign_credit(self, experience: EpisodeBuffer) -> None:
+        """The Monte-Carlo returns of the buffer, logged (:func:`episode_returns`). The actors' advantages are the TD
+        errors of Eq. 2 / Eq. 4, ``delta = r + gamma * V(h') - V(h)``: they need the critics' values as the critics
+        are when each minibatch is updated, so they are computed in :meth:`update` (:meth:`_critic_update`,
+        :func:`~trl_multiagent.credit.actor_critic.td_errors`), not here."""
+        episode_returns(experience, self.args.gamma)
 
     def set_grpo_state(self, args: ActorCriticConfig) -> None:
         super().set_grpo_state(args)

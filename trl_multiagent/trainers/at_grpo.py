@@ -4,9 +4,11 @@ Paper: "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"
 Eq. 3.
 
 - rollout: :class:`~trl_multiagent.rollout.AgentTurnSampler`. In environment instance e, at turn t, agent i samples K
-  candidates from the current state; each is scored with the mixed reward of Eq. 3, ``alpha * team + local``
-  (:func:`~trl_multiagent.credit.mix_rewards`); the K candidates form the group keyed (e, t, i) (never two problems,
-  turns or agents in one group), and the best candidate is executed (greedy) before the rollout moves on.
+  candidates from the current state; each is scored (its team and local reward), the K candidates form the group
+  keyed (e, t, i) (never two problems, turns or agents in one group), and the candidate with the best mixed reward of
+  Eq. 3 is executed (greedy) before the rollout moves on.
+- credit (:func:`agent_turn_credit`): every candidate's Eq. 3 reward ``alpha * team + local``
+  (:func:`~trl_multiagent.credit.mix_rewards`), normalised within its (e, t, i) group.
 - update: the paper gives no objective beyond GRPO's, so the default is GRPO's per-response form, TRL's
   ``loss_type="grpo"`` (per-token clipped ratio, averaged over each response's tokens, then over the responses).
 - policies: role-sharing (every agent acts with one policy trained on all roles' data: give the agents one
@@ -16,9 +18,13 @@ Eq. 3.
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..rollout import AgentTurnSampler
+from ..credit.at_grpo import mix_rewards
+from ..credit.group import grouped_advantages
+from ..rollout import AgentTurnSampler, Experience, credit_stats
 from .base import MultiAgentConfig, MultiAgentTrainer
 
 
@@ -96,11 +102,44 @@ class ATGRPOTrainer(MultiAgentTrainer):
     def build_sampler(self, args: ATGRPOConfig) -> AgentTurnSampler:
         """Agent-and-turn groups with greedy execution of the best candidate (Alg. 1) and Eq. 3 rewards."""
         return AgentTurnSampler(num_samples=args.num_generations, num_turns=args.num_turns,
-                                agent_order=args.agent_order, alpha=args.alpha, scale_rewards=args.scale_rewards,
-                                drop_zero_std_groups=args.drop_zero_std_groups)
+                                agent_order=args.agent_order, alpha=args.alpha)
+
+    def assign_credit(self, experience: Experience) -> None:
+        """Eq. 3 rewards normalised in their (e, t, i) groups (:func:`agent_turn_credit`)."""
+        agent_turn_credit(experience, self.args.alpha, self.args.scale_rewards, self.args.drop_zero_std_groups)
 
     def summary(self):
         policies = {s.policy for s in self.pool.specs.values()}
         out = super().summary()
         out["policy_mapping"] = "shared" if len(policies) < len(self.pool.specs) else "specialized"
         return out
+
+
+def agent_turn_credit(experience: Experience, alpha: float, scale_rewards: str = "group",
+                      drop_zero_std_groups: bool = False) -> None:
+    """AT-GRPO's credit (Sec. 4.1, Eq. 3), written onto ``experience`` of an
+    :class:`~trl_multiagent.rollout.AgentTurnSampler`.
+
+    Every candidate's reward and return is ``alpha * team + local`` (Eq. 3, :func:`~trl_multiagent.credit.mix_rewards`)
+    of its scoring; its advantage is that reward normalised within its (e, t, i) group
+    (:func:`~trl_multiagent.credit.group.grouped_advantages`). ``drop_zero_std_groups`` leaves the groups whose
+    candidates all tie out of the samples (they are still counted in the metrics: ``frac_reward_zero_std``,
+    ``dropped_samples``).
+    """
+    samples = experience.samples
+    for s in samples:
+        s.reward = s.ret = mix_rewards(s.team_reward, s.local_reward, alpha)
+    advantages, group_stats = grouped_advantages([s.reward for s in samples], [s.group for s in samples],
+                                                 scale=scale_rewards)
+    for s, a in zip(samples, advantages):
+        s.advantage = a
+    kept = samples
+    if drop_zero_std_groups:
+        spread: dict[tuple, list[float]] = defaultdict(list)
+        for s in samples:
+            spread[s.group].append(s.reward)
+        kept = [s for s in samples if max(spread[s.group]) - min(spread[s.group]) > 1e-12]
+    experience.stats.update(credit_stats(experience.agents, samples, experience.joint_actions, group_stats))
+    experience.stats["reward"] = sum(s.reward for s in samples) / len(samples) if samples else math.nan
+    experience.stats["dropped_samples"] = float(len(samples) - len(kept))
+    experience.samples = kept

@@ -3,18 +3,21 @@
 One step, top to bottom (:meth:`MultiAgentTrainer.training_step`):
 
 1. rollout (every ``num_iterations`` steps): the trainer's sampler (its rollout topology, :mod:`trl_multiagent.rollout`)
-   plays ``episodes_per_step`` tasks per process and returns :class:`~trl_multiagent.rollout.Experience` with
-   advantages from :mod:`trl_multiagent.credit`; behaviour / reference log-probs are added only when the loss needs
-   them (``num_iterations > 1`` / ``beta > 0``);
-2. update: for every policy, its adapter active, the policy objective on that policy's samples: the whole-response
+   plays ``episodes_per_step`` tasks per process and returns :class:`~trl_multiagent.rollout.Experience`: rewards,
+   group keys and the links of the tree, no advantages;
+2. credit: the trainer's :meth:`~MultiAgentTrainer.assign_credit` turns them into returns and advantages with the
+   pure functions of :mod:`trl_multiagent.credit`; behaviour / reference log-probs are then added only when the loss
+   needs them (``num_iterations > 1`` or vLLM's importance sampling / ``beta > 0``);
+3. update: for every policy, its adapter active, the policy objective on that policy's samples: the whole-response
    objective of MAGRPO Eq. 2 (``loss_type="response"``, :func:`~trl_multiagent.losses.response_policy_loss`) or one
-   of TRL's loss types; trainers with critics add their value losses;
-3. one optimizer step: one optimizer, one param group per policy and per critic (each its own learning rate), each
+   of TRL's loss types; trainers with critics add their value losses (:meth:`~MultiAgentTrainer.auxiliary_loss`);
+4. one optimizer step: one optimizer, one param group per policy and per critic (each its own learning rate), each
    group's gradient clipped to ``max_grad_norm`` on its own.
 
 The trainers (MAGRPO, AT-GRPO, MHGPO, CoLLM-CC/DC, MAPoRL) are siblings over this class: each brings its config
-fields, its sampler (:meth:`~MultiAgentTrainer.build_sampler`), its critics, and, where its objective differs, its
-update. The private parts of TRL and transformers it rests on are all in :mod:`trl_multiagent.trainers.compat`.
+fields, its sampler (:meth:`~MultiAgentTrainer.build_sampler`), its credit (:meth:`~MultiAgentTrainer.assign_credit`),
+its critics, and, where its objective differs, its update. The private parts of TRL and transformers it rests on are
+all in :mod:`trl_multiagent.trainers.compat`.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from transformers.trainer_utils import TrainOutput
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..losses import RESPONSE_LOSS, response_policy_loss
-from ..models import context_length
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
 from ..utils import release_freed_memory
@@ -51,6 +53,9 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
     TRL_LOSS_TYPES,
     MultiAgentConfig,
     check_common_values,
+    check_context_length,
+    check_dataset,
+    validate_team_against_environment,
 )
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
@@ -189,6 +194,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
         """The rollout topology (a sampler of :mod:`trl_multiagent.rollout`); every trainer defines its own."""
         raise TypeError(f"{type(self).__name__} does not define build_sampler")
 
+    def assign_credit(self, experience: Experience) -> None:
+        """The credit stage: the returns, advantages and credit metrics (``rollout.credit_stats``) of one rollout,
+        from the pure functions of :mod:`trl_multiagent.credit`, written onto ``experience``. Called once per rollout,
+        right after the sampler's and before any log-prob pass; every trainer defines its own."""
+        raise TypeError(f"{type(self).__name__} does not define assign_credit")
+
     # ------------------------------------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
         """One optimizer, one param group per policy (its adapter's parameters, its own learning rate) and per critic
@@ -265,15 +276,18 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     @torch.no_grad()
     def rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
-        """Roll the team out on ``tasks`` (advantages included); add behaviour log-probs when a rollout serves
-        several updates (``num_iterations > 1``) and reference log-probs when ``beta > 0``, and nothing else."""
+        """Roll the team out on ``tasks`` and assign the credit (:meth:`assign_credit`); add behaviour log-probs when
+        a rollout serves several updates (``num_iterations > 1``) or vLLM's importance sampling compares them with the
+        engine's, and reference log-probs when ``beta > 0``, unless the rollout brought them (MAPoRL)."""
         with unsharded(self.pool):  # FSDP: the decoding loop and the reference call the bases directly
             return self._rollout(tasks)
 
     def _rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         experience = self.sample(tasks)
+        self.assign_credit(experience)
         # vLLM's importance-sampling correction compares the trainer's log-probs with the engine's (as in TRL)
-        need_old = self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction)
+        need_old = (self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction)) and \
+            any(s.old_logps is None for s in experience.samples)
         if need_old or self.beta != 0.0:
             for policy in self.pool.policies:
                 for chunk in _chunks(experience.samples_of(policy), self.args.per_device_train_batch_size):
@@ -284,6 +298,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
                         if self.beta != 0.0:
                             with self.pool.reference(policy) as ref_model:
                                 _store(chunk, "ref_logps", self.logps(ref_model, batch), batch)
+        if self.args.log_completions:
+            self.record_completions(experience, tasks)
         for key, value in self.gather_stats(experience.stats).items():
             self.log_metric(key, value)
         release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
@@ -318,8 +334,6 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self._timings["environment"] += max(0.0, elapsed - generation)
         if generation > 0:
             self.log_metric("rollout_tokens_per_s", tokens / generation)
-        if self.args.log_completions:
-            self.record_completions(experience, tasks)
         return experience
 
     def gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
@@ -395,9 +409,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
                             batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
                         with self.timed("forward"):
                             loss = self.trl_loss(functools.partial(model, policy), batch) * weight
-                    with self.timed("backward"):
-                        self.accelerator.backward(loss)
-                    total_loss = total_loss + loss.detach()
+                    extra = self.auxiliary_loss(model, policy, chunk, batch, experience) if chunk else None
+                    for term in (loss,) if extra is None else (loss, extra):
+                        with self.timed("backward"):
+                            self.accelerator.backward(term)
+                        total_loss = total_loss + term.detach()
                 release_freed_memory()
         if sync_at_end:
             self.average_gradients_across_processes()
@@ -421,6 +437,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
             if self.beta != 0.0:
                 self.log_metric("kl", stats["kl"].mean().item())
         return loss
+
+    def auxiliary_loss(self, model, policy: str, chunk: Sequence[Sample], batch: dict[str, torch.Tensor],
+                       experience: Experience) -> torch.Tensor | None:
+        """One more term of the objective on a micro-batch of ``policy``'s update (``chunk``, collated as ``batch``),
+        backpropagated after its policy loss; ``None`` here. MAPoRL adds its critics' value loss."""
+        return None
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
         """Per-sample weights of one policy's loss (the loss is ``sum_s w_s * loss_s``), or ``None`` for the plain mean
@@ -521,31 +543,6 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def summary(self) -> dict[str, Any]:
         """What this trainer adds to ``summary.json`` beyond the common part: its own config fields."""
         return {"config": {k: getattr(self.args, k) for k in self.summary_fields}}
-
-
-# ---------------------------------------------------------------------------------------------------- checks
-def validate_team_against_environment(agent_names: Sequence[str], env) -> None:
-    """The team's agent names must be exactly the environment's roles."""
-    roles = list(env.agents)
-    if sorted(agent_names) != sorted(roles):
-        raise ValueError(f"The agents {list(agent_names)} do not match the roles of {type(env).__name__}: {roles}. "
-                         "Give one AgentSpec per role, named after it.")
-
-
-def check_dataset(env, train_dataset: Dataset) -> None:
-    """One row per task, with the columns the environment reads."""
-    if train_dataset is None or len(train_dataset) == 0:
-        raise ValueError("train_dataset is empty: it needs one row per task")
-    env.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
-
-
-def check_context_length(specs: Sequence[AgentSpec], max_completion_length: int) -> None:
-    """``max_completion_length`` fits the context of every agent's model (read from its config, no weights)."""
-    for model in dict.fromkeys(s.model_name for s in specs):
-        limit = context_length(model)
-        if limit is not None and max_completion_length >= limit:
-            raise ValueError(f"max_completion_length={max_completion_length} does not fit the context of {model} "
-                             f"({limit} tokens, prompt included); lower it")
 
 
 def configure_threads(num_threads: int | None) -> int | None:

@@ -1,18 +1,22 @@
-"""MultiAgentConfig: the config every trainer's config extends (over TRL's ``GRPOConfig``), and the checks of the
-values all trainers share (loss settings, ranges, tracking backends), run before any model loads."""
+"""MultiAgentConfig: the config every trainer's config extends (over TRL's ``GRPOConfig``), the checks of the
+values all trainers share (loss settings, ranges, tracking backends), and the checks of the team, its environment
+and its dataset; all run before any model loads."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from datasets import Dataset
 from trl import GRPOConfig
 
-from ..agents import DENSE_COPY
+from ..agents import DENSE_COPY, AgentSpec
 from ..losses import RESPONSE_LOSS
+from ..models import context_length
 from .sharding import check_parallelism
 
 #: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
@@ -215,3 +219,28 @@ def check_common_values(config, min_generations: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- trainer
+
+
+# ---------------------------------------------------------------------------------------------------- the team
+def validate_team_against_environment(agent_names: Sequence[str], env) -> None:
+    """The team's agent names must be exactly the environment's roles."""
+    roles = list(env.agents)
+    if sorted(agent_names) != sorted(roles):
+        raise ValueError(f"The agents {list(agent_names)} do not match the roles of {type(env).__name__}: {roles}. "
+                         "Give one AgentSpec per role, named after it.")
+
+
+def check_dataset(env, train_dataset: Dataset) -> None:
+    """One row per task, with the columns the environment reads."""
+    if train_dataset is None or len(train_dataset) == 0:
+        raise ValueError("train_dataset is empty: it needs one row per task")
+    env.validate_dataset_columns(list(train_dataset.column_names), name="train_dataset")
+
+
+def check_context_length(specs: Sequence[AgentSpec], max_completion_length: int) -> None:
+    """``max_completion_length`` fits the context of every agent's model (read from its config, no weights)."""
+    for model in dict.fromkeys(s.model_name for s in specs):
+        limit = context_length(model)
+        if limit is not None and max_completion_length >= limit:
+            raise ValueError(f"max_completion_length={max_completion_length} does not fit the context of {model} "
+                             f"({limit} tokens, prompt included); lower it")

@@ -5,21 +5,22 @@ Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Mo
 
 One training step, top to bottom:
 
-1. rollout (every ``num_iterations`` steps): the :class:`~trl_multiagent.rollout.DebateSampler` plays the debates and
-   gives every answer its reward (verifier score -> App. G penalty on that score -> reward mode -> incentives); then,
-   per agent, one teacher-forced pass each gives the behaviour log-probs (adapter on), the reference log-probs
-   (adapter off) and the critic's per-token values; the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the
-   answer's reward on its last token go through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and
-   value targets;
-2. update: the clipped value loss of every agent's critic, then TRL's clipped policy loss (``_compute_loss`` with
-   ``(B, T)`` advantages) for every policy with its adapter active;
-3. one optimizer step (one param group per policy and per critic). The same rollout serves ``num_iterations`` steps:
+1. rollout (every ``num_iterations`` steps): the :class:`~trl_multiagent.rollout.DebateSampler` plays the debates,
+   scores every answer and runs the App. G checks; then, per agent, one teacher-forced pass each gives the behaviour
+   log-probs (adapter on), the reference log-probs (adapter off) and the critic's per-token values (:meth:`sample`);
+2. credit (:meth:`assign_credit`): every answer's reward (:func:`debate_rewards`: verifier score -> App. G penalty on
+   that score -> reward mode -> incentives), then its token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the
+   answer's reward on its last token through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and value
+   targets (:func:`token_credit`);
+3. update, the base's loop: TRL's clipped policy loss (``_compute_loss`` with ``(B, T)`` advantages, and vLLM's
+   importance-sampling correction with ``use_vllm``) for every policy with its adapter active, and on each of its
+   micro-batches the clipped value loss of the answering agents' critics (:meth:`auxiliary_loss`);
+4. one optimizer step (one param group per policy and per critic). The same rollout serves ``num_iterations`` steps:
    the PPO epochs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -30,12 +31,22 @@ from typing import ClassVar
 import torch
 
 from ..agents import AgentPool, AgentSpec
-from ..credit.maporl import REWARD_MODES, Incentives, PenaltySettings, gae, token_level_rewards, whiten
+from ..credit.maporl import (
+    REWARD_MODES,
+    Incentives,
+    PenaltySettings,
+    collaboration_incentives,
+    fill_after_early_stop,
+    penalized_score,
+    token_level_rewards,
+    verification_rewards,
+)
+from ..credit.returns import discounted_returns, gae, whiten
 from ..critics import CriticSpec
 from ..environments.debate import DebateEnv
 from ..losses import value_loss
 from ..padding import right_pad_values
-from ..rollout import Experience
+from ..rollout import Experience, credit_stats
 from ..rollout.debate import DebateSample, DebateSampler
 from ..utils import release_freed_memory
 from .base import MultiAgentConfig, MultiAgentTrainer, _chunks
@@ -265,28 +276,26 @@ class DebatePPOTrainer(MultiAgentTrainer):
         return critics
 
     def build_sampler(self, args: DebatePPOConfig) -> DebateSampler:
-        """The debate sampler with the configured reward mode, incentives, penalties and verifier."""
+        """The debate sampler with the configured App. G checks and verifier."""
         scorer = None
         if args.verifier != "rule":
             from ..verifier import LearnedVerifier
 
             self.verifier_model = LearnedVerifier.load(args.verifier, dtype=args.model_dtype)
             scorer = self.verifier_model.score
-        return DebateSampler(num_turns=args.num_turns, num_debates=args.num_generations, reward_mode=args.reward_mode,
-                             gamma=args.gamma, incentives=args.incentives, penalties=args.penalty_settings,
-                             scorer=scorer)
+        return DebateSampler(num_turns=args.num_turns, num_debates=args.num_generations,
+                             penalties=args.penalty_settings, scorer=scorer)
 
     # ------------------------------------------------------------------------------------------------ rollout
     @torch.no_grad()
-    def rollout(self, tasks) -> Experience:
-        """Play the debates, then per agent: behaviour and reference log-probs, values, token rewards and GAE."""
-        experience = self.sample(tasks)
-        kls, values, returns = [], [], []
-        micro = self.args.per_device_train_batch_size
+    def sample(self, tasks) -> Experience:
+        """The debates, then what MAPoRL's credit reads of the models at rollout time: per agent, every answer's
+        behaviour log-probs (adapter on), reference log-probs (adapter off) and its critic's per-token values."""
+        experience = super().sample(tasks)
         for agent in self.pool.agent_names:
             policy = self.pool.policy_of(agent)
             rows = [s for s in experience.samples if s.agent == agent]
-            for chunk in _chunks(rows, micro):
+            for chunk in _chunks(rows, self.args.per_device_train_batch_size):
                 batch = self.collate(policy, chunk)
                 with self.timed("logprob_forwards"):
                     logps = self.logps(functools.partial(self.pool, policy), batch)
@@ -295,26 +304,17 @@ class DebatePPOTrainer(MultiAgentTrainer):
                     chunk_values = self._completion_values(agent, batch, chunk)
                 for s, lp, rp, v, m in zip(chunk, logps, ref_logps, chunk_values, batch["completion_mask"]):
                     keep = m.bool()
-                    s.old_logps = lp[keep].tolist()
-                    ref = rp[keep].tolist()
-                    s.old_values = v[keep].tolist()
-                    rewards = token_level_rewards(s.old_logps, ref, s.reward, self.args.kl_coef)
-                    s.token_advantages, s.token_returns = gae(rewards, s.old_values, self.args.gae_gamma,
-                                                              self.args.gae_lambda)
-                    kls.append(sum(a - b for a, b in zip(s.old_logps, ref)))
-                    values.extend(s.old_values)
-                    returns.extend(s.token_returns)
-        if self.args.whiten_advantages:
-            for policy in self.pool.policies:
-                rows = [s for s in experience.samples if s.policy == policy]
-                for s, adv in zip(rows, whiten([s.token_advantages for s in rows])):
-                    s.token_advantages = adv
-        stats = dict(experience.stats)
-        stats.update({"kl": _mean(kls), "value_mean": _mean(values), "returns_mean": _mean(returns)})
-        for key, value in self.gather_stats(stats).items():
-            self.log_metric(key, value)
+                    s.old_logps, s.ref_logps, s.old_values = lp[keep].tolist(), rp[keep].tolist(), v[keep].tolist()
         release_freed_memory()
         return experience
+
+    def assign_credit(self, experience: Experience) -> None:
+        """Every answer's reward (:func:`debate_rewards`: App. G penalties, reward mode, Tables 1-2 incentives), then
+        its token rewards and GAE with the rollout's values (:func:`token_credit`)."""
+        args = self.args
+        debate_rewards(experience, args.num_turns, args.reward_mode, args.gamma, args.incentives, args.penalty_value)
+        token_credit(experience, args.kl_coef, args.gae_gamma, args.gae_lambda, args.whiten_advantages,
+                     agents=self.pool.agent_names)
 
     def _completion_values(self, agent: str, batch: dict[str, torch.Tensor],
                            samples: Sequence[DebateSample]) -> torch.Tensor:
@@ -337,39 +337,111 @@ class DebatePPOTrainer(MultiAgentTrainer):
         return batch
 
     # ------------------------------------------------------------------------------------------------ update
-    def update(self, model, experience: Experience) -> torch.Tensor:
-        """Clipped value loss for every critic, then the clipped policy loss for every policy (the base's update)."""
-        value_loss = self._value_update(model, experience)
-        return super().update(model, experience) + value_loss
-
-    def _value_update(self, model, experience: Experience) -> torch.Tensor:
-        micro = self.args.per_device_train_batch_size
-        total = torch.zeros((), device=self.accelerator.device)
-        losses, fracs = [], []
-        sync_ctx = self.accelerator.no_sync(model) if self.accelerator.num_processes > 1 else contextlib.nullcontext()
-        with sync_ctx:
-            for agent in self.pool.agent_names:
-                rows = [s for s in experience.samples if s.agent == agent]
-                n_tokens = sum(len(s.generation.completion_ids) for s in rows)
-                for chunk in _chunks(rows, micro):
-                    batch = self.collate(self.pool.policy_of(agent), chunk)
-                    with self.timed("forward"):
-                        predicted = self._completion_values(agent, batch, chunk)
-                        # PPO's clipped value loss with its conventional 1/2 (Sec. 3.2)
-                        loss, stats = value_loss(predicted, batch["returns"], batch["old_values"],
-                                                 self.args.cliprange_value, mask=batch["completion_mask"])
-                    loss, frac = 0.5 * loss, stats["clip_fraction"]
-                    weight = batch["completion_mask"].sum().item() / max(n_tokens, 1)
-                    scaled = self.args.vf_coef * loss * weight
-                    with self.timed("backward"):
-                        self.accelerator.backward(scaled)
-                    total = total + scaled.detach()
-                    losses.append(loss.item())
-                    fracs.append(frac.item())
-                release_freed_memory()
-        self.log_metric("value_loss", _mean(losses))
-        self.log_metric("value_clipfrac", _mean(fracs))
+    def auxiliary_loss(self, model, policy: str, chunk: Sequence[DebateSample], batch: dict[str, torch.Tensor],
+                       experience: Experience) -> torch.Tensor:
+        """The critics' value loss on one micro-batch of the base's update loop: for each agent answering in
+        ``chunk``, PPO's clipped value loss with its conventional 1/2 (Sec. 3.2) over its rows' tokens, weighted by
+        their share of the agent's completion tokens in the rollout, times ``vf_coef``."""
+        total = None
+        for agent in dict.fromkeys(s.agent for s in chunk):
+            rows = [i for i, s in enumerate(chunk) if s.agent == agent]
+            part = batch if len(rows) == len(chunk) else {k: batch[k][rows] for k in _VALUE_INPUTS}
+            n_tokens = sum(len(s.generation.completion_ids) for s in experience.samples if s.agent == agent)
+            with self.timed("forward"):
+                predicted = self._completion_values(agent, part, [chunk[i] for i in rows])
+                loss, stats = value_loss(predicted, part["returns"], part["old_values"], self.args.cliprange_value,
+                                         mask=part["completion_mask"])
+            loss = 0.5 * loss
+            self.log_metric("value_loss", loss.item())
+            self.log_metric("value_clipfrac", stats["clip_fraction"].item())
+            term = self.args.vf_coef * loss * (part["completion_mask"].sum().item() / max(n_tokens, 1))
+            total = term if total is None else total + term
         return total
+
+
+#: The batch entries the value loss reads.
+_VALUE_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "returns", "old_values")
+
+
+# ---------------------------------------------------------------------------------------------------- credit
+def debate_rewards(experience: Experience, num_turns: int, reward_mode: str, gamma: float,
+                   incentives: Incentives | None = None, penalty_value: float = -10.0) -> None:
+    """MAPoRL's reward of every answer of a :class:`~trl_multiagent.rollout.DebateSampler` rollout, written onto its
+    samples (``base_reward``, ``incentive``, ``reward`` = ``ret`` = their sum), debate by debate:
+
+    1. an answer that triggered an App. G check gets the verifier score ``penalty_value`` (App. G.2,
+       :func:`~trl_multiagent.credit.maporl.penalized_score`) BEFORE the reward mode aggregates the scores, so the
+       penalty also lowers the cumulative and influence-aware rewards the answer's score enters;
+    2. the reward mode (``"immediate"``, ``"cumulative"`` or ``"influence"``, App. F / Def. 1,
+       :func:`~trl_multiagent.credit.maporl.verification_rewards`) over the ``num_turns`` turns, an early-stopped
+       debate's last answers standing for its remaining turns
+       (:func:`~trl_multiagent.credit.maporl.fill_after_early_stop`);
+    3. plus the collaboration incentives of Tables 1-2 (:func:`~trl_multiagent.credit.maporl.collaboration_incentives`),
+       which need every answer's group and correctness (a debate environment).
+
+    The joint actions' returns are the team's per-turn results summed from each turn on; the credit's metrics
+    (``incentive`` among them) go to ``experience.stats``.
+    """
+    incentives = incentives or Incentives()
+    for rows in _by_debate(experience.samples):
+        agents = list(dict.fromkeys(s.agent for s in rows))
+        cell = {(s.agent, s.turn): s for s in rows}
+        played = 1 + max(s.turn for s in rows)
+        grid = [[cell[(a, t)] for t in range(played)] for a in agents]
+        scores = [[penalized_score(s.score, s.penalties, penalty_value) for s in row] for row in grid]
+        base = [row[:played] for row in verification_rewards(fill_after_early_stop(scores, num_turns), reward_mode,
+                                                             gamma)]
+        incentive = [[0.0] * played for _ in agents]
+        if incentives.active:
+            if any(s.correct is None for s in rows):
+                raise ValueError("collaboration incentives need a debate environment that knows which answers are "
+                                 "right; the rollout's environment is not a DebateEnv")
+            groups = fill_after_early_stop([[s.answer_group for s in row] for row in grid], num_turns)
+            correct = fill_after_early_stop([[s.correct for s in row] for row in grid], num_turns)
+            incentive = [row[:played] for row in collaboration_incentives(groups, correct, incentives)]
+        for i, row in enumerate(grid):
+            for t, s in enumerate(row):
+                s.base_reward, s.incentive = base[i][t], incentive[i][t]
+                s.reward = s.ret = base[i][t] + incentive[i][t]
+    for joints in _by_debate(experience.joint_actions):  # the team's return: its per-turn results from this turn on
+        joints = sorted(joints, key=lambda j: j.turn)
+        for j, ret in zip(joints, discounted_returns([j.reward for j in joints], 1.0)):
+            j.ret = ret
+    experience.stats.update(credit_stats(experience.agents, experience.samples, experience.joint_actions))
+    experience.stats["incentive"] = _mean(s.incentive for s in experience.samples)
+
+
+def token_credit(experience: Experience, kl_coef: float, gae_gamma: float, gae_lambda: float, whiten_advantages: bool,
+                 agents: Sequence[str] | None = None) -> None:
+    """MAPoRL's token-level credit (Sec. 3.2) of answers that carry their rollout-time log-probs, reference log-probs
+    and critic values: the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the answer's reward on its last
+    token (:func:`~trl_multiagent.credit.maporl.token_level_rewards`) through GAE
+    (:func:`~trl_multiagent.credit.returns.gae`) into per-token advantages and value targets; with
+    ``whiten_advantages`` each policy's token advantages are normalised together
+    (:func:`~trl_multiagent.credit.returns.whiten`). Logs the summed KL per answer, the values and the value
+    targets (``kl``, ``value_mean``, ``returns_mean``; ``agents`` is the order they are summed in)."""
+    kls, values, returns = [], [], []
+    for agent in agents if agents is not None else experience.agents:
+        for s in (s for s in experience.samples if s.agent == agent):
+            rewards = token_level_rewards(s.old_logps, s.ref_logps, s.reward, kl_coef)
+            s.token_advantages, s.token_returns = gae(rewards, s.old_values, gae_gamma, gae_lambda)
+            kls.append(sum(a - b for a, b in zip(s.old_logps, s.ref_logps)))
+            values.extend(s.old_values)
+            returns.extend(s.token_returns)
+    if whiten_advantages:
+        for policy in dict.fromkeys(s.policy for s in experience.samples):
+            rows = [s for s in experience.samples if s.policy == policy]
+            for s, adv in zip(rows, whiten([s.token_advantages for s in rows])):
+                s.token_advantages = adv
+    experience.stats.update({"kl": _mean(kls), "value_mean": _mean(values), "returns_mean": _mean(returns)})
+
+
+def _by_debate(items: Sequence) -> list[list]:
+    """Samples or joint actions grouped by debate (their ``episode``), in order."""
+    debates: dict[int, list] = {}
+    for item in items:
+        debates.setdefault(item.episode, []).append(item)
+    return list(debates.values())
 
 
 def _mean(xs) -> float:

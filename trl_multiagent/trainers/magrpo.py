@@ -4,8 +4,9 @@ Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al., 
 
 - rollout: :class:`~trl_multiagent.rollout.JointTreeSampler` expands a tree per task: at every node each agent samples
   K responses, which form joint actions (``aligned`` or ``cross``); each joint action gets the joint reward and, until
-  the horizon H or an early stop, a child node. Returns along the tree and group-relative advantages of the joint
-  actions at one node (Eq. 1) come from :mod:`trl_multiagent.credit`.
+  the horizon H or an early stop, a child node.
+- credit (:func:`tree_credit`): returns along the tree, group-relative advantages of the joint actions at one node
+  (Eq. 1) and each sample's share of its joint actions, from :mod:`trl_multiagent.credit`.
 - update (Eq. 2): per agent, the clipped ratio of WHOLE-response probabilities times its joint action's advantage,
   averaged over the group and the batch, gradient of the summed token log-probs
   (:func:`~trl_multiagent.losses.response_policy_loss`, ``loss_type="response"``), plus ``beta`` * KL to the
@@ -20,9 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..credit.magrpo import turn_loss_weights
+from ..credit.group import grouped_advantages
+from ..credit.magrpo import cross_sample_credit, turn_loss_weights
+from ..credit.returns import tree_returns
 from ..losses import RESPONSE_LOSS
-from ..rollout import JointTreeSampler, Sample
+from ..rollout import Experience, JointAction, JointTreeSampler, Sample, credit_stats
 from .base import ROW_MEAN_LOSSES, MultiAgentConfig, MultiAgentTrainer
 
 
@@ -125,8 +128,11 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
 
     def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler:
         """MAGRPO's joint tree with groups of joint actions per node."""
-        return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns,
-                                joint_mode=args.joint_mode, gamma=args.gamma, scale_rewards=args.scale_rewards)
+        return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns, joint_mode=args.joint_mode)
+
+    def assign_credit(self, experience: Experience) -> None:
+        """Returns along the tree, Eq. 1 per node and each sample's share of its joint actions (:func:`tree_credit`)."""
+        tree_credit(experience, self.args.num_generations, self.args.gamma, self.args.scale_rewards)
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
         """Algorithm 1 with H > 1: each turn's Eq. 2 objective is the mean over that turn's samples, and the turns'
@@ -135,3 +141,30 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
         if len({s.turn for s in rows}) < 2:
             return None
         return turn_loss_weights([s.turn for s in rows])
+
+
+def tree_credit(experience: Experience, num_samples: int, gamma: float, scale_rewards: str = "group") -> None:
+    """MAGRPO's credit of a joint tree (Algorithm 1, Eq. 1), written onto ``experience``.
+
+    Every joint action's return is its reward plus ``gamma`` times the mean return of its children
+    (:func:`~trl_multiagent.credit.returns.tree_returns`); its advantage is Eq. 1 over the joint actions of its node
+    (:func:`~trl_multiagent.credit.group.grouped_advantages`, ``scale_rewards`` as ``GRPOConfig.scale_rewards``).
+    Each sample's reward, return and advantage are those of its joint action (``aligned``), or their mean over the
+    K**(n-1) joint actions it takes part in (``cross``: :func:`~trl_multiagent.credit.magrpo.cross_sample_credit`).
+    ``num_samples`` is K.
+    """
+    joints = experience.joint_actions
+    returns = tree_returns([j.reward for j in joints], [j.children for j in joints], gamma)
+    advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=scale_rewards)
+    for j, r, a in zip(joints, returns, advantages):
+        j.ret, j.advantage = r, a
+    by_node: dict[int, list[JointAction]] = {}
+    for j in joints:
+        by_node.setdefault(j.node, []).append(j)
+    for s in experience.samples:
+        node, i = by_node[s.node], experience.agents.index(s.agent)
+        k = joints[s.joint_ids[0]].sample_index[i]  # which of the agent's K samples at the node
+        indices = [j.sample_index for j in node]
+        s.reward, s.ret, s.advantage = (cross_sample_credit([getattr(j, attr) for j in node], indices, i,
+                                                            num_samples)[k] for attr in ("reward", "ret", "advantage"))
+    experience.stats.update(credit_stats(experience.agents, experience.samples, joints, group_stats))

@@ -7,8 +7,8 @@ What this trainer brings to the shared loop (:class:`~trl_multiagent.trainers.ba
 
 - the environment is a :class:`~trl_multiagent.environments.pipeline.PipelineEnvironment` (a DAG of agents and tool
   steps) and the sampler is :class:`~trl_multiagent.rollout.pipeline.PipelineSampler` (IS / FoF / RR);
-- credit: rewards of the final answers propagated backward (Eq. 4), agent-specific format rewards added, advantages
-  normalized in heterogeneous groups (Eq. 5) — :mod:`trl_multiagent.credit.mhgpo`;
+- credit (:func:`pipeline_credit`): rewards of the final answers propagated backward (Eq. 4), agent-specific format
+  rewards added, advantages normalized in heterogeneous groups (Eq. 5) — :mod:`trl_multiagent.credit.mhgpo`;
 - loss: TRL's per-sequence clipped objective (``loss_type="grpo"``, the ``1/|o|`` of Eq. 6) with every sample weighted
   so that each agent counts equally per question (the ``1/n sum_k 1/G_k`` of Eq. 6), through the base's
   ``sample_weights`` hook; KL to the adapter-off reference with ``beta`` (Eq. 6-7);
@@ -25,9 +25,16 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 
 from ..agents import AgentPool, AgentSpec
-from ..credit.mhgpo import AGGREGATIONS, agent_loss_weights
+from ..credit.mhgpo import (
+    AGGREGATIONS,
+    Aggregation,
+    agent_loss_weights,
+    final_rewards,
+    heterogeneous_group_advantages,
+    propagate_rewards,
+)
 from ..environments.pipeline import PipelineEnvironment
-from ..rollout import Sample
+from ..rollout import PipelineExperience, Sample, credit_stats
 from ..rollout.pipeline import STRATEGIES, PipelineSampler
 from .base import (
     ROW_MEAN_LOSSES,
@@ -183,14 +190,39 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
         if args.fork_probabilities is not None:
             probs = dict(zip(self.agent_order, args.fork_probabilities))
         # RR's fork draws use Python's `random`, which the trainer seeds per process (set_seed(seed, device_specific)).
-        return PipelineSampler(num_samples=args.num_generations, strategy=args.sampling, fork_probabilities=probs,
-                               aggregate=args.reward_aggregation, scale_rewards=args.scale_rewards)
+        return PipelineSampler(num_samples=args.num_generations, strategy=args.sampling, fork_probabilities=probs)
+
+    def assign_credit(self, experience: PipelineExperience) -> None:
+        """Eq. 4 propagation and agent-specific rewards, Eq. 5 heterogeneous groups (:func:`pipeline_credit`)."""
+        pipeline_credit(experience, self.args.reward_aggregation, self.args.scale_rewards)
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
         """Eq. 6: ``1/(Q * n_q * G_k,q)`` per sample (:func:`~trl_multiagent.credit.mhgpo.agent_loss_weights`)."""
         if not self.args.agent_loss_weighting or not rows:
             return None
         return agent_loss_weights([s.agent for s in rows], [s.episode for s in rows])
+
+
+def pipeline_credit(experience: PipelineExperience, aggregate: Aggregation = "mean", scale_rewards: str = "group"
+                    ) -> None:
+    """MHGPO's credit (Eq. 4-5), written onto ``experience`` of a :class:`~trl_multiagent.rollout.PipelineSampler`.
+
+    The final answers' rewards are carried backward through the DAG's links with ``Aggr = aggregate``
+    (:func:`~trl_multiagent.credit.mhgpo.propagate_rewards`, Eq. 4 first line): a sample's ``ret``; its own format
+    reward is added after (:func:`~trl_multiagent.credit.mhgpo.final_rewards`, Eq. 4 second line): its ``reward``;
+    its advantage is Eq. 5 in its group ``m`` (:func:`~trl_multiagent.credit.mhgpo.heterogeneous_group_advantages`).
+    """
+    agent_ids = sorted(experience.consumers)
+    index = {node_id: k for k, node_id in enumerate(agent_ids)}
+    shared_all = propagate_rewards([[index[c] for c in experience.consumers[i]] for i in agent_ids],
+                                   {index[n]: r for n, r in experience.terminal_rewards.items()}, aggregate)
+    samples = experience.samples
+    shared = [shared_all[index[s.node]] for s in samples]
+    rewards = final_rewards(shared, [s.format_reward for s in samples])
+    advantages, group_stats = heterogeneous_group_advantages(rewards, [s.group for s in samples], scale=scale_rewards)
+    for s, ret, reward, advantage in zip(samples, shared, rewards, advantages):
+        s.ret, s.reward, s.advantage = ret, reward, advantage
+    experience.stats.update(credit_stats(experience.agents, samples, experience.joint_actions, group_stats))
 
 
 def share_one_policy(agents: Sequence[AgentSpec] | AgentPool) -> list[AgentSpec] | AgentPool:

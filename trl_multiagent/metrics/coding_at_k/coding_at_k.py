@@ -8,7 +8,7 @@ cooperation return). The result has ``pass@k``, ``acc@k`` and ``coop@k`` for eve
 import datasets
 import evaluate
 
-from trl_multiagent.evaluation import at_k_metrics
+from trl_multiagent.metrics.at_k import at_k_metrics
 
 _DESCRIPTION = "Expected best-of-k over M samples per problem: pass@k (unbiased), acc@k and coop@k (MAGRPO App. B)."
 _KWARGS = """
