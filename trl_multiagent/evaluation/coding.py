@@ -14,13 +14,12 @@ the number of samples (MAGRPO App. B), and the mean response length of each agen
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..agents import GenerationRequest
 from ..environments.base import Environment
+from ..environments.stepping import thread_map
 from ..metrics.at_k import KS, at_k_metrics
 from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
@@ -155,8 +154,7 @@ class CodingEvaluator(PairBaselinesEvaluator):
             s = score_pair(tasks[i], a, b, self.reward_fn, self.sandbox)
             return i, coding_record(s["reward"], s["info"], max(0.0, s["info"].get("level/cooperation", 0.0)))
 
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
-            scored = list(executor.map(score, jobs))
+        scored = thread_map(score, jobs)
         records: list[list[dict[str, float]]] = [[] for _ in tasks]
         for i, record in scored:
             records[i].append(record)

@@ -22,14 +22,13 @@ validates greedily; CoLLM's agents act greedily after training).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Generator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents import Generation, GenerationRequest
 from ..environments.base import Environment, StepResult
+from ..environments.stepping import step_all
 from ..metrics.stats import mean
 from .core import TEAM, Evaluator, MethodOutput, Program
 
@@ -49,14 +48,6 @@ class PlayedEpisode:
     @property
     def turns_played(self) -> int:
         return 1 + self.turns_of_steps[-1] if self.turns_of_steps else 0
-
-
-def step_all(envs: Sequence[Environment], actions: Sequence[Mapping[str, str]]) -> list[StepResult]:
-    """Step every environment; in threads when the environment's steps wait on subprocesses (``concurrent_steps``)."""
-    if len(envs) > 1 and getattr(envs[0], "concurrent_steps", False):
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
-            return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
-    return [env.step(action) for env, action in zip(envs, actions)]
 
 
 def play_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]], num_samples: int,

@@ -9,9 +9,7 @@ the trainer's credit (:func:`~trl_multiagent.trainers.magrpo.tree_credit`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +18,7 @@ from transformers import GenerationConfig
 from ..agents import AgentPool, Generation
 from ..credit.magrpo import joint_action_indices
 from ..environments.base import Environment
+from ..environments.stepping import map_steps
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -108,7 +107,8 @@ class JointTreeSampler:
         """Step a clone of every node's environment with every joint action of this turn.
 
         Environments that set ``concurrent_steps = True`` (their ``step`` waits on subprocesses, e.g. sandboxed
-        tests) are stepped from a thread pool with one worker per CPU core; the others in order.
+        tests) are stepped from a thread pool with one worker per CPU core; the others in order
+        (:func:`~trl_multiagent.environments.stepping.map_steps`).
         """
         jobs = [(pos, idx) for pos in range(len(frontier)) for idx in index_sets]
 
@@ -117,7 +117,4 @@ class JointTreeSampler:
             env = frontier[pos].env.clone()
             return env, env.step({a: gens[a][pos][k].text for a, k in zip(agents, idx)})
 
-        if len(jobs) > 1 and getattr(frontier[0].env, "concurrent_steps", False):
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
-                return dict(zip(jobs, executor.map(run, jobs)))
-        return {job: run(job) for job in jobs}
+        return dict(zip(jobs, map_steps(run, jobs, frontier[0].env)))

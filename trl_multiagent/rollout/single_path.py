@@ -11,9 +11,7 @@ not keep: every agent's observation text at every turn and the order of the tran
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +19,7 @@ from transformers import GenerationConfig
 
 from ..agents import AgentPool
 from ..environments.base import Environment
+from ..environments.stepping import step_all
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -130,8 +129,8 @@ class SinglePathSampler:
                 break
             gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in agents}, 1, generation_config)
             num_generations += len(agents) * len(active)
-            results = self._step_all([envs[e] for e in active],
-                                     [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))])
+            results = step_all([envs[e] for e in active],
+                               [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))])
             still = []
             for pos, e in enumerate(active):
                 result = results[pos]
@@ -166,12 +165,3 @@ class SinglePathSampler:
             values = [float(info[key]) for info in finals if key in info]
             stats[f"final/{key}"] = sum(values) / len(values)
         return buffer
-
-    @staticmethod
-    def _step_all(envs: list[Environment], actions: list[dict[str, str]]):
-        """Step every running episode's environment; from a thread pool when the environment sets
-        ``concurrent_steps`` (its step waits on subprocesses, e.g. sandboxed tests)."""
-        if len(envs) > 1 and getattr(envs[0], "concurrent_steps", False):
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
-                return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions)))
-        return [env.step(action) for env, action in zip(envs, actions)]
