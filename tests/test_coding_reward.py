@@ -1,8 +1,14 @@
-"""The level-based coding reward (rewards/coding.py) on hand-written aux/main pairs, every level."""
+"""The level-based coding reward (rewards/coding.py over trl_multiagent/reward_blocks/coding.py) on hand-written
+aux/main pairs, every level."""
+
+from pathlib import Path
 
 import pytest
 
-from trl_multiagent.rewards.coding import MAX_REWARD, analyze, cooperative_code_reward
+from trl_multiagent.reward_blocks.coding import MAX_REWARD, analyze
+from trl_multiagent.utils import import_object
+
+cooperative_code_reward = import_object(f"{Path(__file__).resolve().parents[1]}/rewards/coding.py:cooperative_code_reward")
 
 AUX = "def aux(xs):\n    return [x * 2 for x in xs]\n"
 MAIN_USES = "def double_sum(xs):\n    doubled = aux(xs)\n    return sum(doubled)\n"

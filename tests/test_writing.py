@@ -1,24 +1,30 @@
-"""Collaborative-writing rewards (MAGRPO paper, Appendix C) and the TLDR / arXiv environments, by hand."""
+"""Collaborative-writing rewards (MAGRPO paper, Appendix C: rewards/writing.py over the blocks of
+trl_multiagent/reward_blocks/writing.py) and the TLDR / arXiv environments, by hand."""
 
 import math
+from pathlib import Path
 
 import pytest
 
 from trl_multiagent.environments import ENVIRONMENTS
 from trl_multiagent.environments.writing import ArxivExpansionEnv, TLDREnv
-from trl_multiagent.rewards.writing import (
+from trl_multiagent.reward_blocks.writing import (
     ARXIV,
     TLDR,
-    arxiv_reward,
     banded_score,
     capped_jaccard,
     coherence_score,
     jaccard,
     length_ratio,
-    tldr_reward,
     transition_categories,
     unique_word_ratio,
 )
+from trl_multiagent.utils import import_object
+
+ROOT = Path(__file__).resolve().parents[1]
+# the task rewards that recipes name, in the repository's top-level rewards/ (loaded by path, not installed)
+tldr_reward = import_object(f"{ROOT}/rewards/writing.py:tldr_reward")
+arxiv_reward = import_object(f"{ROOT}/rewards/writing.py:arxiv_reward")
 
 
 def test_bands_full_proportional_and_termination():

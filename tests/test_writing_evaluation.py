@@ -10,7 +10,8 @@ from trl_multiagent.agents import Generation
 from trl_multiagent.environments import TLDREnv
 from trl_multiagent.evaluation import TEAM, WritingEvaluator, evaluate_team, evaluator_kind
 from trl_multiagent.evaluation.writing import METHODS, split_single
-from trl_multiagent.rewards.writing import tldr_reward
+
+tldr_reward = TLDREnv().reward_fn  # the environment's default: the reward rewards/writing.py:tldr_reward names
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 

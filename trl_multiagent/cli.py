@@ -33,6 +33,7 @@ import yaml
 from trl import TrlParser
 
 from .recipe import RecipeArguments, RecipeError, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
+from .utils import anchor_file_specs
 
 DEFAULT_TRAINER = "magrpo"
 PROG = "python -m trl_multiagent"
@@ -137,7 +138,10 @@ def _unknown_trainer(name: Any, registry) -> str:
 
 # ------------------------------------------------------------------------------------------------------ files
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
-    """The recipe file as a mapping; one clear error if it is missing, not UTF-8, not YAML, or not a mapping."""
+    """The recipe file as a mapping; one clear error if it is missing, not UTF-8, not YAML, or not a mapping.
+
+    Its ``"path/to/file.py:name"`` values are looked up from the current directory, the recipe's folder and the
+    repository root (:func:`~trl_multiagent.utils.anchor_file_specs`)."""
     path = Path(path)
     if not path.exists():
         raise RecipeError(f"Recipe file {path} does not exist")
@@ -150,7 +154,11 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
         line = raw[:exc.start].count(b"\n") + 1
         raise RecipeError(f"{path}: not UTF-8 text (line {line}: {exc.reason} at byte {exc.start}); save the recipe "
                           "as UTF-8") from exc
-    return parse_recipe_text(text, str(path))
+    values = parse_recipe_text(text, str(path))
+    try:
+        return anchor_file_specs(values, path)
+    except FileNotFoundError as exc:
+        raise RecipeError(f"{path}: {exc}") from exc
 
 
 def parse_recipe_text(text: str, source: str) -> dict[str, Any]:

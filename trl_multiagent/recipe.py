@@ -51,9 +51,13 @@ class RecipeArguments:
         "The trainer that runs the recipe, a name of trl_multiagent.trainers.TRAINERS (magrpo, mhgpo, actor_critic, "
         "debate_ppo, ...). Read before every other field: `--trainer X --help` lists X's config fields."))
     environment: str = field(default="matrix_game", metadata=_help(
-        "A registered environment (trl_multiagent.environments.ENVIRONMENTS) or an import path 'module:Class'."))
+        "A registered environment (trl_multiagent.environments.ENVIRONMENTS), an import path 'module:Class' or a "
+        "class in a Python file, 'path/to/file.py:Class'."))
     env_kwargs: dict = field(default_factory=dict, metadata=_help(
-        "Keyword arguments of the environment's constructor: a YAML mapping, or JSON on the command line."))
+        "Keyword arguments of the environment's constructor: a YAML mapping, or JSON on the command line. A "
+        "function argument takes 'module:function' or 'path/to/file.py:function' (reward_fn: "
+        "rewards/writing.py:tldr_reward); in a recipe file a relative path is looked up from the current "
+        "directory, then the recipe's folder, then its repository root."))
     agents: list[dict] = field(default_factory=list, metadata=_help(
         "The team: one mapping of AgentSpec fields per agent (name, model, policy, quantization, lora_r, ...), a "
         "YAML list or JSON. Empty: one agent per role of the environment, each with its own policy."))
@@ -77,13 +81,14 @@ class RecipeArguments:
         "use the environment's held-out split."))
     dataset_config: str | None = field(default=None, metadata=_help("Configuration (subset) of a hub dataset."))
     dataset_transform: str | None = field(default=None, metadata=_help(
-        "Optional 'module:function' mapped over the dataset's rows (e.g. to give MBPP the columns of HumanEval)."))
+        "Optional 'module:function' or 'path/to/file.py:function' mapped over the dataset's rows (e.g. to give "
+        "MBPP the columns of HumanEval)."))
     num_tasks: int = field(default=256, metadata=_help("Number of generated training tasks (dataset: generated)."))
     evaluator: str = field(default="auto", metadata=_help(
         "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, writing, debate, pipeline, "
         "or episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
-        "'module:Class' of an Evaluator subclass. With 'auto', an environment without held-out tasks is not "
-        "evaluated."))
+        "'module:Class' (or 'path/to/file.py:Class') of an Evaluator subclass. With 'auto', an environment without "
+        "held-out tasks is not evaluated."))
     eval_stages: list[str] = field(default_factory=lambda: list(EVAL_STAGES), metadata=_help(
         "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
     eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(
@@ -126,7 +131,7 @@ class RecipeArguments:
 
         need(isinstance(self.trainer, str) and bool(self.trainer), "trainer", "a trainer name")
         need(isinstance(self.environment, str) and bool(self.environment), "environment",
-             "a registered environment or 'module:Class'")
+             "a registered environment, 'module:Class' or 'path/to/file.py:Class'")
         need(isinstance(self.env_kwargs, dict) and all(isinstance(k, str) for k in self.env_kwargs), "env_kwargs",
              "a mapping of the environment's constructor arguments")
         need(isinstance(self.agents, list) and all(isinstance(a, dict) for a in self.agents), "agents",
@@ -294,7 +299,7 @@ def unknown_key_message(key: str, known, source: str) -> str:
 
 # ------------------------------------------------------------------------------------------------------ building
 def resolve_environment(name: str):
-    """A registered environment name or ``"module:Class"`` -> the environment class."""
+    """A registered environment name, ``"module:Class"`` or ``"path/to/file.py:Class"`` -> the environment class."""
     from .environments import ENVIRONMENTS
 
     if name in ENVIRONMENTS:
@@ -306,7 +311,8 @@ def resolve_environment(name: str):
             raise RecipeError(str(exc)) from exc
     close = difflib.get_close_matches(name, sorted(ENVIRONMENTS), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise RecipeError(f"Unknown environment {name!r}{hint}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class'")
+    raise RecipeError(f"Unknown environment {name!r}{hint}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class' "
+                      "or 'path/to/file.py:Class'")
 
 
 def environment_factory(recipe: RecipeArguments):
@@ -318,7 +324,7 @@ def environment_factory(recipe: RecipeArguments):
         probe = factory()
     except TypeError as exc:
         raise RecipeError(f"env_kwargs do not fit {env_cls.__name__}: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         raise RecipeError(f"env_kwargs of {env_cls.__name__}: {exc}") from exc
     return env_cls, factory, probe
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.requests import Prompt
+from ..utils import import_object
 
 
 @dataclass
@@ -140,6 +141,10 @@ def _call_with_supported_kwargs(fn: Callable, **kwargs: Any) -> Any:
 class FunctionEnvironment(Environment):
     """An environment assembled from plain functions, so that users need not write a class.
 
+    Every function argument may also be named by a string, ``"package.module:function"`` or
+    ``"path/to/file.py:function"`` (:func:`~trl_multiagent.utils.import_object`), so that a recipe can assemble one
+    (``environment: trl_multiagent.environments:FunctionEnvironment`` with the functions in ``env_kwargs``).
+
     Args:
         agents: role names in acting order.
         prompt_fns: one function per agent, ``fn(task) -> Prompt`` giving its first prompt.
@@ -159,20 +164,22 @@ class FunctionEnvironment(Environment):
     def __init__(
         self,
         agents: Sequence[str],
-        prompt_fns: Mapping[str, Callable[[Mapping[str, Any]], Prompt]],
-        reward_fns: Sequence[RewardFunc] | RewardFunc,
+        prompt_fns: Mapping[str, Callable[[Mapping[str, Any]], Prompt] | str],
+        reward_fns: Sequence[RewardFunc | str] | RewardFunc | str,
         reward_weights: Sequence[float] | None = None,
-        transition_fn: Callable[..., Mapping[str, Prompt]] | None = None,
-        done_fn: Callable[..., bool] | None = None,
-        local_reward_fns: Mapping[str, RewardFunc] | None = None,
+        transition_fn: Callable[..., Mapping[str, Prompt]] | str | None = None,
+        done_fn: Callable[..., bool] | str | None = None,
+        local_reward_fns: Mapping[str, RewardFunc | str] | None = None,
         max_turns: int = 1,
         required_columns: Sequence[str] = (),
     ):
         self.agents = tuple(agents)
         if set(prompt_fns) != set(self.agents):
             raise ValueError(f"prompt_fns must have one function per agent {list(self.agents)}, got {list(prompt_fns)}")
-        self.prompt_fns = dict(prompt_fns)
-        self.reward_fns = list(reward_fns) if isinstance(reward_fns, Sequence) else [reward_fns]
+        self.prompt_fns = {a: import_object(fn, "prompt_fn") for a, fn in prompt_fns.items()}
+        if isinstance(reward_fns, str) or not isinstance(reward_fns, Sequence):
+            reward_fns = [reward_fns]
+        self.reward_fns = [import_object(fn, "reward_fn") for fn in reward_fns]
         if not self.reward_fns:
             raise ValueError("FunctionEnvironment needs at least one reward function")
         self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.reward_fns)
@@ -182,9 +189,9 @@ class FunctionEnvironment(Environment):
             raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
         if max_turns > 1 and transition_fn is None:
             raise ValueError("A multi-turn FunctionEnvironment (max_turns > 1) needs a transition_fn")
-        self.transition_fn = transition_fn
-        self.done_fn = done_fn
-        self.local_reward_fns = dict(local_reward_fns or {})
+        self.transition_fn = import_object(transition_fn, "transition_fn") if transition_fn is not None else None
+        self.done_fn = import_object(done_fn, "done_fn") if done_fn is not None else None
+        self.local_reward_fns = {a: import_object(fn, "local_reward_fn") for a, fn in (local_reward_fns or {}).items()}
         unknown = set(self.local_reward_fns) - set(self.agents)
         if unknown:
             raise ValueError(f"local_reward_fns names unknown agents {sorted(unknown)}")

