@@ -99,6 +99,17 @@ def test_recipe_agents_checked_before_loading(tmp_path):
         _build(recipe, config)
 
 
+def test_a_key_set_twice_in_a_recipe_file_is_refused_with_both_lines(tmp_path):
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("learning_rate: 1.0e-5\nnum_generations: 2\nlearning_rate: 3.0e-4\n")
+    with pytest.raises(RecipeError, match=r"the key 'learning_rate' is set twice \(lines 1 and 3\)"):
+        load_recipe(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    nested = tmp_path / "nested.yaml"  # inside a mapping value too, and in a flow mapping on one line
+    nested.write_text("env_kwargs: {max_turns: 2, max_turns: 3}\n")
+    with pytest.raises(RecipeError, match="the key 'max_turns' is set twice"):
+        load_recipe(["--config", str(nested), "--output_dir", str(tmp_path / "out")])
+
+
 def test_recipe_unknown_environment_and_missing_files(tmp_path):
     with pytest.raises(RecipeError, match="Unknown environment"):
         recipe, config = load_recipe(["--environment", "chess", "--output_dir", str(tmp_path)])

@@ -23,23 +23,21 @@ import dataclasses
 import difflib
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from trl import TrlParser
 
-from .recipe import RecipeArguments, RecipeError, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
-from .utils import anchor_file_specs
+from .errors import RecipeError, fail_command, pre_training_errors
+from .recipe import RecipeArguments, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
+from .recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
 
 DEFAULT_TRAINER = "magrpo"
 PROG = "python -m trl_multiagent"
 USAGE = "%(prog)s --config RECIPE.yaml [--field value ...]"
 #: Set to 1 to get the traceback of an error before training.
-TRACEBACK_ENV = "TRL_MULTIAGENT_TRACEBACK"
 
 _DESCRIPTION = """\
 Train a team of LLM agents from a YAML recipe, evaluate it on held-out tasks before and after training, and write
@@ -136,60 +134,6 @@ def _unknown_trainer(name: Any, registry) -> str:
     return f"unknown trainer {name!r}; choose from {sorted(registry)}{hint}"
 
 
-# ------------------------------------------------------------------------------------------------------ files
-def read_recipe_file(path: str | Path) -> dict[str, Any]:
-    """The recipe file as a mapping; one clear error if it is missing, not UTF-8, not YAML, or not a mapping.
-
-    Its ``"path/to/file.py:name"`` values are looked up from the current directory, the recipe's folder and the
-    repository root (:func:`~trl_multiagent.utils.anchor_file_specs`)."""
-    path = Path(path)
-    if not path.exists():
-        raise RecipeError(f"Recipe file {path} does not exist")
-    if not path.is_file():
-        raise RecipeError(f"Recipe file {path} is not a file")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise RecipeError(f"{path}: not UTF-8 text (line {line}: {exc.reason} at byte {exc.start}); save the recipe "
-                          "as UTF-8") from exc
-    values = parse_recipe_text(text, str(path))
-    try:
-        return anchor_file_specs(values, path)
-    except FileNotFoundError as exc:
-        raise RecipeError(f"{path}: {exc}") from exc
-
-
-def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecipeError(f"{source}: not valid YAML{where}: {problem}") from exc
-    if loaded is None:
-        raise RecipeError(f"{source}: the recipe is empty; it is a YAML mapping of fields to values")
-    if not isinstance(loaded, dict):
-        raise RecipeError(f"{source}: a recipe is a YAML mapping of fields to values, got {type(loaded).__name__}")
-    bad = [k for k in loaded if not isinstance(k, str)]
-    if bad:
-        raise RecipeError(f"{source}: every key must be a field name, got {bad[0]!r}")
-    return loaded
-
-
-def apply_env_block(values: dict[str, Any], source: str) -> None:
-    """TRL's ``env:`` block: a mapping of environment variables set before anything else (removed from values)."""
-    env = values.pop("env", None)
-    if env is None:
-        return
-    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
-        raise RecipeError(f"{source}: 'env' must be a mapping of environment variables to plain values")
-    for key, value in env.items():
-        os.environ[str(key)] = str(value)
-
-
 def _trainer_on_command_line(argv: Sequence[str]) -> str | None:
     for i, token in enumerate(argv):
         if token == "--trainer":
@@ -267,24 +211,6 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------------ commands
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return re.sub(r"\s*\n\s*", " ", text).strip()
-
-
-def _fail(prog: str, exc: BaseException) -> int:
-    if os.environ.get(TRACEBACK_ENV) == "1":
-        raise exc
-    print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
-    return 2
-
-
-def _pre_training_errors() -> tuple[type[BaseException], ...]:
-    from .models import ModelNotFoundError
-
-    return (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError, ModelNotFoundError)
-
-
 def _usage(prog: str) -> str:
     return (f"usage: {prog} --config RECIPE.yaml [--field value ...]\n"
             f"       {prog} --help               (every field, with its help text)\n"
@@ -339,8 +265,8 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
         run = Run(recipe, config, given, command=command)
         run.prepare()
         run.build_trainer()
-    except _pre_training_errors() as exc:
-        return _fail(prog, exc)
+    except pre_training_errors() as exc:
+        return fail_command(prog, exc)
     return run.execute()
 
 

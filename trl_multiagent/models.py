@@ -211,6 +211,10 @@ def load_tokenizer(path_or_name: str | None = None) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+#: The weights dtypes a ``model_dtype`` setting accepts ("auto": bfloat16 on CUDA, float32 otherwise).
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

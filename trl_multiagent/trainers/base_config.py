@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from ..agents import DENSE_COPY, AgentSpec
 from ..losses import RESPONSE_LOSS
-from ..models import context_length
+from ..models import MODEL_DTYPES, context_length
 from .sharding import check_parallelism
 
 #: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
@@ -26,8 +26,6 @@ ROW_MEAN_LOSSES = {"grpo", "dr_grpo", "sapo", "luspo"}
 TOKEN_MEAN_LOSSES = {"bnpo"}
 TOKEN_SUM_LOSSES = {"dapo", "cispo", "vespo"}
 
-#: The weights dtypes ``model_dtype`` accepts.
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 
 # ---------------------------------------------------------------------------------------------------- config
