@@ -199,8 +199,9 @@ def test_output_dir_that_is_a_file(cli, tiny_ab_model, tmp_path):
 def test_output_dir_with_a_finished_run_is_refused_and_names_the_ways_on(cli, tiny_ab_model, tmp_path):
     out = tmp_path / "done"
     before = _finished_run(out)
+    (out / "checkpoint-6").mkdir()  # resuming is offered only where there is a checkpoint (tests/test_run_failures.py)
     result = cli(["train", "--config", TINY_RECIPE, "--model", tiny_ab_model, "--output_dir", out])
-    assert_clean_error(result, "finished run", "--resume_from_checkpoint", "--output_dir",
+    assert_clean_error(result, "finished run", "--resume_from_checkpoint", "checkpoint-6", "--output_dir",
                        "--overwrite_output_dir true")
     _unchanged(out, before)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from trl import TrlParser
 
-from .errors import RecipeError, fail_command, pre_training_errors
+from .errors import TRACEBACK_ENV, RecipeError, UserCodeError, fail_command, pre_training_errors
 from .recipe import RecipeArguments, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
 from .recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
 
@@ -267,7 +267,13 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
         run.build_trainer()
     except pre_training_errors() as exc:
         return fail_command(prog, exc)
-    return run.execute()
+    try:
+        return run.execute()
+    except UserCodeError as exc:  # the run's status says failed; the message names the task, turn, agents, frame
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str, str] | None = None) -> int:

@@ -36,3 +36,79 @@ def pre_training_errors() -> tuple[type[BaseException], ...]:
     from .models import ModelNotFoundError
 
     return (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError, ModelNotFoundError)
+
+
+class UserCodeError(RuntimeError):
+    """User code (an environment's ``reset`` / ``step``, a reward function or a tool it calls) raised during a run.
+
+    The message names where in the run it happened (the environment method, the task id, the turn, each acting agent
+    and the start of its text) and the innermost frame of the user's own code, so that a failure is found without a
+    30-frame traceback through the sampler. The original exception is the ``__cause__``.
+    """
+
+
+#: Task fields that name a task, in the order they are looked for.
+TASK_ID_FIELDS = ("id", "task_id", "problem_id", "question_id", "idx", "index")
+
+
+def task_label(task) -> str:
+    """A short name of a dataset row for an error message: its id field, else the start of its first text field."""
+    if not hasattr(task, "get"):
+        return repr(task)[:60]
+    for key in TASK_ID_FIELDS:
+        if task.get(key) is not None:
+            return f"{key}={task[key]!r}"
+    for key, value in task.items():
+        if isinstance(value, str):
+            return f"{key}={_start(value)!r}"
+    return repr(dict(task))[:60]
+
+
+def _start(text: str, n: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Directories of the Python standard library and installed third-party packages (not this library)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(sorted(os.path.realpath(d) + os.sep for d in dirs if d))
+
+
+def user_frame(exc: BaseException) -> str:
+    """``file:line in function: source`` of the innermost traceback frame outside the standard library and installed
+    third-party packages (this library's own environments count as user code); the innermost frame when none is."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "no traceback"
+    own = os.path.realpath(os.path.dirname(__file__)) + os.sep
+    libraries = _library_dirs()
+    outside = [f for f in frames if os.path.realpath(f.filename).startswith(own)
+               or not os.path.realpath(f.filename).startswith(libraries)]
+    frame = (outside or frames)[-1]
+    where = os.path.relpath(frame.filename) if not os.path.relpath(frame.filename).startswith("..") else frame.filename
+    source = f": {frame.line.strip()}" if frame.line else ""
+    return f"{where}:{frame.lineno} in {frame.name}{source}"
+
+
+def user_code_error(exc: BaseException, call: str, task=None, turn: int | None = None,
+                    joint_action=None) -> UserCodeError:
+    """The :class:`UserCodeError` of ``exc``, raised by ``call`` (e.g. ``"MyEnv.step"``) on ``task`` at ``turn`` for
+    ``joint_action`` (``{agent: text}``)."""
+    parts = [f"{call} raised {type(exc).__name__}: {one_line(exc)}"]
+    where = []
+    if task is not None:
+        where.append(f"task {task_label(task)}")
+    if turn is not None:
+        where.append(f"turn {turn}")
+    if joint_action:
+        where.append("; ".join(f"agent {agent!r} wrote {_start(text)!r}" for agent, text in joint_action.items()))
+    if where:
+        parts.append("(" + ", ".join(where) + ")")
+    parts.append(f"at {user_frame(exc)}")
+    return UserCodeError(" ".join(parts))

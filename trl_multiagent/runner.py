@@ -25,6 +25,7 @@ from typing import Any
 
 from . import recipe as recipe_module
 from .datafiles import DATA_FILE_SUFFIXES, check_data_file
+from .errors import one_line
 from .recipe import (
     RecipeArguments,
     RecipeError,
@@ -35,6 +36,7 @@ from .recipe import (
     finish_distributed,
     held_out_tasks,
 )
+from .trainers.outputs import write_run_status
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +175,16 @@ class Run:
         return self.evaluator.headline_metric(results)
 
     def execute(self) -> int:
-        """Evaluate before, train, evaluate after, write the results; returns the exit code (0)."""
+        """Evaluate before, train, evaluate after, write the results; returns the exit code (0). A run that ends on an
+        exception marks its output_dir ``failed`` (``run_status.json``, with the error) and re-raises it."""
+        try:
+            return self._execute()
+        except BaseException as exc:
+            if self.trainer.accelerator.is_main_process:
+                write_run_status(self.config.output_dir, "failed", error=one_line(exc))
+            raise
+
+    def _execute(self) -> int:
         trainer, config = self.trainer, self.config
         is_main = trainer.accelerator.is_main_process
         if "before" in self.stages_planned and is_main:

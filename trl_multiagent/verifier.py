@@ -36,6 +36,7 @@ from transformers import GenerationConfig
 
 from .agents import AgentPool, AgentSpec
 from .critics import CriticSpec
+from .environments.stepping import reset_env
 from .padding import pad_token_id, right_pad
 
 logger = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ def collect_solutions(pool: AgentPool, agent: str, env_factory: Callable, tasks:
     from .generation import GenerationRequest
 
     envs = [env_factory() for _ in tasks]
-    prompts = [env.reset(task)[agent] for env, task in zip(envs, tasks)]
+    prompts = [reset_env(env, task)[agent] for env, task in zip(envs, tasks)]
     gens = pool.generate_many([GenerationRequest(agent, p, num_samples) for p in prompts], generation_config,
                               max_batch_sequences=max_batch_sequences, progress=progress)
     records = []

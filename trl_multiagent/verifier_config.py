@@ -253,6 +253,8 @@ def parse_config(argv: Sequence[str], prog: str = PROG) -> tuple[VerifierTrainin
 def check_output_dir(output_dir: str | Path, overwrite: bool) -> None:
     """Refuse an ``output_dir`` that is a file, that cannot be created or written, or that is not empty (unless
     ``overwrite``). Creates the directory (empty) to prove that it can be written."""
+    if not str(output_dir).strip():
+        raise RecipeError("output_dir is empty; give the directory the verifier and its results go to")
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise RecipeError(f"output_dir {str(path)!r} is an existing file, not a directory; choose another output_dir")

@@ -52,6 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from .environments.stepping import reset_env
 from .errors import RecipeError, fail_command, pre_training_errors
 from .metrics.classification import accuracy_at_threshold, question_bootstrap, roc_auc
 from .verifier_config import (
@@ -147,7 +148,7 @@ class VerifierRun:
 
     def _question(self, task: Mapping[str, Any]) -> str:
         env = self.env_factory()
-        env.reset(task)
+        reset_env(env, task)
         return env.question
 
     # ----------------------------------------------------------------------------------------- progress
@@ -274,7 +275,7 @@ class VerifierRun:
         envs = {}
         for task in self.held_out_tasks:
             env = self.env_factory()
-            env.reset(task)
+            reset_env(env, task)
             envs[env.question] = env
         rule = [float(envs[e.question].is_correct(e.solution)) for e in flat]  # the debate's verifier: rule
         self.scores = {"learned": learned, "rule": rule}

@@ -1,4 +1,8 @@
-"""Stepping environments from a thread pool: the one helper the samplers and the evaluators share.
+"""Calling environments: the one way the samplers and the evaluators reset and step them.
+
+:func:`reset_env` and :func:`step_env` call the environment (user code: its methods, the reward functions and tools
+they call) and turn any exception into one :class:`~trl_multiagent.errors.UserCodeError` that names the task, the
+turn, each acting agent with the start of its text, and the user's own frame.
 
 An environment whose ``step`` waits on subprocesses (sandboxed tests, tools) sets ``concurrent_steps = True``; its
 steps then run from a thread pool with one worker per CPU core, every other environment's in order in the calling
@@ -13,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..errors import UserCodeError, user_code_error
+from ..generation.requests import Prompt
 from .base import Environment, StepResult
 
 T = TypeVar("T")
@@ -32,8 +38,35 @@ def map_steps(fn: Callable[[T], Any], jobs: Sequence[T], env: Environment | None
     return [fn(job) for job in jobs]
 
 
-def step_all(envs: Sequence[Environment], actions: Sequence[Mapping[str, str]]) -> list[StepResult]:
-    """Step every environment with its joint action (:func:`map_steps`; concurrent when the environments set
-    ``concurrent_steps``)."""
-    pairs = list(zip(envs, actions))
-    return map_steps(lambda pair: pair[0].step(pair[1]), pairs, envs[0] if envs else None)
+def reset_env(env: Environment, task: Mapping[str, Any]) -> dict[str, Prompt]:
+    """``env.reset(task)``; an exception becomes a :class:`~trl_multiagent.errors.UserCodeError` naming the task."""
+    try:
+        return env.reset(task)
+    except UserCodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code may raise anything; reported with where it happened
+        raise user_code_error(exc, f"{type(env).__name__}.reset", task=task) from exc
+
+
+def step_env(env: Environment, joint_action: Mapping[str, str], task: Mapping[str, Any] | None = None,
+             turn: int | None = None) -> StepResult:
+    """``env.step(joint_action)``; an exception becomes a :class:`~trl_multiagent.errors.UserCodeError` naming the
+    task, the turn and each acting agent with the start of its text."""
+    try:
+        return env.step(joint_action)
+    except UserCodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise user_code_error(exc, f"{type(env).__name__}.step", task=task, turn=turn,
+                              joint_action=joint_action) from exc
+
+
+def step_all(envs: Sequence[Environment], actions: Sequence[Mapping[str, str]],
+             tasks: Sequence[Mapping[str, Any] | None] | None = None,
+             turns: Sequence[int | None] | None = None) -> list[StepResult]:
+    """:func:`step_env` on every environment with its joint action (and, for error messages, its task and turn);
+    concurrent when the environments set ``concurrent_steps`` (:func:`map_steps`)."""
+    tasks = list(tasks) if tasks is not None else [None] * len(envs)
+    turns = list(turns) if turns is not None else [None] * len(envs)
+    jobs = list(zip(envs, actions, tasks, turns))
+    return map_steps(lambda job: step_env(*job), jobs, envs[0] if envs else None)

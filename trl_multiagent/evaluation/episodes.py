@@ -28,7 +28,7 @@ from typing import Any
 
 from ..agents import Generation, GenerationRequest
 from ..environments.base import Environment, StepResult
-from ..environments.stepping import step_all
+from ..environments.stepping import reset_env, step_all
 from ..metrics.stats import mean
 from .core import TEAM, Evaluator, MethodOutput, Program
 
@@ -64,7 +64,7 @@ def play_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Mappin
     if agent_order == "sequential" and not getattr(episodes[0].env, "supports_partial_actions", False):
         raise ValueError(f"{type(episodes[0].env).__name__} does not accept partial joint actions "
                          "(supports_partial_actions); evaluate with agent_order='parallel'")
-    prompts = [dict(ep.env.reset(tasks[ep.task])) for ep in episodes]
+    prompts = [dict(reset_env(ep.env, tasks[ep.task])) for ep in episodes]
     for ep, p in zip(episodes, prompts):
         if set(p) != set(agents):
             raise ValueError(f"{type(ep.env).__name__}.reset returned prompts for {sorted(p)}, expected {agents}")
@@ -95,7 +95,8 @@ def play_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Mappin
                     action[a] = gen.text
                     episodes[e].completion_tokens.setdefault(a, []).append(len(gen.completion_ids))
                 actions.append(action)
-            results = step_all([episodes[e].env for e in live], actions)
+            results = step_all([episodes[e].env for e in live], actions, [tasks[episodes[e].task] for e in live],
+                               [turn] * len(live))
             still = []
             for e, action, result in zip(live, actions, results):
                 ep = episodes[e]

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..agents import GenerationRequest
 from ..environments.base import Environment
+from ..environments.stepping import reset_env
 from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
 from .episodes import by_task, play_episodes
@@ -150,7 +151,7 @@ class WritingEvaluator(PairBaselinesEvaluator):
         first, second = self.first, self.second
         tokens: dict[str, list[int]] = {first: [], second: []}
         envs = [self.env_factory() for _ in tasks]
-        prompts = [env.reset(task) for env, task in zip(envs, tasks)]
+        prompts = [reset_env(env, task) for env, task in zip(envs, tasks)]
         n = len(tasks)
 
         def ask(agent: str, texts: Sequence[str], num: int) -> list[GenerationRequest]:

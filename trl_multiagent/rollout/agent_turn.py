@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 from ..agents import AgentPool, Generation
 from ..credit.at_grpo import best_candidate, mix_rewards
 from ..environments.base import Environment
+from ..environments.stepping import reset_env, step_env
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 
@@ -71,7 +72,7 @@ class AgentTurnSampler:
         if self.agent_order == "sequential" and envs and not getattr(envs[0], "supports_partial_actions", False):
             raise ValueError(f"{type(envs[0]).__name__} does not accept partial joint actions "
                              "(supports_partial_actions); use agent_order='parallel'")
-        prompts = [env.reset(task) for env, task in zip(envs, tasks)]
+        prompts = [reset_env(env, task) for env, task in zip(envs, tasks)]
         active = list(range(len(envs)))
         samples: list[Sample] = []
         executed: list[JointAction] = []
@@ -86,7 +87,7 @@ class AgentTurnSampler:
                 num_generations += len(stage) * len(active) * self.num_samples
                 finished = []
                 for pos, e in enumerate(active):
-                    candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage})
+                    candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage}, tasks[e], turn)
                     for a in stage:
                         for k, g in enumerate(gens[a][pos]):
                             result = candidates[k][1]
@@ -115,12 +116,12 @@ class AgentTurnSampler:
         stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
         return Experience(samples, executed, stats, agents)
 
-    def _score(self, env: Environment, stage: list[str], gens: Mapping[str, list[Generation]]):
+    def _score(self, env: Environment, stage: list[str], gens: Mapping[str, list[Generation]], task, turn: int):
         """Step a clone per candidate (sequential) or per aligned joint candidate (parallel); mixed rewards."""
         out = []
         for k in range(self.num_samples):
             clone = env.clone()
-            result = clone.step({a: gens[a][k].text for a in stage})
+            result = step_env(clone, {a: gens[a][k].text for a in stage}, task, turn)
             local = result.local_rewards or {}
             mixed = {a: mix_rewards(result.team_reward, local.get(a, 0.0), self.alpha) for a in stage}
             out.append((clone, result, mixed))

@@ -36,6 +36,7 @@ from ..agents import AgentPool, Generation
 from ..credit.maporl import PenaltySettings, answer_penalties
 from ..environments.base import Environment
 from ..environments.debate import DebateEnv, TurnOutcome
+from ..environments.stepping import reset_env, step_env
 from ..metrics.debate import majority_vote_accuracy
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -116,14 +117,14 @@ class DebateSampler:
         for task in tasks:
             for _ in range(self.num_debates):
                 env = env_factory()
-                prompts.append(env.reset(task))
+                prompts.append(reset_env(env, task))
                 envs.append(env)
                 debates.append(Debate(len(debates), task, list(env.agents),
                                       question=env.question if isinstance(env, DebateEnv) else None))
         if self.scorer is not None and envs and not isinstance(envs[0], DebateEnv):
             raise ValueError(f"a learned verifier scores debate answers; {type(envs[0]).__name__} is not a DebateEnv")
         live = list(range(len(envs)))
-        for _turn in range(self.num_turns):
+        for turn in range(self.num_turns):
             if not live:
                 break
             agents = debates[live[0]].agents
@@ -131,7 +132,7 @@ class DebateSampler:
             finished = []
             for pos, d in enumerate(live):
                 turn_gens = {a: gens[a][pos][0] for a in agents}
-                result = envs[d].step({a: g.text for a, g in turn_gens.items()})
+                result = step_env(envs[d], {a: g.text for a, g in turn_gens.items()}, debates[d].task, turn)
                 if result.local_rewards is None or set(result.local_rewards) != set(agents):
                     raise ValueError(f"{type(envs[d]).__name__}.step must return a local reward (the verifier score) "
                                      f"for every agent {agents}")

@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 from ..agents import AgentPool, Generation
 from ..credit.magrpo import joint_action_indices
 from ..environments.base import Environment
-from ..environments.stepping import map_steps
+from ..environments.stepping import map_steps, reset_env, step_env
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -55,7 +55,7 @@ class JointTreeSampler:
         frontier: list[_Node] = []
         for e, task in enumerate(tasks):
             env = env_factory()
-            frontier.append(_Node(len(frontier), e, 0, env, env.reset(task), None))
+            frontier.append(_Node(len(frontier), e, 0, env, reset_env(env, task), None))
         node_count = len(frontier)
         joints: list[JointAction] = []
         samples: list[Sample] = []
@@ -71,7 +71,7 @@ class JointTreeSampler:
             num_generations += len(agents) * len(frontier) * self.num_samples
             next_frontier: list[_Node] = []
             index_sets = joint_action_indices(len(agents), self.num_samples, self.joint_mode)
-            outcomes = self._step_all(frontier, index_sets, agents, gens)
+            outcomes = self._step_all(frontier, index_sets, agents, gens, tasks, turn)
             for pos, node in enumerate(frontier):
                 node_samples = {
                     (a, k): Sample(agent=a, policy=pool.policy_of(a), episode=node.episode, turn=turn, node=node.id,
@@ -103,7 +103,7 @@ class JointTreeSampler:
         return Experience(samples, joints, stats, agents)
 
     @staticmethod
-    def _step_all(frontier, index_sets, agents, gens) -> dict:
+    def _step_all(frontier, index_sets, agents, gens, tasks, turn) -> dict:
         """Step a clone of every node's environment with every joint action of this turn.
 
         Environments that set ``concurrent_steps = True`` (their ``step`` waits on subprocesses, e.g. sandboxed
@@ -115,6 +115,7 @@ class JointTreeSampler:
         def run(job):
             pos, idx = job
             env = frontier[pos].env.clone()
-            return env, env.step({a: gens[a][pos][k].text for a, k in zip(agents, idx)})
+            return env, step_env(env, {a: gens[a][pos][k].text for a, k in zip(agents, idx)},
+                                 tasks[frontier[pos].episode], turn)
 
         return dict(zip(jobs, map_steps(run, jobs, frontier[0].env)))

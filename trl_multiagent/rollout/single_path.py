@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 
 from ..agents import AgentPool
 from ..environments.base import Environment
-from ..environments.stepping import step_all
+from ..environments.stepping import reset_env, step_all
 from ..generation.requests import Prompt
 from .experience import Experience, JointAction, Sample, rollout_stats
 
@@ -114,7 +114,7 @@ class SinglePathSampler:
                 generation_config: GenerationConfig) -> EpisodeBuffer:
         envs = [env_factory() for _ in tasks]
         agents = list(pool.agent_names)
-        prompts: list[dict[str, Prompt]] = [dict(env.reset(task)) for env, task in zip(envs, tasks)]
+        prompts: list[dict[str, Prompt]] = [dict(reset_env(env, task)) for env, task in zip(envs, tasks)]
         for env, p in zip(envs, prompts):
             if set(p) != set(agents):
                 raise ValueError(f"{type(env).__name__}.reset returned prompts for {sorted(p)}, expected {sorted(agents)}")
@@ -130,7 +130,8 @@ class SinglePathSampler:
             gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in agents}, 1, generation_config)
             num_generations += len(agents) * len(active)
             results = step_all([envs[e] for e in active],
-                               [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))])
+                               [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))],
+                               [tasks[e] for e in active], [turn] * len(active))
             still = []
             for pos, e in enumerate(active):
                 result = results[pos]

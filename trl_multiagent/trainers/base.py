@@ -60,7 +60,7 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
 from .completions import append_rows, completion_rows, log_to_trackers, print_completions
-from .outputs import check_checkpoint, check_output_dir, write_run_status, write_summary
+from .outputs import check_checkpoint, check_output_dir, marked_running, write_run_status, write_summary
 from .sharding import (
     gathered_adapter_state,
     is_fsdp,
@@ -531,9 +531,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         output directory ``running`` meanwhile and ``finished`` at the end."""
         check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies),
                          list(self.pool.critics))
-        if self.args.should_save:
-            write_run_status(self.args.output_dir, "running")
-        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        with marked_running(self.args.output_dir, self.args.should_save):  # "failed" with the error if it raises
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
         self.save_model(self.args.output_dir)
         if self.args.should_save:
             write_summary(self, output)

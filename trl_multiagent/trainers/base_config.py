@@ -214,6 +214,16 @@ def check_common_values(config, min_generations: int) -> None:
     need(config.num_iterations >= 1, "num_iterations", "at least 1")
     need(config.max_grad_norm is None or config.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 disables clipping)")
     need(config.logging_steps > 0, "logging_steps", "> 0")
+    need(isinstance(config.max_steps, int) and config.max_steps >= -1, "max_steps",
+         "-1 (no step limit: num_train_epochs decides), 0 (evaluate only, no training) or a positive number of steps")
+    need(config.save_steps is None or config.save_steps > 0, "save_steps", "> 0 (a step count, or a fraction < 1 of "
+         "the run)")
+    need(config.save_total_limit is None or config.save_total_limit >= 1, "save_total_limit",
+         "at least 1, or empty for no limit")
+    need(config.num_train_epochs > 0, "num_train_epochs", "> 0")
+    need(config.warmup_steps >= 0, "warmup_steps", ">= 0")
+    need(config.output_dir is None or (isinstance(config.output_dir, str) and config.output_dir.strip() != ""),
+         "output_dir", "a directory path (it is empty)")
 
 
 # ---------------------------------------------------------------------------------------------------- trainer

@@ -1,21 +1,31 @@
 """What a run leaves in its ``output_dir``, and the rules that keep it from being lost.
 
-A run marks its directory with ``run_status.json`` (``running`` while it trains, ``finished`` at the end, with the
-process id and host). Before any model loads, a trainer refuses an ``output_dir`` that is an existing file, or that
-holds the results of another run (a status file, ``summary.json``, ``adapters/`` or ``checkpoint-*``), unless the run
-resumes from one of its checkpoints or ``overwrite_output_dir`` is set; a directory whose run is still alive is
-refused even then. A checkpoint to resume from is checked (its files exist and parse) before anything loads.
+A run marks its directory with ``run_status.json`` (``running`` while it trains, ``finished`` at the end, ``failed``
+with the error when it ends on one; with the process id and host). Before any model loads, a trainer refuses an
+``output_dir`` that is empty, an existing file, a path where no directory can be made, or that holds the results of
+another run (a status file, ``summary.json``, ``adapters/`` or ``checkpoint-*``), unless the run resumes from one of
+its checkpoints or ``overwrite_output_dir`` is set; a directory whose run is still alive is refused even then. A
+status that says ``running`` for a process of this host that is gone is stale (the run crashed or was killed): the
+refusal says so, and a run allowed into the directory replaces it. A checkpoint to resume from is checked (its files
+exist and parse) before anything loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from safetensors import safe_open
+
+from ..errors import one_line
+
+logger = logging.getLogger(__name__)
 
 RUN_STATUS_FILE = "run_status.json"
 #: Files and folders that mean a directory holds (part of) a run's results.
@@ -53,27 +63,82 @@ def run_is_alive(status: dict | None) -> bool:
                 and isinstance(status.get("pid"), int) and status["pid"] != os.getpid() and _pid_alive(status["pid"]))
 
 
-def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: bool) -> None:
-    """Refuse an ``output_dir`` whose contents a new run would overwrite (see the module docstring)."""
+def run_is_stale(status: dict | None) -> bool:
+    """The status file says ``running`` for a process of this host that is gone: the run crashed or was killed."""
+    return bool(status and status.get("status") == "running" and status.get("host") == socket.gethostname()
+                and isinstance(status.get("pid"), int) and status["pid"] != os.getpid()
+                and not _pid_alive(status["pid"]))
+
+
+def _describe_status(status: dict | None) -> str:
+    if run_is_stale(status):
+        return (f"a run that did not finish (its {RUN_STATUS_FILE} says 'running' for process {status['pid']}, which "
+                "is gone: it crashed or was killed)")
+    if status and status.get("status") == "failed":
+        error = status.get("error") or "no message"
+        return f"a run that failed ({error})"
+    if status and status.get("status") == "finished":
+        return "a finished run"
+    return "the results of another run"
+
+
+def check_writable_dir(output_dir: str | Path, name: str = "output_dir") -> None:
+    """A directory can be made at ``output_dir`` (made and removed again here when it does not exist yet)."""
+    if not str(output_dir).strip():
+        raise OutputDirError(f"{name} is empty; give the directory the run writes to")
     path = Path(output_dir)
-    if path.exists() and not path.is_dir():
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputDirError(f"{name} {str(path)!r} is not writable by this user")
+        return
+    made: list[Path] = []
+    try:
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        for p in reversed(missing):
+            try:
+                p.mkdir()
+            except FileExistsError:  # another process of this run made it meanwhile
+                continue
+            made.append(p)
+    except OSError as exc:
+        raise OutputDirError(f"{name} {str(path)!r} cannot be made: {exc.strerror or exc} "
+                             f"({exc.filename or path})") from None
+    finally:
+        for p in reversed(made):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: bool) -> None:
+    """Refuse an ``output_dir`` whose contents a new run would overwrite, or where nothing can be written (see the
+    module docstring). A stale status is removed when the run may use the directory."""
+    path = Path(output_dir)
+    if str(output_dir).strip() and path.exists() and not path.is_dir():
         raise OutputDirError(f"output_dir {str(path)!r} is an existing file, not a directory; choose another "
                              "output_dir")
+    check_writable_dir(output_dir)
     if not path.is_dir():
         return
     status = read_run_status(path)
     if run_is_alive(status):
         raise OutputDirError(f"output_dir {str(path)!r} belongs to a run that is still running (pid {status['pid']}); "
                              "wait for it to end or choose another output_dir")
+    checkpoints = sorted(p.name for p in path.glob("checkpoint-*"))
     if resume_from_checkpoint or overwrite:
+        if run_is_stale(status):
+            logger.warning("output_dir %s: %s; its status is replaced by this run's", path, _describe_status(status))
+            (path / RUN_STATUS_FILE).unlink(missing_ok=True)
         return
-    found = [m for m in RESULT_MARKERS if (path / m).exists()] + sorted(p.name for p in path.glob("checkpoint-*"))
+    found = [m for m in RESULT_MARKERS if (path / m).exists()] + checkpoints
     if found:
-        what = "a finished run" if status and status.get("status") == "finished" else "the results of another run"
+        what = _describe_status(status)
+        resume = ("Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one: "
+                  f"{checkpoints[-1]}), " if checkpoints else "It has no checkpoint-* to resume from; ")
         raise OutputDirError(
             f"output_dir {str(path)!r} already holds {what} ({', '.join(found[:4])}); it is never overwritten "
-            "silently. Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one), "
-            "choose another --output_dir, or pass --overwrite_output_dir true to replace it.")
+            f"silently. {resume}choose another --output_dir, or pass --overwrite_output_dir true to replace it.")
 
 
 def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -> None:
@@ -117,15 +182,31 @@ def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -
         raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}")
 
 
-def write_run_status(output_dir: str | Path, status: str) -> None:
-    """Mark ``output_dir`` as ``running`` (with this process) or ``finished``."""
+def write_run_status(output_dir: str | Path, status: str, error: str | None = None) -> None:
+    """Mark ``output_dir`` as ``running`` (with this process), ``finished`` or ``failed`` (with ``error``)."""
     path = Path(output_dir)
     path.mkdir(parents=True, exist_ok=True)
     record = {"status": status, "pid": os.getpid(), "host": socket.gethostname(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if error is not None:
+        record["error"] = error
     tmp = path / (RUN_STATUS_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path / RUN_STATUS_FILE)
+
+
+@contextlib.contextmanager
+def marked_running(output_dir: str | Path, enabled: bool = True) -> Iterator[None]:
+    """Mark ``output_dir`` ``running`` for the ``with`` block, and ``failed`` (with the error) if the block raises;
+    ``enabled=False`` (processes other than the main one) marks nothing."""
+    if enabled:
+        write_run_status(output_dir, "running")
+    try:
+        yield
+    except BaseException as exc:
+        if enabled:
+            write_run_status(output_dir, "failed", error=one_line(exc))
+        raise
 
 
 def write_summary(trainer, output) -> Path:
