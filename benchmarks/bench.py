@@ -44,6 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from trl_multiagent.provenance import cpu_model, versions  # noqa: E402 - after the environment above
+
 log = logging.getLogger("bench")
 
 SPEED_TARGET = 0.8  # issue 16: step_vs_trl
@@ -132,28 +134,6 @@ def maxrss_mib() -> float:
 def hwm_mib() -> float:
     """Peak RSS of this process image (``VmHWM``: not inherited from the parent), MiB."""
     return rss_breakdown_mib()["VmHWM"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "trl", "transformers", "peft", "accelerate", "bitsandbytes", "datasets"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
 
 
 def median(xs):

@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+from trl_multiagent.provenance import cpu_flags, cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,22 +55,8 @@ NUMERICAL_TESTS = [
 ]
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def capabilities() -> list[str]:
-    flags = cpu_flags()
+    flags = set(cpu_flags())
     caps = ["default"]
     if "avx2" in flags:
         caps.append("avx2")
@@ -162,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     for line in log.read_text().splitlines():
                         records.append({**json.loads(line), "config": f"{cap}/{threads}"})
     cpu = cpu_model()
-    result = {"cpu": cpu, "isa": sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx"))),
+    result = {"cpu": cpu, "isa": cpu_flags(),
               "torch": torch.__version__, "capabilities": caps, "threads": args.threads,
               "configurations": len(codes), "exit_codes": codes,
               "command": "python tests/numerics_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -4,6 +4,7 @@ in a step depends on the process (thread scheduling, set order, sandbox timing).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -34,3 +35,54 @@ def test_same_seed_same_adapters_in_fresh_processes(tiny_ab_model, tmp_path):
             assert torch.equal(first[policy][key], second[policy][key]), (policy, key)
         # the steps did train (LoRA's B starts at zero), so equality is not that of two untouched adapters
         assert any(v.abs().sum() > 0 for k, v in first[policy].items() if "lora_B" in k)
+
+
+# A fresh process that runs the recipe with the memory free at load time forced to LOW_FREE or HIGH_FREE bytes, and
+# with packing allowed for the tiny model's small layers (so that the packed path is a real choice here).
+FORCED_FREE_MEMORY = r"""
+import sys, psutil
+from trl_multiagent.generation import frozen_weights
+frozen_weights.PACK_MIN_WEIGHTS = 0
+real = psutil.virtual_memory
+free = int(sys.argv[1])
+def forced():
+    m = real()
+    return m._replace(available=free, free=free)
+psutil.virtual_memory = forced
+sys.argv = ["recipes/magrpo.py", *sys.argv[2:]]
+from trl_multiagent.cli import run_recipe_script
+sys.exit(run_recipe_script(None, "recipes/magrpo.py", expect={"trainer": "magrpo"}))
+"""
+#: Keys of summary.json that measure time, not results.
+TIMINGS = ("wall_time_s", "train_runtime_s", "command")
+
+
+def _summary_with_free_memory(out, model, free: int) -> dict:
+    env = _env(PYTHONHASHSEED="0")
+    args = ["--config", CONFIG, "--model", model, "--max_steps", "2", "--seed", "1", "--output_dir", str(out),
+            "--eval_stages", "[]"]
+    proc = subprocess.run([sys.executable, "-c", FORCED_FREE_MEMORY, str(free), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in TIMINGS:
+        summary.pop(key, None)
+    summary["final_metrics"] = {k: v for k, v in summary["final_metrics"].items() if "time" not in k
+                                and "per_second" not in k and "tokens_per_s" not in k}
+    return summary
+
+
+@pytest.mark.slow
+def test_same_recipe_and_seed_give_the_same_summary_whatever_memory_is_free(tiny_ab_model, tmp_path):
+    """Issue 39 point 2: the numerical paths are the config's choice (packed_weights, dense_copy), not the memory free
+    at load time, and summary.json records what produced the run."""
+    out = tmp_path / "run"  # both runs write to the same path (it names itself in summary.json)
+    low = _summary_with_free_memory(out, tiny_ab_model, free=1 << 20)  # 1 MiB free
+    out.rename(tmp_path / "low")
+    high = _summary_with_free_memory(out, tiny_ab_model, free=1 << 40)  # 1 TiB free
+    machine = low["machine"]
+    assert machine["paths"]["base0"]["packed_weights"] is True  # the tiny base's copy is far below total memory / 4
+    assert machine["paths"]["base0"]["dtype"] == "float32" and machine["paths"]["base0"]["generation"] == "pool"
+    assert machine["cpu"] and machine["aten_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "NO AVX")
+    assert machine["torch_threads"] >= 1 and machine["versions"]["torch"].startswith("2.")
+    assert low == high

@@ -47,13 +47,19 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
 )
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .teacher_forcing import completion_outputs, hidden_forward
-from .utils import available_memory
+from .utils import total_memory
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = (None, "4bit")
 #: Whether a 4-bit base computes with a de-quantised copy of its frozen weights (``AgentPool.dense_copy_of``).
 DENSE_COPY = ("auto", "always", "never")
+#: Whether generation computes a base's frozen linears with oneDNN-packed weights (``AgentPool.packs_weights``).
+PACKED_WEIGHTS = ("auto", "always", "never")
+#: ``auto`` makes a copy of a base's weights when it takes at most this share of the device's TOTAL memory: a fixed
+#: property of the machine, so that the same recipe on the same machine always takes the same path (the memory free
+#: at load time would make the numerics depend on what else runs).
+COPY_SHARE_OF_TOTAL_MEMORY = 0.25
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 
 
@@ -169,6 +175,14 @@ def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
     return by_policy
 
 
+def _decide_copy(choice: str, needed: int, total: int) -> bool:
+    """Make a copy of ``needed`` bytes (0: the copy does not apply to this base)? ``choice`` is ``always``, ``never``
+    or ``auto`` (at most :data:`COPY_SHARE_OF_TOTAL_MEMORY` of the device's ``total`` memory)."""
+    if needed == 0 or choice == "never":
+        return False
+    return choice == "always" or needed <= COPY_SHARE_OF_TOTAL_MEMORY * total
+
+
 class AgentPool(nn.Module):
     """Loads each distinct base once and attaches one LoRA adapter per policy (and per critic).
 
@@ -178,16 +192,20 @@ class AgentPool(nn.Module):
         critics: value models to add (see :mod:`trl_multiagent.critics`); each sits on the base of the agent it
             names unless it names a model of its own.
         dense_copy: whether 4-bit bases compute with a de-quantised copy of their frozen weights (:data:`DENSE_COPY`):
-            ``"always"``, ``"never"``, or ``"auto"``: when the copy takes at most a quarter of the memory available
-            at load time (:meth:`dense_copy_of`).
+            ``"always"``, ``"never"``, or ``"auto"``: when the copy takes at most a quarter of the device's total
+            memory (:meth:`dense_copy_of`).
+        packed_weights: whether generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies
+            of their weights (:data:`PACKED_WEIGHTS`; same rule as ``dense_copy``; :meth:`packs_weights`).
     """
 
     def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
-                 dense_copy: str = "auto"):
+                 dense_copy: str = "auto", packed_weights: str = "auto"):
         super().__init__()
         if dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
-        self.dense_copy = dense_copy
+        if packed_weights not in PACKED_WEIGHTS:
+            raise ValueError(f"packed_weights must be one of {PACKED_WEIGHTS}, got {packed_weights!r}")
+        self.dense_copy, self.packed_weights = dense_copy, packed_weights
         self._dense: dict[str, bool] = {}
         self._packed: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
@@ -471,12 +489,8 @@ class AgentPool(nn.Module):
     def _decide_dense_copy(self, base_key: str) -> None:
         model = self.bases[base_key].get_base_model()
         needed = dense_weight_bytes(model)
-        if needed == 0 or self.dense_copy == "never":
-            decision = False
-        elif self.dense_copy == "always":
-            decision = True
-        else:
-            decision = needed <= 0.25 * available_memory(next(model.parameters()).device)
+        total = total_memory(next(model.parameters()).device)
+        decision = _decide_copy(self.dense_copy, needed, total)
         if decision:
             use_dense_copy(model)
         if needed:
@@ -485,7 +499,7 @@ class AgentPool(nn.Module):
                         needed / 2**20)
         self._dense[base_key] = decision
         packed = packed_weight_bytes(model)
-        self._packed[base_key] = 0 < packed <= 0.25 * available_memory(next(model.parameters()).device)
+        self._packed[base_key] = _decide_copy(self.packed_weights, packed, total)
         if packed:
             logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB)", base_key,
                         "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
@@ -493,8 +507,8 @@ class AgentPool(nn.Module):
 
     def packs_weights(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
-        (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`: CPU, float32, where a copy of the
-        frozen weights takes at most a quarter of the memory available at load time)."""
+        (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`: CPU, float32; ``packed_weights``
+        decides, ``auto`` where a copy of the frozen weights takes at most a quarter of the machine's memory)."""
         return self._packed.get(base_key, False)
 
     # ----------------------------------------------------------------------------------------------- save / load

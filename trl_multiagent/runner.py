@@ -26,6 +26,7 @@ from typing import Any
 from . import recipe as recipe_module
 from .datafiles import DATA_FILE_SUFFIXES, check_data_file
 from .errors import one_line
+from .provenance import machine_record
 from .recipe import (
     RecipeArguments,
     RecipeError,
@@ -227,6 +228,7 @@ class Run:
             "command": self.command,
             "wall_time_s": time.perf_counter() - self.start,
             "recipe": {k: v for k, v in self.given.items()},
+            "machine": machine_record(self.trainer.pool),
         }
         if generated:
             run["generated_samples"] = {"total": sum(generated), "rollouts": len(generated),

@@ -177,17 +177,16 @@ def _malloc_trim():
     return getattr(libc, "malloc_trim", None) if libc is not None else None
 
 
-def available_memory(device) -> int:
-    """Bytes that can still be allocated on ``device``: free GPU memory, or the system's available memory on CPU."""
+def total_memory(device) -> int:
+    """Bytes of memory ``device`` has in all (a fixed property of the machine, unlike the memory free at a given moment)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(torch.cuda.get_device_properties(device).total_memory)
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    return int(psutil.virtual_memory().total)
 
 
 def progress_bar(label: str, unit: str, *extra_columns, **kwargs):

@@ -55,6 +55,7 @@ from typing import Any
 from .environments.stepping import reset_env
 from .errors import RecipeError, fail_command, pre_training_errors
 from .metrics.classification import accuracy_at_threshold, question_bootstrap, roc_auc
+from .provenance import machine_record
 from .verifier_config import (
     OUTPUT_FILES,
     PROG,
@@ -330,7 +331,6 @@ class VerifierRun:
 
     def write(self) -> Path:
         """``summary.json``, ``report.md``, ``solutions.jsonl`` and ``held_out_scores.jsonl`` in ``output_dir``."""
-        import torch
 
         c = self.config
         out = Path(c.output_dir)
@@ -341,7 +341,7 @@ class VerifierRun:
             "command": self.command,
             "wall_time_s": time.perf_counter() - self.start,
             "stage_seconds": {k: round(v, 1) for k, v in self.timings.items()},
-            "machine": {"cpu": _cpu_model(), "torch_threads": torch.get_num_threads()},
+            "machine": machine_record(),
             "verifier_dir": str(out),
             "sampling_agent": self.agent,
             "data": self.data_summary(),
@@ -399,17 +399,6 @@ class VerifierRun:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
-
-
-def _cpu_model() -> str | None:
-    """The CPU's model name from ``/proc/cpuinfo`` (``None`` where there is none, e.g. not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
 
 
 def _interval(entry: Mapping[str, Any]) -> str:

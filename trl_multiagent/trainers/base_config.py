@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
-from ..agents import DENSE_COPY, AgentSpec
+from ..agents import DENSE_COPY, PACKED_WEIGHTS, AgentSpec
 from ..losses import RESPONSE_LOSS
 from ..models import MODEL_DTYPES, context_length
 from .sharding import check_parallelism
@@ -78,7 +78,13 @@ class MultiAgentConfig(GRPOConfig):
     dense_copy: str = field(default="auto", metadata={
         "help": "4-bit (QLoRA) bases compute with a de-quantised copy of their frozen weights, the same numbers "
                 "without de-quantising at every matmul (several times faster on CPU, more memory): 'always', "
-                "'never', or 'auto' (when the copy takes at most a quarter of the available memory)."})
+                "'never', or 'auto' (when the copy takes at most a quarter of the machine's total memory, so that the "
+                "same recipe on the same machine always takes the same path)."})
+    packed_weights: str = field(default="auto", metadata={
+        "help": "Generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies of their "
+                "weights (faster decoding; the sums run in another order, so tokens can differ from F.linear's at "
+                "near-ties): 'always', 'never', or 'auto' (when the copy takes at most a quarter of the machine's "
+                "total memory). summary.json records the path taken (machine.paths)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
@@ -126,6 +132,8 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
         if self.dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {self.dense_copy!r}")
+        if self.packed_weights not in PACKED_WEIGHTS:
+            raise ValueError(f"packed_weights must be one of {PACKED_WEIGHTS}, got {self.packed_weights!r}")
         if self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if self.gradient_accumulation_steps != 1:

@@ -24,6 +24,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from ..errors import one_line
+from ..provenance import machine_record
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ def write_summary(trainer, output) -> Path:
                                                           "max_completion_length", "seed")},
                          **own.pop("config", {})}
     summary.update(own)
+    summary["machine"] = machine_record(trainer.pool)
     path = Path(args.output_dir) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str))
     return path
