@@ -396,3 +396,16 @@ def test_resolve_records_symbolic_links(tmp_path):
     assert links[os.path.join(base, "b")] == str(tmp_path / "a" / "f")
     assert links[os.path.join(base, "a")] == "real"
     assert stat.S_ISREG(os.stat(resolve(str(tmp_path / "a" / ".." / "b"), {})).st_mode)
+
+
+def test_plan_without_ldd(allowlisted, monkeypatch):
+    """Without ldd, the libraries come from what the caller has loaded (the C library's folder, libpython, the
+    loader), which is enough for the interpreter and the standard library."""
+    from trl_multiagent.sandbox import rootfs
+
+    monkeypatch.setattr(rootfs, "_ldd", lambda files: None)
+    plan = rootfs._Plan(()).finish()
+    assert plan["notes"] and "ldd" in plan["notes"][0]
+    monkeypatch.setattr(sandbox_host, "root_plan", lambda packages: plan)
+    r = run_python("import json, decimal, ctypes, sqlite3, zlib\nprint(json.dumps([1]))")
+    assert r.passed and r.stdout == "[1]\n" and "allowlist_root" in r.isolation, r.stderr

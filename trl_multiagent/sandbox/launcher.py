@@ -3,11 +3,13 @@
 ``host`` ──Popen──> ``launcher`` (root, ``python -s -S -P __main__.py _launch <spec>``) ──fork──> ``init``
 ──fork──> ``worker`` (exec: :mod:`.harness`) and, for tests, ──fork──> ``judge`` (no exec: :mod:`.judge`).
 
-The launcher enters a memory cgroup, unshares namespaces, makes every mount read-only in its own mount namespace,
-mounts a private tmpfs working directory and hides directories the sandbox uids cannot traverse; init is PID 1 of
-the new PID namespace, mounts a private ``/proc`` (``hidepid=2``: a sandbox uid sees only its own processes), starts
-the children, reaps them and reports their exit statuses on the private meta pipe. Both children drop to their own
-unprivileged uid with ``PR_SET_NO_NEW_PRIVS`` and resource limits, and keep only the descriptors that they need.
+The launcher enters a memory cgroup, unshares namespaces and, in its own mount namespace, builds a new root that
+holds only the allow-list of :mod:`.rootfs` (read-only) and a private tmpfs working directory, then enters it with
+``pivot_root`` (where the root cannot be built: every host mount read-only, directories the sandbox uids cannot
+traverse hidden, and a warning). init is PID 1 of the new PID namespace, mounts a private ``/proc`` (``hidepid=2``:
+a sandbox uid sees only its own processes), starts the children, reaps them and reports their exit statuses on the
+private meta pipe. Both children drop to their own unprivileged uid with ``PR_SET_NO_NEW_PRIVS`` and resource
+limits, and keep only the descriptors that they need.
 """
 
 from __future__ import annotations
@@ -254,8 +256,12 @@ def build_root(libc, spec: dict, active: list[str], fs: list[str], warnings: lis
                 with open(f"{root}/etc/{name}", "w") as f:
                     f.write(text)
         _makedirs(root, "/dev/shm")
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             if not os.path.lexists(f"{root}/dev/{name}"):
                 os.symlink(target, f"{root}/dev/{name}")
         _mount(libc, "tmpfs", f"{root}/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, _shm_options(spec))
@@ -267,8 +273,6 @@ def build_root(libc, spec: dict, active: list[str], fs: list[str], warnings: lis
         for path in reversed(writable):
             _mount(libc, None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     except OSError as exc:
-        if os.getcwd() != "/":
-            os.chdir("/")
         libc.umount2(os.fsencode(root), _MNT_DETACH)  # drops every mount made above
         return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
     how = _enter_root(libc, root)  # past this point a failure is a set-up error, not a fallback

@@ -126,9 +126,7 @@ class _Plan:
             self.expose(os.path.join(sys.prefix, "pyvenv.cfg"), "file")
         bases = [p for p in {sys.base_prefix, sys.base_exec_prefix} if p]
         stdlib = [os.path.dirname(os.__file__)]
-        stdlib += [
-            p for p in sys.path if p and not _is_site(p) and any(_under(os.path.abspath(p), b) for b in bases)
-        ]
+        stdlib += [p for p in sys.path if p and not _is_site(p) and any(_under(os.path.abspath(p), b) for b in bases)]
         for path in stdlib:
             real = self.expose(path)
             if real is None or not os.path.isdir(real):
@@ -218,9 +216,7 @@ class _Plan:
         masks = {m for m in self.masks if m not in self.binds and nearest(m, self.masks) == "bind"}
         out = [["mask", m, None] for m in masks]
         out += [[kind, p, None] for p, kind in self.binds.items() if nearest(p, masks) != "bind"]
-        out += [
-            ["link", p, t] for p, t in self.links.items() if p not in self.binds and nearest(p, masks) != "bind"
-        ]
+        out += [["link", p, t] for p, t in self.links.items() if p not in self.binds and nearest(p, masks) != "bind"]
         out.sort(key=lambda e: e[1].split("/"))
         return out
 
@@ -326,27 +322,21 @@ def _elf_interpreter(path: str) -> str | None:
             head = f.read(64)
             if head[:4] != b"\x7fELF":
                 return None
-            wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
-            if wide:
-                phoff, phentsize, phnum = struct.unpack(order + "Q", head[32:40])[0], *struct.unpack(
-                    order + "HH", head[54:58]
-                )
-            else:
-                phoff, phentsize, phnum = struct.unpack(order + "I", head[28:32])[0], *struct.unpack(
-                    order + "HH", head[42:46]
-                )
+            order = "<" if head[5] == 1 else ">"
+            if head[4] == 2:  # 64-bit: e_phoff at 32, e_phentsize/e_phnum at 54; p_offset at 8, p_filesz at 32
+                (phoff,) = struct.unpack(order + "Q", head[32:40])
+                phentsize, phnum = struct.unpack(order + "HH", head[54:58])
+                entry = order + "I4xQ16xQ"
+            else:  # 32-bit: e_phoff at 28, e_phentsize/e_phnum at 42; p_offset at 4, p_filesz at 16
+                (phoff,) = struct.unpack(order + "I", head[28:32])
+                phentsize, phnum = struct.unpack(order + "HH", head[42:46])
+                entry = order + "II8xI"
             for k in range(phnum):
                 f.seek(phoff + k * phentsize)
-                ph = f.read(phentsize)
-                if struct.unpack(order + "I", ph[:4])[0] != 3:  # PT_INTERP
-                    continue
-                offset, size = (
-                    struct.unpack(order + "QQ", ph[8:16] + ph[32:40])
-                    if wide
-                    else struct.unpack(order + "II", ph[4:8] + ph[16:20])
-                )
-                f.seek(offset)
-                return f.read(size).rstrip(b"\0").decode() or None
+                kind, offset, size = struct.unpack(entry, f.read(struct.calcsize(entry)))
+                if kind == 3:  # PT_INTERP
+                    f.seek(offset)
+                    return f.read(size).rstrip(b"\0").decode() or None
     except (OSError, struct.error, UnicodeDecodeError):
         return None
     return None
