@@ -409,3 +409,21 @@ def test_plan_without_ldd(allowlisted, monkeypatch):
     monkeypatch.setattr(sandbox_host, "root_plan", lambda packages: plan)
     r = run_python("import json, decimal, ctypes, sqlite3, zlib\nprint(json.dumps([1]))")
     assert r.passed and r.stdout == "[1]\n" and "allowlist_root" in r.isolation, r.stderr
+
+
+def test_fallback_when_the_root_cannot_be_built_is_not_silent(allowlisted, monkeypatch, caplog):
+    """A root that cannot be built (here: an allowed path that vanished) falls back to the read-only host view,
+    and says so: no allowlist_root in the isolation report, and a warning."""
+    from trl_multiagent.sandbox import rootfs
+
+    plan = rootfs.root_plan(())
+    missing = f"/nonexistent-{secrets.token_hex(4)}"
+    broken = dict(plan, entries=sorted([*plan["entries"], ["dir", missing, None]], key=lambda e: e[1].split("/")))
+    monkeypatch.setattr(sandbox_host, "root_plan", lambda packages: broken)
+    sandbox_host._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_multiagent.sandbox"):
+        r = run_python("import os\nprint(os.path.isdir('/sys'))")
+    assert r.passed and r.stdout == "True\n"  # the host's tree, read-only
+    assert "allowlist_root" not in r.isolation and "ro_mounts" in r.isolation
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert any("allow-listed file system unavailable" in m and missing in m for m in messages), messages
