@@ -15,10 +15,12 @@ and ``ratio`` = median(new) / median(old).
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +41,7 @@ def load_old(ref: str):
     """The implementation of commit ``ref`` as a module (``old_sandbox``). It runs its own files as the launcher
     and the worker, so they live in a directory that the sandbox uids can read."""
     folder = tempfile.mkdtemp(prefix="sandbox-old-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.chmod(folder, 0o755)
     if _git("cat-file", "-t", f"{ref}:trl_multiagent/sandbox").strip() == "tree":  # a package
         path = os.path.join(folder, "old_sandbox")
