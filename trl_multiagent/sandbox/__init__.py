@@ -6,9 +6,9 @@ carrying plain data, and alone decides and reports the verdicts. See ``docs/sand
 threat model.
 
 Modules: :mod:`.config` (public data types), :mod:`.api` (entry points), :mod:`.host` (the caller's side of a run),
-:mod:`.launcher` (namespaces, mounts, cgroups, init, privilege dropping), :mod:`.harness` (the worker),
-:mod:`.judge` (the judge), :mod:`.channel` (wire formats); ``__main__.py`` is the script that the sandbox's own
-processes run.
+:mod:`.rootfs` (the allow-list of the sandbox's file system), :mod:`.launcher` (namespaces, mounts, the new root,
+cgroups, init, privilege dropping), :mod:`.harness` (the worker), :mod:`.judge` (the judge), :mod:`.channel` (wire
+formats); ``__main__.py`` is the script that the sandbox's own processes run.
 """
 
 from .api import humaneval_tests, probe_isolation, run_many, run_python, run_tests

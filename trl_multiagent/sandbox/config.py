@@ -59,6 +59,12 @@ class SandboxConfig:
             can access each other's files, so the pool is preferred.
         uid_range: ``(first, count)`` of the uid pool leased to concurrent runs (no passwd entries are needed); a
             :func:`run_tests` run leases two, one for the program and one for its judge.
+        allowed_packages: names of importable top-level packages (``"numpy"``) that the code may import besides the
+            standard library. The sandbox's file system is an allow-list (with a mount namespace): the interpreter,
+            its shared libraries, the standard library, these packages (each one's directory, ``<name>.libs`` and
+            ``.dist-info``, located with ``importlib.util.find_spec`` in the caller) and the working directory; no
+            other installed package, nor anything else of the host, is visible. Dependencies of a package are not
+            added: list them too (``("pandas", "numpy", "dateutil", "pytz", "six")``).
         env: extra environment variables for the code.
         base_dir: where the (host-side) working directories are created; ``None``: the system temp dir.
     """
@@ -82,6 +88,7 @@ class SandboxConfig:
     uid_range: tuple[int, int] = (1_900_000_000, 1024)
     env: dict[str, str] = field(default_factory=dict)
     base_dir: str | None = None
+    allowed_packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.startup_timeout_s <= 0:
@@ -99,6 +106,12 @@ class SandboxConfig:
             unknown = set(self.namespaces) - set(NAMESPACES)
             if unknown:
                 raise ValueError(f"unknown namespaces {sorted(unknown)}; choose from {NAMESPACES}")
+        if isinstance(self.allowed_packages, str):
+            raise ValueError("allowed_packages must be a sequence of package names, not one string")
+        self.allowed_packages = tuple(self.allowed_packages)
+        bad = [p for p in self.allowed_packages if not isinstance(p, str) or not p.isidentifier()]
+        if bad:
+            raise ValueError(f"allowed_packages must be top-level package names (like 'numpy'), got {bad}")
         if self.uid_range[1] < 1 or self.uid_range[0] < 1:
             raise ValueError("uid_range must be (first_uid >= 1, count >= 1)")
 

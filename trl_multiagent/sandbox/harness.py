@@ -71,6 +71,7 @@ def _read_job(payload_fd: int) -> dict:
 def _prepare(job: dict, block_net: bool) -> dict:
     """The interpreter state the untrusted code starts from; returns the ``__main__`` namespace."""
     sys.path[:] = [p for p in sys.path if p not in ("", _HERE)]
+    sys.path += [p for p in job.get("path", ()) if type(p) is str and p not in sys.path]  # allowed packages
     sys.argv = ["<program>"]
     if block_net:
         sys.addaudithook(_block_network)

@@ -14,6 +14,7 @@ import time
 
 from .config import TEST_STATUSES, SandboxConfig, SandboxError, SandboxResult, TestOutcome
 from .launcher import cgroup_paths
+from .rootfs import root_plan
 from .uids import UidLease, sweep_uid
 
 logger = logging.getLogger("trl_multiagent.sandbox")
@@ -176,6 +177,11 @@ def execute(job: dict, cfg: SandboxConfig, tests: dict | None) -> SandboxResult:
     nonce = secrets.token_hex(16)
     clean = False  # True once the run ended normally inside a PID namespace (nothing can be left over)
     privileged = os.geteuid() == 0
+    namespaces = list(cfg.namespace_names) if privileged else []
+    root = root_plan(cfg.allowed_packages) if "mnt" in namespaces else None  # the allow-listed file system
+    for note in root["notes"] if root else ():
+        _warn_once(f"sandbox file system: {note}")
+    job = dict(job, path=root["paths"] if root else [])  # where the allowed packages are, for sys.path
     leases: list[UidLease] = []
     uid = judge_uid = None
     if privileged and cfg.drop_privileges:
@@ -229,7 +235,7 @@ def execute(job: dict, cfg: SandboxConfig, tests: dict | None) -> SandboxResult:
                 "cwd": "/",
                 "keep": [to_judge_r, to_worker_w, res_w, judge_payload],
                 "args": [to_judge_r, to_worker_w, res_w, judge_payload],
-                "sitepath": [p for p in _site_paths() if os.path.isdir(p)],
+                "sitepath": [p for p in _site_paths() if os.path.isdir(p)] + job["path"],
             }
             child_fds += [
                 meta_w,
@@ -245,7 +251,8 @@ def execute(job: dict, cfg: SandboxConfig, tests: dict | None) -> SandboxResult:
         mem = None if cfg.memory_mb is None else cfg.memory_mb << 20
         spec = {
             "host_pid": os.getpid(),
-            "namespaces": list(cfg.namespace_names) if privileged else [],
+            "namespaces": namespaces,
+            "root": root,
             "network": cfg.network,
             "workdir": workdir,
             "disk_mb": cfg.disk_mb,

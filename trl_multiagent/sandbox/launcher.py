@@ -3,11 +3,13 @@
 ``host`` ──Popen──> ``launcher`` (root, ``python -s -S -P __main__.py _launch <spec>``) ──fork──> ``init``
 ──fork──> ``worker`` (exec: :mod:`.harness`) and, for tests, ──fork──> ``judge`` (no exec: :mod:`.judge`).
 
-The launcher enters a memory cgroup, unshares namespaces, makes every mount read-only in its own mount namespace,
-mounts a private tmpfs working directory and hides directories the sandbox uids cannot traverse; init is PID 1 of
-the new PID namespace, mounts a private ``/proc`` (``hidepid=2``: a sandbox uid sees only its own processes), starts
-the children, reaps them and reports their exit statuses on the private meta pipe. Both children drop to their own
-unprivileged uid with ``PR_SET_NO_NEW_PRIVS`` and resource limits, and keep only the descriptors that they need.
+The launcher enters a memory cgroup, unshares namespaces and, in its own mount namespace, builds a new root that
+holds only the allow-list of :mod:`.rootfs` (read-only) and a private tmpfs working directory, then enters it with
+``pivot_root`` (where the root cannot be built: every host mount read-only, directories the sandbox uids cannot
+traverse hidden, and a warning). init is PID 1 of the new PID namespace, mounts a private ``/proc`` (``hidepid=2``:
+a sandbox uid sees only its own processes), starts the children, reaps them and reports their exit statuses on the
+private meta pipe. Both children drop to their own unprivileged uid with ``PR_SET_NO_NEW_PRIVS`` and resource
+limits, and keep only the descriptors that they need.
 """
 
 from __future__ import annotations
@@ -101,7 +103,23 @@ def _first_blocked_ancestor(path: str) -> str | None:
     return None
 
 
-def _setup_filesystem(libc, spec: dict, fs: list[str], warnings: list[str]) -> None:
+def _setup_filesystem(libc, spec: dict, active: list[str], fs: list[str], warnings: list[str]) -> None:
+    """The allow-listed root where it can be built; otherwise the host's mounts, read-only (with a warning)."""
+    if spec.get("root") is not None:
+        problem = build_root(libc, spec, active, fs, warnings)
+        if problem is None:
+            return
+        warnings.append(
+            f"allow-listed file system unavailable ({problem}); falling back to read-only host mounts: "
+            "the program can read every host file that its uid may read"
+        )
+    else:
+        warnings.append("no allow-listed file system requested: the program can read every host file its uid may read")
+    _readonly_host(libc, spec, fs, warnings)
+
+
+def _readonly_host(libc, spec: dict, fs: list[str], warnings: list[str]) -> None:
+    """The fallback view: the host's own tree, every mount read-only, untraversable directories masked."""
     # 1. every mount read-only (per-mount flags of this namespace's copies: the host is unaffected)
     failed = []
     for point in _mount_points():
@@ -137,29 +155,149 @@ def _setup_filesystem(libc, spec: dict, fs: list[str], warnings: list[str]) -> N
     # 3. a private /dev/shm (the host's is read-only now)
     if os.path.isdir("/dev/shm"):
         try:
-            _mount(
-                libc,
-                "tmpfs",
-                "/dev/shm",
-                "tmpfs",
-                _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                f"size={spec['shm_mb']}m,mode=1777",
-            )
+            _mount(libc, "tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, _shm_options(spec))
             fs.append("private_shm")
         except OSError as exc:
             warnings.append(f"private /dev/shm: {exc.strerror}")
     # 4. the working directory: a size-limited tmpfs owned by the sandbox uid (nothing reaches the host's disk)
+    _mount_workdir(libc, spec, spec["workdir"])
+    fs.append("tmpfs_workdir")
+
+
+def _shm_options(spec: dict) -> str:
+    return f"size={spec['shm_mb']}m,mode=1777"
+
+
+def _mount_workdir(libc, spec: dict, target: str) -> None:
     uid = spec["worker"]["uid"]
     owner = "" if uid is None else f",uid={uid},gid={uid}"
-    _mount(
-        libc,
-        "tmpfs",
-        spec["workdir"],
-        "tmpfs",
-        _MS_NOSUID | _MS_NODEV,
-        f"size={spec['disk_mb']}m,nr_inodes=4096,mode=0700{owner}",
-    )
-    fs.append("tmpfs_workdir")
+    options = f"size={spec['disk_mb']}m,nr_inodes=4096,mode=0700{owner}"
+    _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+
+
+# pivot_root(2) has no libc wrapper; its number per architecture (os.uname().machine)
+_SYS_PIVOT_ROOT = {
+    "x86_64": 155,
+    "aarch64": 41,
+    "arm64": 41,
+    "riscv64": 41,
+    "loongarch64": 41,
+    "ppc64le": 203,
+    "ppc64": 203,
+    "s390x": 217,
+    "i686": 217,
+    "i386": 217,
+    "armv7l": 218,
+}
+_MNT_DETACH = 2
+
+
+def _makedirs(root: str, path: str) -> None:
+    """Create ``root + path`` and its missing parents. Only ever called for parents that are directories of
+    tmpfs mounts made here (the plan's paths are real paths: no symbolic link is followed on the host)."""
+    os.makedirs(root + path, mode=0o755, exist_ok=True)
+
+
+def _bind_ro(libc, source: str, target: str, nodev: bool = True) -> None:
+    _mount(libc, source, target, None, _MS_BIND)  # not recursive: mounts below ``source`` stay hidden
+    flags = os.statvfs(target).f_flag
+    keep = (flags & _KEEP_MOUNT_FLAGS) | (_MS_RELATIME if flags & _ST_RELATIME else 0)
+    extra = _MS_NODEV if nodev else 0
+    _mount(libc, None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | extra | keep)
+
+
+def _passwd(spec: dict) -> tuple[str, str]:
+    users = [("root", 0, "/")]
+    if spec["worker"]["uid"] is not None:
+        users.append(("sandbox", spec["worker"]["uid"], spec["workdir"]))
+    if spec["judge"] and spec["judge"]["uid"] is not None:
+        users.append(("judge", spec["judge"]["uid"], "/"))
+    passwd = "".join(f"{n}:x:{u}:{u}:{n}:{h}:/usr/sbin/nologin\n" for n, u, h in users)
+    group = "".join(f"{n}:x:{u}:\n" for n, u, _ in users)
+    return passwd, group
+
+
+def build_root(libc, spec: dict, active: list[str], fs: list[str], warnings: list[str]) -> str | None:
+    """Build the sandbox's root from the allow-list (:mod:`.rootfs`) and enter it; returns why not, or ``None``.
+
+    A small tmpfs, mounted on the run's host-side working directory (any empty directory would do), gets an empty
+    directory or file for each allowed path, the host's path bind-mounted on it (not recursively) and made read-only
+    at once; symbolic links are re-created; ``mask`` entries get an empty tmpfs. Then ``/etc/passwd`` and
+    ``/etc/group`` (root and the run's uids only), ``/dev`` (four device nodes, ``fd``/``stdin``/... links, a private
+    ``/dev/shm``), an empty ``/proc`` (init mounts its own), and the working directory (a tmpfs of ``disk_mb``) are
+    added, everything but the working directory and ``/dev/shm`` becomes read-only, and ``pivot_root`` makes it the
+    root of this mount namespace; the host's tree is detached from it. Until then nothing is written outside the
+    tmpfs mounts made here (every bind is read-only before anything below it is created)."""
+    root = spec["workdir"]
+    try:
+        _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=2048,mode=0755")
+    except OSError as exc:
+        return f"tmpfs root: {exc.strerror}"
+    writable = [root]  # tmpfs mounts made here, read-only at the end
+    try:
+        for kind, path, target in spec["root"]["entries"]:
+            dest = root + path
+            if kind == "link":
+                _makedirs(root, os.path.dirname(path))
+                os.symlink(target, dest)
+            elif kind == "mask":
+                _mount(libc, "tmpfs", dest, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,nr_inodes=256,mode=0755")
+                writable.append(dest)
+            else:
+                _makedirs(root, os.path.dirname(path))
+                if kind == "dir":
+                    os.mkdir(dest, 0o755)
+                else:
+                    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+                _bind_ro(libc, path, dest, nodev=kind != "dev")
+        _makedirs(root, "/etc")
+        for name, text in zip(("passwd", "group"), _passwd(spec)):
+            if not os.path.lexists(f"{root}/etc/{name}"):
+                with open(f"{root}/etc/{name}", "w") as f:
+                    f.write(text)
+        _makedirs(root, "/dev/shm")
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
+            if not os.path.lexists(f"{root}/dev/{name}"):
+                os.symlink(target, f"{root}/dev/{name}")
+        _mount(libc, "tmpfs", f"{root}/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, _shm_options(spec))
+        _makedirs(root, "/proc")
+        if "pid" not in active:  # no PID namespace, so init mounts no /proc: the host's, as before
+            _bind_ro(libc, "/proc", f"{root}/proc")
+        _makedirs(root, spec["workdir"])
+        _mount_workdir(libc, spec, root + spec["workdir"])
+        for path in reversed(writable):
+            _mount(libc, None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    except OSError as exc:
+        libc.umount2(os.fsencode(root), _MNT_DETACH)  # drops every mount made above
+        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+    how = _enter_root(libc, root)  # past this point a failure is a set-up error, not a fallback
+    fs += ["allowlist_root", "ro_mounts", "private_shm", "tmpfs_workdir"]
+    if how != "pivot_root":
+        warnings.append(how)
+    return None
+
+
+def _enter_root(libc, root: str) -> str:
+    """Make ``root`` this mount namespace's root: ``pivot_root``, detaching the host's tree; ``chroot`` where that
+    is refused (e.g. a root file system that is not a mount point): the host's tree then stays mounted but out of
+    reach of the unprivileged children."""
+    import ctypes
+
+    os.chdir(root)
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and libc.syscall(ctypes.c_long(number), b".", b".") == 0:
+        _check(libc, libc.umount2(b".", _MNT_DETACH), "detach the host's root")
+        os.chdir("/")
+        return "pivot_root"
+    err = ctypes.get_errno() if number is not None else 0
+    os.chroot(".")
+    os.chdir("/")
+    return f"pivot_root: {os.strerror(err) if err else 'unknown architecture'}; the allow-listed root is a chroot"
 
 
 def _isolate(spec: dict) -> tuple[list[str], list[str], list[str]]:
@@ -191,7 +329,12 @@ def _isolate(spec: dict) -> tuple[list[str], list[str], list[str]]:
                 warnings.append(f"cannot make mounts private ({exc.strerror}); no filesystem isolation")
                 active.remove("mnt")
             else:
-                _setup_filesystem(libc, spec, fs, warnings)
+                _setup_filesystem(libc, spec, active, fs, warnings)
+    if "mnt" not in active:
+        warnings.append(
+            "no mount namespace: no allow-listed file system; the program can read every host file that its uid "
+            "may read"
+        )
     uid = spec["worker"]["uid"]
     if "tmpfs_workdir" not in fs and uid is not None:
         os.chown(spec["workdir"], uid, uid)
