@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 import textwrap
 import time
@@ -162,7 +163,12 @@ def test_only_allowed_paths_are_visible(allowlisted):
     assert not any(seen["exists"].values()), seen["exists"]
     assert set(seen["etc"]) <= {"passwd", "group", "ld.so.cache", "localtime"}
     assert set(seen["dev"]) <= {"null", "zero", "random", "urandom", "shm", "fd", "stdin", "stdout", "stderr"}
-    assert seen["repo"] == ["trl_multiagent"] and seen["package"] == ["sandbox"]
+    # the project tree shows the sandbox's modules, and the venv folder when the interpreter lives in the tree (only
+    # its interpreter link and pyvenv.cfg are inside: "site" below checks that no installed package is there)
+    venv = Path(sys.prefix).resolve()
+    interpreter_dirs = {venv.relative_to(REPO_ROOT.resolve()).parts[0]} if venv.is_relative_to(REPO_ROOT.resolve()) \
+        else set()
+    assert set(seen["repo"]) == {"trl_multiagent"} | interpreter_dirs and seen["package"] == ["sandbox"]
     assert seen["site"] == []  # no installed package is importable
     # the host's /tmp shows the run's own working directory, and the folder of the sandbox's modules if under /tmp
     expected_tmp = {Path(seen["home"]).name} | {p.parts[2] for p in (SANDBOX_DIR.resolve(),) if p.parts[1] == "tmp"}
@@ -374,7 +380,9 @@ def test_plan_exposes_only_the_runtime():
     paths = {path: kind for kind, path, _ in plan["entries"]}
     bound = [p for p, kind in paths.items() if kind in ("dir", "file", "dev")]
     for p in bound:
-        assert not Path(p).is_relative_to(REPO_ROOT) or Path(p).is_relative_to(SANDBOX_DIR), p
+        venv = Path(sys.prefix)  # a venv inside the project tree: its pyvenv.cfg and interpreter link only
+        runtime = Path(p) in (venv / "pyvenv.cfg", Path(sys.executable)) or Path(p).parent == venv / "bin"
+        assert not Path(p).is_relative_to(REPO_ROOT) or Path(p).is_relative_to(SANDBOX_DIR) or runtime, p
         assert not any(part in ("site-packages", "dist-packages") for part in Path(p).parts), p
         assert not p.startswith(("/home/", "/sys/", "/proc/")), p
         assert not Path(p).is_relative_to(tempfile.gettempdir()) or Path(p).is_relative_to(SANDBOX_DIR.resolve()), p

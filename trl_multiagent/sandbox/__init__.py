@@ -7,7 +7,7 @@ threat model.
 
 Modules: :mod:`.config` (public data types), :mod:`.api` (entry points), :mod:`.host` (the caller's side of a run),
 :mod:`.rootfs` (the allow-list of the sandbox's file system), :mod:`.launcher` (namespaces, mounts, the new root,
-cgroups, init, privilege dropping), :mod:`.harness` (the worker), :mod:`.judge` (the judge), :mod:`.channel` (wire
+init, privilege dropping), :mod:`.cgroups` (the run's memory cgroup), :mod:`.harness` (the worker), :mod:`.judge` (the judge), :mod:`.channel` (wire
 formats); ``__main__.py`` is the script that the sandbox's own processes run.
 """
 

@@ -12,8 +12,8 @@ import signal
 import sys
 import time
 
+from .cgroups import cgroup_paths
 from .config import TEST_STATUSES, SandboxConfig, SandboxError, SandboxResult, TestOutcome
-from .launcher import cgroup_paths
 from .rootfs import root_plan
 from .uids import UidLease, sweep_uid
 
