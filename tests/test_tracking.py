@@ -1,5 +1,6 @@
-"""report_to: a tracking backend receives the team's metrics under per-agent names (tensorboard, read back from its
-event files)."""
+"""report_to: a tracking backend receives the team's metrics under per-agent names and the completions table, read
+back with the backend's own reader (tensorboard: its event files; trackio: its database; wandb: an offline run's
+transaction log)."""
 
 import json
 
@@ -104,8 +105,8 @@ def test_two_steps_with_trackio_offline_write_metrics_and_completions(tiny_ab_mo
 
 
 def test_wandb_gets_the_completions_table_of_its_run(monkeypatch):
-    """wandb is not installed in the test environment: a stand-in module records what log_to_trackers sends (a
-    Table built from the same DataFrame, with the step), and nothing is sent when wandb has no run."""
+    """log_to_trackers alone, with a stand-in wandb module: what it sends (a Table built from the same DataFrame, with
+    the step), and nothing when wandb has no run. The real wandb: the offline run test below."""
     import sys
     import types
 
@@ -128,3 +129,97 @@ def test_wandb_gets_the_completions_table_of_its_run(monkeypatch):
                                    "advantage/b", "reward", "score"]
     assert frame["completion/b"].tolist() == ["", "z"] and frame["advantage/a"].tolist() == [0.5, -0.5]
     assert frame.equals(completions_frame(rows, ["a", "b"]))
+
+
+TINY_RECIPE = "tests/configs/tiny_matrix_game.yaml"
+
+
+def wandb_inspect_json() -> list[str] | None:
+    """The command that prints an offline run's records as JSON lines with wandb's own reader (``wandb leet inspect
+    --json``: wandb-core reads the .wandb transaction log; the Python reader of older versions,
+    ``wandb.sdk.internal.datastore``, is not in wandb 0.31), or None when the installed wandb has no such command."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "wandb", "leet", "inspect"]
+    shown = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=60)
+    return command + ["--json"] if shown.returncode == 0 and "--json" in shown.stdout else None
+
+
+def test_two_steps_with_wandb_offline_log_every_metric_and_the_completions_table(tiny_ab_model, tmp_path):
+    """The CLI on the tiny matrix game with report_to wandb (offline: no network, no account) and log_completions:
+    read back from the run's .wandb file, every value of metrics.jsonl is in the run's history at its
+    train/global_step (transformers' end-of-training totals in its summary), and each step's completions table holds
+    exactly that step's rows of completions.jsonl."""
+    pytest.importorskip("wandb", reason="wandb is in the [tracking] extra (make install installs it)")
+    import os
+    import subprocess
+    import sys
+
+    from tests.cli_harness import ROOT
+
+    inspect = wandb_inspect_json()
+    if inspect is None:
+        pytest.skip("this wandb has no `wandb leet inspect --json` to read an offline run back")
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_CODE": "true",
+                 "WANDB_PROJECT": "team-test", "WANDB_DIR": str(tmp_path / "wandb_dir")}
+    for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        wandb_env[name] = str(tmp_path / name.lower())  # nothing written to ~/.cache or ~/.config
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(wandb_env, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "trl_multiagent", "train", "--config", TINY_RECIPE,
+                           "--model", tiny_ab_model, "--output_dir", str(run), "--max_steps", "2",
+                           "--report_to", "wandb", "--log_completions", "true", "--num_completions_to_print", "0"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "wandb_dir" / "wandb").glob("offline-run-*")
+    (log,) = run_dir.glob("*.wandb")
+    read = subprocess.run(inspect + [str(log)], env=env, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr[-3000:]
+    records = [json.loads(line) for line in read.stdout.splitlines() if line.strip()]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    summary: dict = {}
+    for r in records:
+        if r["type"] == "summary":
+            summary.update(r["summary"].get("update", {}))
+
+    # every metric of every logged step, under train/<key> in a history row of that train/global_step
+    logged: dict[tuple[int, str], object] = {}
+    for item in history:
+        for key, value in item.items():
+            if key.startswith("train/") and key != "train/global_step":
+                logged[(int(item["train/global_step"]), key[len("train/"):])] = value
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "reward" in m] == [1, 2]
+    totals = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+    per_agent = set()
+    for m in metrics:
+        for key, value in m.items():
+            if key == "step":
+                continue
+            if key in totals:  # transformers' WandbCallback puts the end-of-training totals in the run summary
+                assert summary[key] == value, key
+            else:
+                assert logged.get((m["step"], key)) == value, (m["step"], key, logged.get((m["step"], key)), value)
+                per_agent.update({key} if key.startswith(("agent/", "policy/")) else set())
+    assert {"agent/agent1/reward", "agent/agent2/reward", "policy/agent1/grad_norm",
+            "policy/agent2/grad_norm"} <= per_agent
+
+    # the completions table of each step: the file the history row points to, row for row completions.jsonl
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    tables = {int(item["train/global_step"]): item for item in history if item.get("completions._type") == "table-file"}
+    assert sorted(tables) == [1, 2]
+    for step, item in tables.items():
+        table = json.loads((run_dir / "files" / item["completions.path"]).read_text())
+        mine = [r for r in rows if r["step"] == step]
+        components = list(mine[0]["components"])
+        assert table["columns"] == ["step", "episode", "turn", "task", "completion/agent1", "advantage/agent1",
+                                    "completion/agent2", "advantage/agent2", "reward", *components]
+        assert item["completions.nrows"] == len(mine) == len(table["data"])
+        for got, want in zip(table["data"], mine):
+            assert got == [want["step"], want["episode"], want["turn"], want["task"],
+                           want["completions"]["agent1"], want["advantages"]["agent1"],
+                           want["completions"]["agent2"], want["advantages"]["agent2"], want["reward"],
+                           *(want["components"][c] for c in components)]
