@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast test-vllm bench lint clean
+.PHONY: install demo test test-fast test-vllm bench lint clean recipe-fields
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-fast: install
 
 bench: install
 	$(BIN)/python benchmarks/bench.py
+
+# every trainer's recipe fields for the command line (--help without torch): after changing a config field, the
+# command line, or the versions of TRL / transformers (tests/test_cli_startup.py says when it is stale)
+recipe-fields: install
+	$(BIN)/python -m trl_multiagent.recipe_fields --write
 
 lint: install
 	$(BIN)/ruff check trl_multiagent recipes rewards tests benchmarks

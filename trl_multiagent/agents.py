@@ -47,11 +47,10 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
 )
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .teacher_forcing import completion_outputs, hidden_forward
-from .utils import available_memory
+from .utils import QUANTIZATIONS, available_memory  # noqa: F401  (QUANTIZATIONS re-exported)
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATIONS = (None, "4bit")
 #: Whether a 4-bit base computes with a de-quantised copy of its frozen weights (``AgentPool.dense_copy_of``).
 DENSE_COPY = ("auto", "always", "never")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")

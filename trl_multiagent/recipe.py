@@ -25,11 +25,13 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .agents import QUANTIZATIONS, AgentSpec, check_team
 from .errors import RecipeError  # noqa: F401  (re-exported)
-from .utils import import_object
+from .utils import QUANTIZATIONS, import_object
+
+if TYPE_CHECKING:  # the command line reads this module without importing torch (trl_multiagent/recipe_fields.py)
+    from .agents import AgentSpec
 
 logger = logging.getLogger(__name__)
 
@@ -334,6 +336,8 @@ def environment_factory(recipe: RecipeArguments):
 
 def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]:
     """AgentSpecs from the recipe (defaults: one agent per role), checked against the environment's roles."""
+    from .agents import AgentSpec, check_team
+
     if recipe.policy_mapping not in ("specialized", "shared"):
         raise RecipeError(f"policy_mapping must be 'specialized' or 'shared', got {recipe.policy_mapping!r}")
     entries = recipe.agents or [{"name": r} for r in roles]

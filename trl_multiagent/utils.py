@@ -14,6 +14,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+#: The quantizations an agent's base model may have: none (full precision) or 4-bit (QLoRA). Kept here, with no
+#: import of torch, for the checks of a recipe (:mod:`trl_multiagent.agents` re-exports it).
+QUANTIZATIONS = (None, "4bit")
+
 #: ``"path/to/file.py:name"``: a Python file (loaded by its path) and a name in it; the colon before the name is the
 #: last one of the string.
 _FILE_SPEC = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_]\w*)$")
