@@ -248,3 +248,12 @@ def test_a_fresh_interpreter_answers_help_and_recipe_errors_without_torch(snapsh
                     "light = 'torch' not in sys.modules\nfrom trl_multiagent import AgentSpec\n"
                     "print(json.dumps({'light': light, 'lazy': AgentSpec.__module__}))")
     assert package == {"light": True, "lazy": "trl_multiagent.agents"}
+
+
+def test_a_fault_of_the_file_leaves_the_answer_to_the_classes(snapshot, monkeypatch):
+    """A snapshot that cannot be read as expected (a bug, a hand-edited file) never decides anything: the classes do."""
+    broken = dict(snapshot, parsers={})
+    monkeypatch.setattr(recipe_fields, "current", lambda: broken)
+    monkeypatch.delitem(sys.modules, "trl_multiagent.trainers")  # as in a fresh process, where the file is read
+    recipe, config, _ = cli.parse_recipe(["--config", TINY_RECIPE, "--output_dir", "/tmp/unused-output"])
+    assert recipe.environment == "matrix_game" and config.num_generations == 4

@@ -150,7 +150,7 @@ def _recipe_parser_class() -> type:
         def config_hints(self) -> dict[str, Any]:
             return _hints(self.config_class)
 
-    RecipeParser.__module__ = __name__
+    RecipeParser.__module__, RecipeParser.__qualname__ = __name__, "RecipeParser"
     return RecipeParser
 
 
@@ -227,6 +227,11 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
                 _parse(argv, yaml_text, prog, snapshot)
             except recipe_fields.Undecided:
                 pass  # a value the file cannot decide: the classes will
+            except RecipeError:
+                raise
+            except Exception:  # noqa: BLE001 - never the recipe's fault: the classes answer instead
+                logging.getLogger(__name__).debug("the recipe fields' file failed; importing the classes",
+                                                  exc_info=True)
     return _parse(argv, yaml_text, prog)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import RecipeError  # noqa: F401  (re-exported)
+from .errors import TASK_ID_FIELDS, RecipeError  # noqa: F401  (RecipeError re-exported)
 from .utils import QUANTIZATIONS, import_object
 
 if TYPE_CHECKING:  # the command line reads this module without importing torch (trl_multiagent/recipe_fields.py)
@@ -439,8 +439,6 @@ def check_rows_fit(probe, data, name: str, max_rows: int = 4) -> None:
 #: The names the environments give their held-out split of generated tasks (each accepts exactly one of them), in
 #: the order they are tried: ``make_dataset(split="eval")`` first, ``"test"`` when that raises ``ValueError``.
 HELD_OUT_SPLITS = ("eval", "test")
-#: Fields that name a task rather than describe it: two rows that differ only in them are the same task.
-_ID_FIELDS = ("task_id", "id")
 
 
 def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, generated: bool = False):
@@ -456,7 +454,7 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
     loads.
 
     Fewer tasks than asked are never silent: a split with fewer rows than ``num_tasks`` is used whole (truncated) and
-    a split whose rows repeat a task (equal rows but for ``task_id`` / ``id``) is used as it is, each copy counting
+    a split whose rows repeat a task (rows equal but for their id fields, ``id``, ``task_id``, ...) is used as it is, each copy counting
     in the means; both log a warning that says so (:func:`warn_about_held_out_tasks`).
     """
     env_cls = resolve_environment(recipe.environment)
@@ -523,7 +521,7 @@ def warn_about_held_out_tasks(data, num_tasks: int | None, name: str) -> None:
                        "0), but %s has only %d: the evaluation uses those %d (truncated, nothing repeated)", num_tasks,
                        name, rows, rows)
     used = data if num_tasks is None or rows <= num_tasks else data.select(range(num_tasks))
-    keys = [json.dumps({k: v for k, v in dict(row).items() if k not in _ID_FIELDS}, sort_keys=True, default=str)
+    keys = [json.dumps({k: v for k, v in dict(row).items() if k not in TASK_ID_FIELDS}, sort_keys=True, default=str)
             for row in used]
     distinct = len(set(keys))
     if distinct < len(keys):
