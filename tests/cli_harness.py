@@ -3,8 +3,9 @@ child per command (its own pid, stdout, stderr and exit code, as a new process w
 error cases cost milliseconds each instead of the seconds torch, transformers and TRL take to import.
 
 The child runs the command as Python would: ``python -m trl_multiagent ...`` through ``runpy.run_module`` and
-``python recipes/x.py ...`` through ``runpy.run_path``, with ``sys.argv`` set; an uncaught exception prints its
-traceback to stderr and exits 1, ``SystemExit`` exits with its code.
+``python recipes/x.py ...`` through ``runpy.run_path``, with ``sys.argv`` set and the folders of a ``PYTHONPATH``
+given in the command's ``env`` on ``sys.path``; an uncaught exception prints its traceback to stderr and exits 1,
+``SystemExit`` exits with its code.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ for line in sys.stdin:
             os.dup2(out, 1); os.dup2(err, 2)
             os.environ.update(req["env"])
             os.chdir(req["cwd"])
+            # as a new interpreter would: the folders of a PYTHONPATH given to this command go on sys.path
+            sys.path[:0] = [os.path.abspath(p) for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
             sys.argv = [req["target"], *req["args"]]
             try:
                 if req["target"].endswith(".py"):

@@ -308,6 +308,18 @@ def test_train_evaluates_before_and_after_and_writes_the_results(cli, tiny_ab_mo
         assert set(team[key]) == {"mean", "ci95"} and len(team[key]["ci95"]) == 2
     assert (out / "report.md").read_text().count("| team |") >= 2 and (out / "reward_curve.png").is_file()
     assert json.loads((out / "run_status.json").read_text())["status"] == "finished"
+    # what the team wrote on the held-out tasks, per stage: one row per response, its step's reward alongside
+    per_task = [json.loads(line) for line in (out / "eval_per_task.jsonl").read_text().splitlines()]
+    for stage in ("before", "after"):
+        texts = [json.loads(line) for line in (out / f"eval_texts_{stage}.jsonl").read_text().splitlines()]
+        assert texts and all({"method", "task_id", "sample", "turn", "agent", "text", "reward"} <= set(t)
+                              and isinstance(t["text"], str) for t in texts)
+        assert {t["task_id"] for t in texts} == set(ev["task_ids"]) and {t["sample"] for t in texts} == {0, 1}
+        assert {t["agent"] for t in texts} == {"agent1", "agent2"} and {t["method"] for t in texts} == {"team"}
+        for row in (r for r in per_task if r["stage"] == stage and r["method"] == "team"):
+            mine = [t for t in texts if t["task_id"] == row["task_id"] and t["agent"] == "agent1"]
+            returns = [sum(t["reward"] for t in mine if t["sample"] == s) for s in (0, 1)]
+            assert abs(sum(returns) / 2 - row["return"]) < 1e-9  # the texts' rewards make the evaluated return
 
     kept = (out / "summary.json").read_bytes()
     assert_clean_error(cli(args), "finished run", "--overwrite_output_dir true")
@@ -316,6 +328,8 @@ def test_train_evaluates_before_and_after_and_writes_the_results(cli, tiny_ab_mo
     assert again.returncode == 0, again.output[-4000:]
     replaced = json.loads((out / "summary.json").read_text())
     assert replaced["global_step"] == 1 and set(replaced["evaluation"]["stages"]) == {"after"}
+    # no text of the replaced run passes for this one's
+    assert (out / "eval_texts_after.jsonl").is_file() and not (out / "eval_texts_before.jsonl").exists()
 
 
 def test_max_steps_zero_evaluates_the_untrained_team_only(cli, tiny_ab_model, tmp_path):

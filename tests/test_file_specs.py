@@ -4,6 +4,7 @@ root (trl_multiagent/utils.py: import_object, anchor_file_specs)."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from trl_multiagent.cli import parse_recipe
 from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.errors import RecipeError
-from trl_multiagent.recipe import environment_factory
+from trl_multiagent.recipe import environment_factory, resolve_environment
 from trl_multiagent.recipe_files import read_recipe_file
 from trl_multiagent.utils import anchor_file_specs, import_object, load_file_module
 
@@ -154,3 +155,54 @@ def test_environment_and_function_environment_from_files(tmp_path, monkeypatch):
     _, _, probe = environment_factory(recipe)
     probe.reset({"word": "yo"})
     assert probe.step({"a": "yo", "b": "no"}).local_rewards == {"a": 1.0}
+
+
+def test_a_module_that_does_not_import_says_how_to_make_it_importable(tmp_path, monkeypatch):
+    """'module:Class' whose module is not on sys.path: the error names PYTHONPATH and the file form, with the
+    field's own kind of example (an environment class for environment, not a reward function)."""
+    write(tmp_path / "envs" / "secret_sum.py", "class SecretSumEnv:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("secret_sum", "here"):  # imported below: absent now, and as they were after the test
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError) as info:
+        import_object("secret_sum:SecretSumEnv", "environment")
+    message = str(info.value)
+    assert message.startswith("Cannot import environment 'secret_sum:SecretSumEnv': no module named 'secret_sum' on "
+                              "the Python path")
+    assert "PYTHONPATH" in message and "environment: 'path/to/secret_sum.py:SecretSumEnv'" in message
+    assert "reward" not in message
+    with pytest.raises(RecipeError, match=r"no module named 'secret_sum'.*PYTHONPATH"):
+        resolve_environment("secret_sum:SecretSumEnv")
+    # beside the current directory: the error names the very file
+    write(tmp_path / "here.py", "class HereEnv:\n    pass\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(ImportError, match=r"environment: 'here\.py:HereEnv' \(that file is in the current "
+                                          r"directory\)"):
+        import_object("here:HereEnv", "environment")
+    # on PYTHONPATH (sys.path), the same spec imports
+    monkeypatch.syspath_prepend(str(tmp_path / "envs"))
+    assert import_object("secret_sum:SecretSumEnv", "environment").__name__ == "SecretSumEnv"
+    assert resolve_environment("secret_sum:SecretSumEnv").__name__ == "SecretSumEnv"
+
+
+def test_a_module_that_fails_or_lacks_the_name(tmp_path, monkeypatch):
+    write(tmp_path / "mods" / "needs_more.py", "import no_such_package_here\n")
+    write(tmp_path / "mods" / "broken_env.py", "X = 1\nY = undefined_name\n")
+    write(tmp_path / "mods" / "pkg" / "__init__.py", "")
+    write(tmp_path / "mods" / "some_env.py", "class MyEnv:\n    pass\ndef helper():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    with pytest.raises(ImportError, match=r"module 'needs_more' fails to import \(needs_more\.py, line 1\): "
+                                          r"ModuleNotFoundError: No module named 'no_such_package_here'"):
+        import_object("needs_more:Env", "environment")
+    with pytest.raises(ImportError, match=r"module 'broken_env' fails to import \(broken_env\.py, line 2\): "
+                                          r"NameError"):
+        import_object("broken_env:Env", "environment")
+    with pytest.raises(ImportError, match=r"package 'pkg' \(.*pkg\) has no module 'missing'"):
+        import_object("pkg.missing:Env", "environment")
+    with pytest.raises(ImportError, match=r"module 'some_env' \(.*some_env\.py\) defines no 'MyEnvv' \(it defines: "
+                                          r"MyEnv, helper\)"):
+        import_object("some_env:MyEnvv", "environment")
+    with pytest.raises(ValueError, match=r"must look like .*\(e\.g\. 'my_package\.my_env:MyEnv' or "
+                                         r"'envs/my_env\.py:MyEnv'\)"):
+        import_object("some_env.MyEnv", "environment")

@@ -362,3 +362,50 @@ def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
     assert run.evaluator.name == expected and run.tasks and run.stages_planned
     if "task_id" in run.dataset.column_names and "task_id" in run.tasks[0]:  # never a training task
         assert not {str(t["task_id"]) for t in run.tasks} & {str(t) for t in run.dataset["task_id"]}
+
+
+def test_a_held_out_file_shorter_than_asked_or_repeating_a_task_is_said(tmp_path, caplog):
+    """A held-out file with fewer rows than eval_num_problems is used whole, with a warning that says so; rows that
+    repeat a task (equal but for the id) are kept, with a warning that counts them."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="trl_multiagent.recipe")
+    rows = [{"id": f"q{i}", "question": f"What is {i % 2} + 1?", "answer": str(i % 2 + 1)} for i in range(3)]
+    train_file, eval_file = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train_file.write_text(json.dumps(rows[0]) + "\n")
+    eval_file.write_text("\n".join(json.dumps(r) for r in rows))
+    recipe, config = load_recipe(["--environment", "math_debate", "--dataset", str(train_file),
+                                  "--eval_dataset_split", str(eval_file), "--output_dir", str(tmp_path)])
+    assert len(held_out_tasks(recipe, config, 8)) == 3
+    assert f"8 held-out tasks were asked for (eval_num_problems, or the evaluator's default when it is 0), but the " \
+           f"file {eval_file} has only 3: the evaluation uses those 3 (truncated, nothing repeated)" in caplog.text
+    assert f"the file {eval_file} has only 2 distinct tasks among the 3 held-out tasks evaluated" in caplog.text
+    caplog.clear()
+    assert len(held_out_tasks(recipe, config, 2)) == 2  # the first two differ: nothing to say
+    assert caplog.text == ""
+
+
+def test_a_make_dataset_without_a_held_out_split_is_one_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "envs.py").write_text(
+        "from datasets import Dataset\n"
+        "from trl_multiagent.environments import Environment\n"
+        "class NoSplit(Environment):\n"
+        "    agents = ('a',)\n"
+        "    @classmethod\n"
+        "    def make_dataset(cls, num_tasks, seed=0):\n"
+        "        return Dataset.from_list([{'x': i} for i in range(num_tasks)])\n"
+        "class TrainOnly(NoSplit):\n"
+        "    @classmethod\n"
+        "    def make_dataset(cls, num_tasks, seed=0, split='train'):\n"
+        "        if split != 'train':\n"
+        "            raise ValueError(f'no split {split!r} here')\n"
+        "        return super().make_dataset(num_tasks, seed)\n")
+    monkeypatch.chdir(tmp_path)
+    recipe, config = load_recipe(["--environment", "envs.py:NoSplit", "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(RecipeError, match=r"NoSplit\.make_dataset takes no split argument, so it has no held-out "
+                                          r"split"):
+        held_out_tasks(recipe, config, 4)
+    recipe, config = load_recipe(["--environment", "envs.py:TrainOnly", "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(RecipeError, match=r"accepts none of the held-out splits \('eval', 'test'\) \(split='eval': "
+                                          r"no split 'eval' here; split='test': no split 'test' here\)"):
+        held_out_tasks(recipe, config, 4)

@@ -47,11 +47,10 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
 )
 from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
 from .teacher_forcing import completion_outputs, hidden_forward
-from .utils import total_memory
+from .utils import QUANTIZATIONS, total_memory  # noqa: F401  (QUANTIZATIONS re-exported)
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATIONS = (None, "4bit")
 #: Whether a 4-bit base computes with a de-quantised copy of its frozen weights (``AgentPool.dense_copy_of``).
 DENSE_COPY = ("auto", "always", "never")
 #: Whether generation computes a base's frozen linears with oneDNN-packed weights (``AgentPool.packs_weights``).

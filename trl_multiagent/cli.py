@@ -14,6 +14,12 @@ Every error before training (a bad value, file, environment argument, team, data
 checkpoint; a model that is not available here) ends the command with ONE line ``<prog>: error: <message>`` on
 stderr and exit code 2, without a traceback (set ``TRL_MULTIAGENT_TRACEBACK=1`` to see one). Nothing is written
 before these checks pass, so no earlier result is touched.
+
+The config classes extend TRL's ``GRPOConfig``, and importing them imports torch (10-20 s). ``--help`` and the errors
+of the recipe file, the trainer's name, unknown keys, value types and the recipe's own fields are answered from
+:mod:`~trl_multiagent.recipe_fields` (every trainer's parser actions and field types, in a file) without that
+import, in a fraction of a second; the errors of the config's values (``num_generations: 0``), of the environment,
+the team, the data, the output directory and the model need the classes and take the import.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 import sys
@@ -28,8 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trl import TrlParser
-
+from . import recipe_fields
 from .errors import TRACEBACK_ENV, RecipeError, UserCodeError, fail_command, pre_training_errors
 from .recipe import RecipeArguments, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
 from .recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
@@ -50,46 +56,13 @@ output_dir is never overwritten silently: a directory that holds a finished or r
 pass --overwrite_output_dir true to replace its results."""
 
 
-class RecipeParser(TrlParser):
-    """TRL's parser over the recipe fields and one trainer's config fields.
+class _RecipeParserBase:
+    """What :class:`RecipeParser` and :class:`SnapshotParser` share: the defaults shown in the help, the one-line
+    errors and the reading of a command line. Each sets ``trainer``, ``field_names`` and ``shown_defaults``."""
 
-    Values are kept as given (strings from the command line, YAML values from the file) and checked by
-    :func:`~trl_multiagent.recipe.coerce_value`, so that every message names the field and its source; argparse
-    supplies the help, the flags' forms (``--bf16`` alone means true, ``--no_<flag>``) and the lists' ``nargs``.
-    """
-
-    def __init__(self, trainer: str = DEFAULT_TRAINER, prog: str = f"{PROG} train"):
-        registry = _trainer_registry()
-        if trainer not in registry:
-            raise RecipeError(_unknown_trainer(trainer, registry))
-        self.trainer = trainer
-        self.config_class = registry[trainer][0]
-        epilog = (f"Trainers: {', '.join(sorted(registry))}; `--trainer NAME --help` lists that trainer's config "
-                  f"fields (shown here: {trainer}, {self.config_class.__name__}).")
-        super().__init__([RecipeArguments, self.config_class], prog=prog, usage=USAGE, description=_DESCRIPTION,
-                         epilog=epilog, allow_abbrev=False, formatter_class=_HelpFormatter)
-        self.add_argument("--config", metavar="RECIPE.yaml", default=argparse.SUPPRESS,
-                          help="The recipe: a YAML mapping of the fields below (the command line overrides it).")
-        self.field_names = set(_fields(RecipeArguments)) | set(_fields(self.config_class))
-        self.shown_defaults: dict[str, Any] = {}
-        for action in self._actions:
-            if action.dest in self.field_names:
-                self.shown_defaults.setdefault(action.dest, action.default)
-                action.type = None  # raw values: coerce_value checks them against the field's type
-                action.required = False
-                action.default = argparse.SUPPRESS  # only what the command line gives comes back from parsing
-        self.shown_defaults["output_dir"] = "outputs/<environment>"
-
-    def _add_dataclass_arguments(self, dtype) -> None:
-        """One argument group per dataclass (the recipe's, then the trainer config's)."""
-        title = getattr(dtype, "_argument_group_name", None) or \
-            f"{self.trainer} trainer ({dtype.__name__}): how to train"
-        group = self.add_argument_group(title)
-        hints = _hints(dtype)
-        for f in dataclasses.fields(dtype):
-            if f.init:
-                f.type = hints[f.name]
-                self._parse_dataclass_field(group, f)
+    trainer: str
+    field_names: set[str]
+    shown_defaults: dict[str, Any]
 
     def show_file_defaults(self, values: dict[str, Any]) -> None:
         """Show the recipe's values as the defaults in ``--help``."""
@@ -121,6 +94,88 @@ class RecipeParser(TrlParser):
             raise RecipeError(f"command line: unexpected argument {token!r} (options look like --field value)")
         values = vars(namespace)
         return values.pop("config", None), values
+
+
+def _add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="RECIPE.yaml", default=argparse.SUPPRESS,
+                        help="The recipe: a YAML mapping of the fields below (the command line overrides it).")
+
+
+@functools.cache
+def _recipe_parser_class() -> type:
+    """:class:`RecipeParser`, defined on first use: it is a ``trl.TrlParser``, and importing TRL imports torch."""
+    from trl import TrlParser
+
+    class RecipeParser(_RecipeParserBase, TrlParser):
+        """TRL's parser over the recipe fields and one trainer's config fields.
+
+        Values are kept as given (strings from the command line, YAML values from the file) and checked by
+        :func:`~trl_multiagent.recipe.coerce_value`, so that every message names the field and its source; argparse
+        supplies the help, the flags' forms (``--bf16`` alone means true, ``--no_<flag>``) and the lists' ``nargs``.
+        """
+
+        def __init__(self, trainer: str = DEFAULT_TRAINER, prog: str = f"{PROG} train"):
+            registry = _trainer_registry()
+            if trainer not in registry:
+                raise RecipeError(_unknown_trainer(trainer, registry))
+            self.trainer = trainer
+            self.config_class = registry[trainer][0]
+            epilog = (f"Trainers: {', '.join(sorted(registry))}; `--trainer NAME --help` lists that trainer's config "
+                      f"fields (shown here: {trainer}, {self.config_class.__name__}).")
+            super().__init__([RecipeArguments, self.config_class], prog=prog, usage=USAGE, description=_DESCRIPTION,
+                             epilog=epilog, allow_abbrev=False, formatter_class=_HelpFormatter)
+            _add_config_argument(self)
+            self.field_names = set(_fields(RecipeArguments)) | set(_fields(self.config_class))
+            self.shown_defaults: dict[str, Any] = {}
+            for action in self._actions:
+                if action.dest in self.field_names:
+                    self.shown_defaults.setdefault(action.dest, action.default)
+                    action.type = None  # raw values: coerce_value checks them against the field's type
+                    action.required = False
+                    action.default = argparse.SUPPRESS  # only what the command line gives comes back from parsing
+            self.shown_defaults["output_dir"] = "outputs/<environment>"
+
+        def _add_dataclass_arguments(self, dtype) -> None:
+            """One argument group per dataclass (the recipe's, then the trainer config's)."""
+            title = getattr(dtype, "_argument_group_name", None) or \
+                f"{self.trainer} trainer ({dtype.__name__}): how to train"
+            group = self.add_argument_group(title)
+            hints = _hints(dtype)
+            for f in dataclasses.fields(dtype):
+                if f.init:
+                    f.type = hints[f.name]
+                    self._parse_dataclass_field(group, f)
+
+        @property
+        def config_hints(self) -> dict[str, Any]:
+            return _hints(self.config_class)
+
+    RecipeParser.__module__, RecipeParser.__qualname__ = __name__, "RecipeParser"
+    return RecipeParser
+
+
+class SnapshotParser(_RecipeParserBase, argparse.ArgumentParser):
+    """:class:`RecipeParser` rebuilt from :mod:`~trl_multiagent.recipe_fields`' file: the same actions in the same
+    groups, so the same help and the same reading of a command line, without importing the config classes."""
+
+    def __init__(self, trainer: str, snapshot: dict[str, Any], prog: str = f"{PROG} train"):
+        if trainer not in snapshot["trainers"]:
+            raise RecipeError(_unknown_trainer(trainer, snapshot["trainers"]))
+        entry = snapshot["parsers"][trainer]
+        super().__init__(prog=prog, usage=USAGE, description=_DESCRIPTION, epilog=entry["epilog"], allow_abbrev=False,
+                         formatter_class=_HelpFormatter)
+        recipe_fields.add_actions(self, snapshot, trainer)
+        _add_config_argument(self)
+        self.trainer = trainer
+        self.field_names = set(entry["field_names"])
+        self.shown_defaults = dict(entry["shown_defaults"])
+        self.config_hints = recipe_fields.config_hints(snapshot, trainer)
+
+
+def __getattr__(name: str):
+    if name == "RecipeParser":
+        return _recipe_parser_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -158,9 +213,36 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
     """``(RecipeArguments, trainer config, the given values)`` from a command line (and/or a YAML text).
 
     ``-h``/``--help`` prints the help of the chosen trainer and exits. Nothing is loaded.
+
+    While the config classes are not imported yet, the fields' file (:mod:`~trl_multiagent.recipe_fields`), where it
+    is current, answers ``--help`` and finds the errors it can decide (the recipe file, the trainer, unknown keys,
+    value types, the recipe fields' values) without importing them; the classes are imported to build the config,
+    and every check runs again there, as it always did.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    registry = _trainer_registry()
+    if "trl_multiagent.trainers" not in sys.modules:
+        snapshot = recipe_fields.current()
+        if snapshot is not None:
+            try:
+                _parse(argv, yaml_text, prog, snapshot)
+            except recipe_fields.Undecided:
+                pass  # a value the file cannot decide: the classes will
+            except RecipeError:
+                raise
+            except Exception:  # noqa: BLE001 - never the recipe's fault: the classes answer instead
+                logging.getLogger(__name__).debug("the recipe fields' file failed; importing the classes",
+                                                  exc_info=True)
+    try:
+        return _parse(argv, yaml_text, prog)
+    finally:  # the classes are imported now (for help and errors too): a missing or stale snapshot is written
+        if "trl_multiagent.trainers" in sys.modules:
+            recipe_fields.refresh()
+
+
+def _parse(argv: list[str], yaml_text: str | None, prog: str, snapshot: dict[str, Any] | None = None):
+    """:func:`parse_recipe`'s steps. With ``snapshot``, the trainers and their fields come from the fields' file, the
+    environment is left alone, and it stops before building the config (returns ``None``)."""
+    trainers = snapshot["trainers"] if snapshot is not None else _trainer_registry()
     wants_help = any(t in ("-h", "--help") for t in argv)
     config_path = _config_on_command_line(argv)
     source, file_values = "command line", {}
@@ -178,30 +260,33 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
         raise RecipeError(f"{source} is a config of the train-verifier command (command: train-verifier), not a "
                           f"training recipe: run python -m trl_multiagent train-verifier --config {source}")
     trainer = _trainer_on_command_line(argv) or file_values.get("trainer") or DEFAULT_TRAINER
-    if not isinstance(trainer, str) or trainer not in registry:
+    if not isinstance(trainer, str) or trainer not in trainers:
         raise RecipeError(f"{'command line' if _trainer_on_command_line(argv) else source}: "
-                          f"{_unknown_trainer(trainer, registry)}")
-    parser = RecipeParser(trainer, prog=prog)
+                          f"{_unknown_trainer(trainer, trainers)}")
+    parser = SnapshotParser(trainer, snapshot, prog) if snapshot is not None else \
+        _recipe_parser_class()(trainer, prog=prog)
     if wants_help:
         parser.show_file_defaults(file_values)
         parser.print_help()
         parser.exit(0)
-    apply_env_block(file_values, source)
+    apply_env_block(file_values, source, set_variables=snapshot is None)
     _, cli_values = parser.parse_command_line(argv)
-    hints = {**_hints(parser.config_class), **_hints(RecipeArguments)}
+    hints = {**parser.config_hints, **_hints(RecipeArguments)}
     merged: dict[str, Any] = {}
     for origin, values in ((source, file_values), ("command line", cli_values)):
         for key, value in values.items():
             if key not in parser.field_names:
                 raise RecipeError(unknown_key_message(key, parser.field_names, origin))
             merged[key] = coerce_value(key, value, hints.get(key, Any), origin)
-    recipe_fields = _fields(RecipeArguments)
+    recipe_fields_ = _fields(RecipeArguments)
     merged["trainer"] = trainer
     try:
-        recipe = RecipeArguments(**{k: v for k, v in merged.items() if k in recipe_fields})
+        recipe = RecipeArguments(**{k: v for k, v in merged.items() if k in recipe_fields_})
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{source}: {exc}") from exc
-    config_kwargs = {k: v for k, v in merged.items() if k not in recipe_fields}
+    if snapshot is not None:
+        return None
+    config_kwargs = {k: v for k, v in merged.items() if k not in recipe_fields_}
     config_kwargs.setdefault("output_dir", f"outputs/{recipe.environment}")
     try:
         config = parser.config_class(**config_kwargs)
@@ -246,8 +331,6 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
 
     ``expect`` (e.g. ``{"trainer": "mhgpo"}``) holds recipe values a recipe script insists on.
     """
-    from .runner import Run
-
     argv = list(argv)
     if not argv:
         print(_usage(prog), file=sys.stderr)
@@ -261,6 +344,8 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
             if getattr(recipe, key) != wanted:
                 raise RecipeError(f"{script or prog} runs {key} {wanted!r}, the recipe names {getattr(recipe, key)!r}"
                                   f"; use `{PROG} train` for any recipe")
+        from .runner import Run
+
         command = " ".join([_launcher(script), *argv])
         run = Run(recipe, config, given, command=command)
         run.prepare()

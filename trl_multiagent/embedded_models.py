@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from .utils import cache_dir
+
 if TYPE_CHECKING:  # imported lazily at run time: transformers is slow to import
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -105,17 +107,6 @@ class ModelNotFoundError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------------------
 # Cache
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """Root of the trl-multiagent cache: ``$TRL_MULTIAGENT_CACHE`` if set, else ``~/.cache/trl_multiagent``.
-
-    The directory is not created here; :func:`ensure_embedded_checkpoint` creates what it needs.
-    """
-    env = os.environ.get("TRL_MULTIAGENT_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "trl_multiagent"
 
 
 def embedded_checkpoint_dir(name: str) -> Path:

@@ -32,10 +32,13 @@ def fail_command(prog: str, exc: BaseException) -> int:
 
 
 def pre_training_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean "this command cannot run as given", reported by :func:`fail_command`."""
-    from .models import ModelNotFoundError
+    """The exception types that mean "this command cannot run as given", reported by :func:`fail_command`.
 
-    return (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError, ModelNotFoundError)
+    ``ModelNotFoundError`` is among them once its module is loaded (before, nothing can have raised it, and loading
+    it would import torch)."""
+    kinds: tuple[type[BaseException], ...] = (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError)
+    models = sys.modules.get("trl_multiagent.embedded_models")
+    return kinds + ((models.ModelNotFoundError,) if models is not None else ())
 
 
 class UserCodeError(RuntimeError):

@@ -19,16 +19,21 @@ import dataclasses
 import difflib
 import functools
 import json
+import logging
 import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .agents import QUANTIZATIONS, AgentSpec, check_team
-from .errors import RecipeError  # noqa: F401  (re-exported)
-from .utils import import_object
+from .errors import TASK_ID_FIELDS, RecipeError  # noqa: F401  (RecipeError re-exported)
+from .utils import QUANTIZATIONS, import_object
+
+if TYPE_CHECKING:  # the command line reads this module without importing torch (trl_multiagent/recipe_fields.py)
+    from .agents import AgentSpec
+
+logger = logging.getLogger(__name__)
 
 #: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
 EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion")
@@ -331,6 +336,8 @@ def environment_factory(recipe: RecipeArguments):
 
 def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]:
     """AgentSpecs from the recipe (defaults: one agent per role), checked against the environment's roles."""
+    from .agents import AgentSpec, check_team
+
     if recipe.policy_mapping not in ("specialized", "shared"):
         raise RecipeError(f"policy_mapping must be 'specialized' or 'shared', got {recipe.policy_mapping!r}")
     entries = recipe.agents or [{"name": r} for r in roles]
@@ -429,7 +436,8 @@ def check_rows_fit(probe, data, name: str, max_rows: int = 4) -> None:
                               f"({type(exc).__name__}: {exc}); check the types of its values") from exc
 
 
-#: The names the environments give their held-out split of generated tasks (each accepts exactly one of them).
+#: The names the environments give their held-out split of generated tasks (each accepts exactly one of them), in
+#: the order they are tried: ``make_dataset(split="eval")`` first, ``"test"`` when that raises ``ValueError``.
 HELD_OUT_SPLITS = ("eval", "test")
 
 
@@ -437,12 +445,17 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
     """The held-out tasks of a recipe's evaluation, at most ``num_tasks`` of them (``None``: all), as a ``Dataset``.
 
     For ``dataset: generated`` (or ``eval_dataset_split: generated``, or ``generated=True`` when the evaluation has
-    its own held-out split and the recipe names none) they are the environment's generated held-out split: ``eval``
-    or ``test``, whichever its ``make_dataset`` accepts; each environment draws it from a seed stream that never
-    yields a training task (tested per environment). For a hub or file dataset they are the rows of
-    ``eval_dataset_split``, loaded and transformed like the training data; the field is required there, so that a
-    hub-trained team is never silently scored on something else. Called before the trainer is built: a missing or
-    unavailable held-out split is reported before any model loads.
+    its own held-out split and the recipe names none) they are the environment's generated held-out split:
+    ``make_dataset(num_tasks=num_tasks, seed=config.seed, split="eval")``, or ``split="test"`` where ``"eval"`` raises
+    ``ValueError``; each environment draws it from a seed stream that never yields a training task (tested per
+    environment). For a hub or file dataset they are the rows of ``eval_dataset_split``, loaded and transformed like
+    the training data; the field is required there, so that a hub-trained team is never silently scored on something
+    else. Called before the trainer is built: a missing or unavailable held-out split is reported before any model
+    loads.
+
+    Fewer tasks than asked are never silent: a split with fewer rows than ``num_tasks`` is used whole (truncated) and
+    a split whose rows repeat a task (rows equal but for their id fields, ``id``, ``task_id``, ...) is used as it is, each copy counting
+    in the means; both log a warning that says so (:func:`warn_about_held_out_tasks`).
     """
     env_cls = resolve_environment(recipe.environment)
     if recipe.dataset == "generated" or recipe.eval_dataset_split == "generated" or \
@@ -450,12 +463,23 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
         make = getattr(env_cls, "make_dataset", None)
         if make is None:
             raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no generated held-out tasks")
+        if not _takes_keyword(make, "split"):
+            raise RecipeError(f"{env_cls.__name__}.make_dataset takes no split argument, so it has no held-out split: "
+                              f"give it one (make_dataset(cls, num_tasks, seed=0, split='train'), with 'eval' for the "
+                              f"held-out tasks), or set --evaluator none")
+        refusals = []
         for split in HELD_OUT_SPLITS:
             try:
-                return make(num_tasks=num_tasks, seed=config.seed, split=split)
-            except ValueError:
+                data = make(num_tasks=num_tasks, seed=config.seed, split=split)
+            except ValueError as exc:
+                refusals.append(f"split={split!r}: {exc}")
                 continue
-        raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS}")
+            logger.info("Held-out tasks: %s.make_dataset(num_tasks=%s, seed=%s, split=%r), %d rows", env_cls.__name__,
+                        num_tasks, config.seed, split, len(data))
+            warn_about_held_out_tasks(data, num_tasks, f"the generated split {split!r} of {env_cls.__name__}")
+            return data
+        raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS} "
+                          f"({'; '.join(refusals)})")
     if not recipe.eval_dataset_split:
         raise RecipeError(f"dataset {recipe.dataset!r} needs eval_dataset_split: its held-out split (e.g. 'test' or "
                           "'validation'), or 'generated' for the environment's generated held-out tasks (or "
@@ -467,10 +491,44 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
             raise RecipeError(f"dataset {recipe.dataset!r} is a file: eval_dataset_split must be another data file "
                               f"({', '.join(DATA_FILE_SUFFIXES)}) or 'generated', got {recipe.eval_dataset_split!r}")
         held_out = dataclasses.replace(recipe, dataset=recipe.eval_dataset_split)
+        name = f"the file {recipe.eval_dataset_split}"
     else:
         held_out = dataclasses.replace(recipe, dataset_split=recipe.eval_dataset_split)
+        name = f"the split {recipe.eval_dataset_split!r} of {recipe.dataset}"
     data = build_dataset(held_out, env_cls, config)
+    warn_about_held_out_tasks(data, num_tasks, name)
     return data if num_tasks is None else data.select(range(min(num_tasks, len(data))))
+
+
+def _takes_keyword(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call tell
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def warn_about_held_out_tasks(data, num_tasks: int | None, name: str) -> None:
+    """Log a warning when the held-out tasks are fewer than asked: fewer rows than ``num_tasks`` (the evaluation
+    uses them all, no more), or rows that repeat a task (the evaluation keeps every copy; a repeated task then
+    weighs more in the means and the intervals). Only the first ``num_tasks`` rows are looked at, as only they are
+    evaluated."""
+    rows = len(data)
+    if num_tasks is not None and rows < num_tasks:
+        logger.warning("%d held-out tasks were asked for (eval_num_problems, or the evaluator's default when it is "
+                       "0), but %s has only %d: the evaluation uses those %d (truncated, nothing repeated)", num_tasks,
+                       name, rows, rows)
+    used = data if num_tasks is None or rows <= num_tasks else data.select(range(num_tasks))
+    keys = [json.dumps({k: v for k, v in dict(row).items() if k not in TASK_ID_FIELDS}, sort_keys=True, default=str)
+            for row in used]
+    distinct = len(set(keys))
+    if distinct < len(keys):
+        logger.warning("%s has only %d distinct tasks among the %d held-out tasks evaluated (rows equal but for "
+                       "their id): the repeats are evaluated as they are, each copy counting in the means and the "
+                       "bootstrap intervals; lower eval_num_problems to %d, or make make_dataset draw distinct tasks",
+                       name, distinct, len(keys), distinct)
 
 
 def finish_distributed() -> None:

@@ -81,12 +81,15 @@ def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
     return loaded
 
 
-def apply_env_block(values: dict[str, Any], source: str) -> None:
-    """TRL's ``env:`` block: a mapping of environment variables set before anything else (removed from values)."""
+def apply_env_block(values: dict[str, Any], source: str, set_variables: bool = True) -> None:
+    """TRL's ``env:`` block: a mapping of environment variables set before anything else (removed from values;
+    ``set_variables=False`` only checks it)."""
     env = values.pop("env", None)
     if env is None:
         return
     if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
         raise RecipeError(f"{source}: 'env' must be a mapping of environment variables to plain values")
+    if not set_variables:
+        return
     for key, value in env.items():
         os.environ[str(key)] = str(value)

@@ -8,7 +8,8 @@ One :class:`Run` serves every trainer of the registry (it dispatches on ``traine
    directory and a resume checkpoint, then loads the models.
 3. :meth:`Run.execute` evaluates before training (when the recipe asks), trains, evaluates after training, and
    writes ``summary.json`` (the trainer's training summary plus ``evaluation``, the command, the wall time and the
-   recipe as given), ``report.md``, ``reward_curve.png`` and ``eval_per_task.jsonl``
+   recipe as given), ``report.md``, ``reward_curve.png``, ``eval_per_task.jsonl`` and the team's texts,
+   ``eval_texts_before.jsonl`` / ``eval_texts_after.jsonl``
    (:func:`~trl_multiagent.evaluation.report.write_run_outputs`, the one place that writes them).
 
 Evaluation runs on the main process with its own seeded random state, restored afterwards, so evaluating or not

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import threading
@@ -13,6 +14,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+#: The quantizations an agent's base model may have: none (full precision) or 4-bit (QLoRA). Kept here, with no
+#: import of torch, for the checks of a recipe (:mod:`trl_multiagent.agents` re-exports it).
+QUANTIZATIONS = (None, "4bit")
 
 #: ``"path/to/file.py:name"``: a Python file (loaded by its path) and a name in it; the colon before the name is the
 #: last one of the string.
@@ -30,8 +35,9 @@ def import_object(spec: str | Callable, what: str = "object") -> Any:
       The file is loaded once per process, as a module of its own with a name no other file gets; it is not put on
       ``sys.path``, so it imports installed packages (``trl_multiagent`` among them), not the files beside it.
 
-    Raises ``ImportError`` naming the spec: a missing module or file, a missing name (with the names the file
-    defines), or a file whose own code fails (the last line of its traceback and the line of the file).
+    Raises ``ImportError`` naming the spec: a module that is not on the Python path (with how to make it importable,
+    PYTHONPATH, or to name its file instead), a missing file, a missing name (with the names the module or file
+    defines), or a module or file whose own code fails (the last line of its traceback and the line of the file).
     """
     if callable(spec):
         return spec
@@ -42,15 +48,71 @@ def import_object(spec: str | Callable, what: str = "object") -> Any:
         return _file_object(Path(match["path"]), match["name"], spec, what)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{what} {spec!r} must look like 'package.module:name' or 'path/to/file.py:name'")
+        module_example, file_example = _examples(what)
+        raise ValueError(f"{what} {spec!r} must look like 'package.module:name' or 'path/to/file.py:name' (e.g. "
+                         f"{module_example!r} or {file_example!r})")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(
-            f"Cannot import {what} {spec!r}: {exc}. Name an importable module (e.g. "
-            "'trl_multiagent.environments.coding:LLMAdvisor'), a Python file (e.g. 'rewards/writing.py:tldr_reward') "
-            "or pass a callable."
-        ) from exc
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure of the module's own code is reported as one ImportError
+        raise ImportError(_module_error(spec, module_name, attr, what, exc)) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        where = f" ({module.__file__})" if getattr(module, "__file__", None) else ""
+        raise ImportError(f"Cannot import {what} {spec!r}: module {module_name!r}{where} defines no {attr!r} (it "
+                          f"defines: {', '.join(_defined_names(module)) or 'nothing callable'})") from None
+
+
+#: Examples of each field's two forms for the error messages (the generic pair for other fields).
+_EXAMPLES = {
+    "environment": ("my_package.my_env:MyEnv", "envs/my_env.py:MyEnv"),
+    "evaluator": ("my_package.my_eval:MyEvaluator", "evals/my_eval.py:MyEvaluator"),
+    "reward_fn": ("my_package.rewards:my_reward", "rewards/writing.py:tldr_reward"),
+    "dataset_transform": ("my_package.data:to_columns", "data/fix.py:to_columns"),
+}
+
+
+def _examples(what: str) -> tuple[str, str]:
+    return _EXAMPLES.get(what, ("package.module:name", "path/to/file.py:name"))
+
+
+def _defined_names(module: ModuleType) -> list[str]:
+    return sorted(k for k, v in vars(module).items()
+                  if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__)
+
+
+def _module_error(spec: str, module_name: str, attr: str, what: str, exc: BaseException) -> str:
+    """Why ``module_name`` does not import, and for a module that is not on the Python path, how to make it
+    importable (PYTHONPATH) or how to name its file instead."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    parts = module_name.split(".")
+    if missing and missing != parts[0] and any(missing == ".".join(parts[:i]) for i in range(2, len(parts) + 1)):
+        package = sys.modules.get(missing.rpartition(".")[0])
+        where = f" ({Path(package.__file__).parent})" if getattr(package, "__file__", None) else ""
+        return (f"Cannot import {what} {spec!r}: package {missing.rpartition('.')[0]!r}{where} has no module "
+                f"{missing.rpartition('.')[2]!r}")
+    if missing == parts[0]:
+        file_form = f"{'/'.join(parts)}.py:{attr}"
+        here = Path.cwd() / f"{'/'.join(parts)}.py"
+        named = f"'{file_form}' (that file is in the current directory)" if here.is_file() else \
+            f"'path/to/{file_form}'"
+        return (f"Cannot import {what} {spec!r}: no module named {missing!r} on the Python path (sys.path). Make "
+                f"it importable: put the folder that holds {parts[0]}{'/' if len(parts) > 1 else '.py'} on "
+                f"PYTHONPATH (PYTHONPATH=path/to/that/folder python -m trl_multiagent train ..., or before "
+                f"accelerate launch; `python -m` also looks in the current directory, a script such as "
+                f"recipes/magrpo.py looks in its own folder instead), or name the file itself: {what}: {named}")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_module_file(f.filename, parts)]
+    line = f", line {frames[-1].lineno}" if frames else ""
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        line = f", line {exc.lineno}"
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    where = f" ({Path(frames[-1].filename).name}{line})" if frames else ""
+    return f"Cannot import {what} {spec!r}: module {module_name!r} fails to import{where}: {last}"
+
+
+def _is_module_file(filename: str, parts: list[str]) -> bool:
+    path = Path(filename)
+    return path.stem == parts[-1] or (path.name == "__init__.py" and path.parent.name == parts[-1])
 
 
 def _file_object(path: Path, name: str, spec: str, what: str) -> Any:
@@ -58,10 +120,8 @@ def _file_object(path: Path, name: str, spec: str, what: str) -> Any:
     try:
         return getattr(module, name)
     except AttributeError:
-        defined = sorted(k for k, v in vars(module).items()
-                         if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__)
         raise ImportError(f"Cannot import {what} {spec!r}: {path} defines no {name!r} (it defines: "
-                          f"{', '.join(defined) or 'nothing callable'})") from None
+                          f"{', '.join(_defined_names(module)) or 'nothing callable'})") from None
 
 
 def load_file_module(path: str | Path, what: str = "file") -> ModuleType:
@@ -203,3 +263,14 @@ def progress_bar(label: str, unit: str, *extra_columns, **kwargs):
 
     return Progress(TextColumn(f"[bold]{label}"), BarColumn(bar_width=24), MofNCompleteColumn(), TextColumn(unit),
                     TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), *extra_columns, **kwargs)
+
+
+def cache_dir() -> Path:
+    """Root of the trl-multiagent cache: ``$TRL_MULTIAGENT_CACHE`` if set, else ``~/.cache/trl_multiagent``.
+
+    The directory is not created here (the embedded models and the recipe fields' snapshot create what they need).
+    """
+    env = os.environ.get("TRL_MULTIAGENT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "trl_multiagent"

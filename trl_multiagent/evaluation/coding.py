@@ -23,7 +23,7 @@ from ..environments.stepping import thread_map
 from ..metrics.at_k import KS, at_k_metrics
 from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
-from .episodes import by_task, play_episodes
+from .episodes import by_task, episode_texts, play_episodes
 
 BASELINES = PAIR_BASELINES
 #: Every method of the coding evaluation, the team first.
@@ -97,7 +97,7 @@ class CodingEvaluator(PairBaselinesEvaluator):
                     recs.append(coding_record(last.team_reward, last.info, coop))
                 records.append(recs)
             tokens = {a: [n for ep in episodes for n in ep.completion_tokens.get(a, [])] for a in ("aux", "main")}
-            return MethodOutput(records, self._details(records, num_samples, tokens))
+            return MethodOutput(records, self._details(records, num_samples, tokens), episode_texts(episodes))
         if method not in BASELINES:
             raise ValueError(f"the coding evaluation has the methods {list(METHODS)}, got {method!r}")
         return (yield from self._baseline(method, tasks, num_samples))

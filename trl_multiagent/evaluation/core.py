@@ -33,11 +33,14 @@ Records = list[list[dict[str, float]]]
 
 @dataclass
 class MethodOutput:
-    """What a program returns: ``records[task][sample] = {metric: value}`` and aggregates that are not means of
-    per-task values (``details``: e.g. pass@k for k > 1, transition fractions, per-turn means)."""
+    """What a program returns: ``records[task][sample] = {metric: value}``, aggregates that are not means of
+    per-task values (``details``: e.g. pass@k for k > 1, transition fractions, per-turn means) and, where the program
+    keeps them, the texts it generated (``texts``: one row per response, ``{"task": index, "sample", "turn",
+    "agent", "text", "reward", ...}``, see :func:`~trl_multiagent.evaluation.episodes.episode_texts`)."""
 
     records: Records
     details: dict[str, Any] = field(default_factory=dict)
+    texts: list[dict[str, Any]] = field(default_factory=list)
 
 
 Program = Generator[list[GenerationRequest], list[list[Generation]], MethodOutput]
@@ -51,6 +54,9 @@ class MethodResult:
     task_ids: list[str]
     samples: dict[str, list[list[float]]]
     details: dict[str, Any] = field(default_factory=dict)
+    #: The responses, one row each (``task_id``, ``sample``, ``turn``, ``agent``, ``text``, ``reward``, ...), where
+    #: the evaluator keeps them (the team's episodes); written to ``eval_texts_<stage>.jsonl``.
+    texts: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_output(cls, method: str, task_ids: Sequence[str], output: MethodOutput) -> MethodResult:
@@ -58,7 +64,9 @@ class MethodResult:
             raise ValueError(f"method {method!r} returned records for {len(output.records)} tasks, not {len(task_ids)}")
         names = list(dict.fromkeys(k for recs in output.records for r in recs for k in r))
         samples = {m: [[float(r[m]) for r in recs if m in r] for recs in output.records] for m in names}
-        return cls(method, list(task_ids), samples, dict(output.details))
+        texts = [{"task_id": task_ids[row["task"]], **{k: v for k, v in row.items() if k != "task"}}
+                 for row in output.texts]
+        return cls(method, list(task_ids), samples, dict(output.details), texts)
 
     @property
     def metrics(self) -> list[str]:

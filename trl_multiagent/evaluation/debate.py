@@ -26,7 +26,7 @@ from ..environments.debate import DebateEnv, TurnOutcome
 from ..metrics.debate import majority_vote_accuracy, transition_fractions
 from ..metrics.stats import mean
 from .core import TEAM, Evaluator, MethodOutput, Program
-from .episodes import by_task, play_episodes
+from .episodes import by_task, episode_texts, play_episodes
 
 
 @dataclass
@@ -119,7 +119,8 @@ class DebateEvaluator(Evaluator):
                 record.update({f"agent/{a}/alone": float(correct[i][0]) for i, a in enumerate(view.agents)})
                 recs.append(record)
             records.append(recs)
-        return MethodOutput(records, debate_metrics([views[id(ep)] for ep in episodes], self.num_turns))
+        return MethodOutput(records, debate_metrics([views[id(ep)] for ep in episodes], self.num_turns),
+                            episode_texts(episodes))
 
 
 def evaluate_debate(pool, env_factory: Callable[[], DebateEnv], tasks: Sequence[Mapping[str, Any]],

@@ -14,9 +14,10 @@ previous agent's action.
 * ``final/<name>``: every ``info`` value of the episode's last step (final-state metrics, e.g. StrBuild's IoU);
 * ``turns``: the turns played.
 
-Its details hold the means of every turn's team reward and ``info`` values. The headline metric is ``success``
-where the environment reports one, else ``return``. Decoding is greedy unless the recipe says otherwise (AT-GRPO
-validates greedily; CoLLM's agents act greedily after training).
+Every response is kept with its task, sample, turn, agent and the team reward of its step (:func:`episode_texts`)
+and written to ``eval_texts_<stage>.jsonl``. Its details hold the means of every turn's team reward and ``info``
+values. The headline metric is ``success`` where the environment reports one, else ``return``. Decoding is greedy
+unless the recipe says otherwise (AT-GRPO validates greedily; CoLLM's agents act greedily after training).
 """
 
 from __future__ import annotations
@@ -137,6 +138,23 @@ def episode_record(ep: PlayedEpisode) -> dict[str, float]:
     return record
 
 
+def episode_texts(episodes: Sequence[PlayedEpisode]) -> list[dict[str, Any]]:
+    """Every response of the episodes, one row each, in the order played: ``task`` (its index), ``sample``, ``turn``,
+    ``agent``, ``text``, ``reward`` (the team reward of the step that executed it), ``local_reward`` (where the
+    environment gave the agent one) and ``done`` (the step ended the episode)."""
+    rows = []
+    for ep in sorted(episodes, key=lambda e: (e.task, e.sample)):
+        for action, result, turn in zip(ep.actions, ep.steps, ep.turns_of_steps):
+            for agent, text in action.items():
+                row = {"task": ep.task, "sample": ep.sample, "turn": turn, "agent": agent, "text": text,
+                       "reward": float(result.team_reward)}
+                if result.local_rewards and agent in result.local_rewards:
+                    row["local_reward"] = float(result.local_rewards[agent])
+                row["done"] = bool(result.done)
+                rows.append(row)
+    return rows
+
+
 def per_turn_means(episodes: Sequence[PlayedEpisode]) -> dict[str, float]:
     """Means over the episodes that reached each turn: its team reward and ``info`` values."""
     out: dict[str, float] = {}
@@ -182,7 +200,8 @@ class EpisodeEvaluator(Evaluator):
                                             agent_order=self.agent_order)
         records = [[episode_record(ep) for ep in eps] for eps in by_task(episodes, len(tasks))]
         details = {"team_reward": mean([s.team_reward for ep in episodes for s in ep.steps])}
-        return MethodOutput(records, {**details, **per_turn_means(episodes), **token_means(episodes)})
+        return MethodOutput(records, {**details, **per_turn_means(episodes), **token_means(episodes)},
+                            episode_texts(episodes))
 
 
 def success_rate(pool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]], num_turns: int,

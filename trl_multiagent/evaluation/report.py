@@ -1,5 +1,6 @@
 """The results of an evaluation, in one place: the ``evaluation`` section of ``summary.json``, ``report.md``,
-``reward_curve.png`` and ``eval_per_task.jsonl``.
+``reward_curve.png``, ``eval_per_task.jsonl`` and what the team wrote, ``eval_texts_before.jsonl`` and
+``eval_texts_after.jsonl``.
 
 For every method and stage the section gives the mean of the headline metric over tasks with its 95% bootstrap
 interval; for the team the ``gain`` from before to after training, and ``gain_vs_best_baseline`` against the
@@ -27,6 +28,8 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 CURVE_FILE = "reward_curve.png"
 PER_TASK_FILE = "eval_per_task.jsonl"
+#: What the team wrote at each stage of the held-out evaluation: eval_texts_before.jsonl, eval_texts_after.jsonl.
+TEXTS_FILE = "eval_texts_{stage}.jsonl"
 
 METHOD_NAMES = {
     TEAM: "team",
@@ -122,8 +125,9 @@ def _samples_text(ev: Mapping[str, Any]) -> str:
 def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | None, run: Mapping[str, Any],
                       stages: Mapping[str, StageResult] | None = None) -> Path:
     """Add ``evaluation`` and the run's own entries (command, wall time, ...) to ``summary.json`` (the trainer's
-    training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png`` and the
-    per-task values. The one place where a run's results are written after training."""
+    training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png``, the
+    per-task values and the texts (:func:`write_texts`). The one place where a run's results are written after
+    training."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / SUMMARY_FILE
@@ -147,10 +151,31 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
                         row = {"stage": stage_name, "method": method, "task_id": task_id}
                         row.update({m: result.per_task(m)[i] for m in result.metrics})
                         handle.write(json.dumps(nan_to_none(row)) + "\n")
+    write_texts(out, stages or {})
     write_report(summary, out / REPORT_FILE)
     plot_reward_curve(out / "metrics.jsonl", out / CURVE_FILE, summary.get("evaluation"),
                       summary.get("global_step"))
     return path
+
+
+def write_texts(out: Path, stages: Mapping[str, StageResult]) -> list[Path]:
+    """``eval_texts_<stage>.jsonl`` for every stage whose methods kept their texts: one row per response, ``method``,
+    ``task_id``, ``sample``, ``turn``, ``agent``, ``text``, ``reward`` (the team reward of the step that executed it;
+    ``local_reward`` too where the environment gave one) and ``done``. A file of a stage this run did not evaluate is
+    removed, so that no text of an earlier run in ``output_dir`` passes for this run's."""
+    written = []
+    for stage in ("before", "after", *(s for s in stages if s not in ("before", "after"))):
+        path = out / TEXTS_FILE.format(stage=stage)
+        rows = [{"method": method, **row} for method, result in (stages[stage].methods.items() if stage in stages
+                                                                 else ()) for row in result.texts]
+        if not rows:
+            path.unlink(missing_ok=True)
+            continue
+        with path.open("w") as handle:
+            for row in rows:
+                handle.write(json.dumps(nan_to_none(row), default=str) + "\n")
+        written.append(path)
+    return written
 
 
 def _fmt(value: Any, ci: Any = None, signed: bool = False) -> str:

@@ -37,7 +37,7 @@ from ..environments.base import Environment
 from ..environments.stepping import reset_env
 from ..metrics.stats import mean
 from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
-from .episodes import by_task, play_episodes
+from .episodes import by_task, episode_texts, play_episodes
 
 BASELINES = PAIR_BASELINES
 #: Every method of the writing evaluation, the team first.
@@ -139,7 +139,7 @@ class WritingEvaluator(PairBaselinesEvaluator):
             records = [[self._score(ep.env, ep.actions[-1]) for ep in eps] for eps in by_task(episodes, len(tasks))]
             tokens = {a: [n for ep in episodes for n in ep.completion_tokens.get(a, [])] for a in (self.first,
                                                                                                self.second)}
-            return MethodOutput(records, self._details(tokens))
+            return MethodOutput(records, self._details(tokens), episode_texts(episodes))
         if method not in BASELINES:
             raise ValueError(f"the writing evaluation has the methods {list(METHODS)}, got {method!r}")
         return (yield from self._baseline(method, tasks, num_samples))

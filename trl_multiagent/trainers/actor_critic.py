@@ -294,6 +294,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     """
 
     _tag_names = ["trl", "trl-multiagent", "actor-critic", "collm-cc", "collm-dc"]
+    checks_learning_signal = False  # the TD-error advantages are computed in the update (learning_signal.py)
     _name = "CoLLM"
     _paper = {
         "title": "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic",

@@ -60,6 +60,7 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
 from .completions import append_rows, completion_rows, log_to_trackers, print_completions
+from .learning_signal import note_learning_signal
 from .outputs import check_checkpoint, check_output_dir, marked_running, write_run_status, write_summary
 from .sharding import (
     gathered_adapter_state,
@@ -285,6 +286,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def _rollout(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         experience = self.sample(tasks)
         self.assign_credit(experience)
+        note_learning_signal(self, experience)  # warns when no advantage is non-zero, rollout after rollout
         # vLLM's importance-sampling correction compares the trainer's log-probs with the engine's (as in TRL)
         need_old = (self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction)) and \
             any(s.old_logps is None for s in experience.samples)

@@ -105,7 +105,7 @@ class MultiAgentConfig(GRPOConfig):
                 "summation order). None: on, except under FSDP, where one pass per row is required (FSDP2 frees a "
                 "layer's gathered weights after each forward); true under FSDP is an error."})
     activation_checkpointing: bool | None = field(default=False, metadata={
-        "help": "Recompute activations in the backward pass to save memory (about 20% slower); off by default: "
+        "help": "Recompute activations in the backward pass to save memory (about a fifth slower); off by default: "
                 "turn it on only when memory needs it."})
     gradient_checkpointing: bool | None = field(default=None, metadata={
         "help": "transformers' deprecated alias of activation_checkpointing."})

@@ -219,6 +219,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
     """
 
     _tag_names = ["trl", "trl-multiagent", "maporl", "ppo"]
+    checks_learning_signal = False  # the advantages are per token (GAE), not Sample.advantage (learning_signal.py)
     _name = "MAPoRL"
     _paper = {
         "title": "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement "

@@ -1,0 +1,77 @@
+"""Helpers to test an environment with the library's samplers, without a model.
+
+:class:`ScriptedPool` stands where a team's :class:`~trl_multiagent.agents.AgentPool` stands and answers every prompt
+from a plain function, ``script(agent, prompt, k) -> text`` (``k``: which of the samples asked for at once), so that
+a test can drive :class:`~trl_multiagent.rollout.JointTreeSampler` (MAGRPO), :class:`~trl_multiagent.rollout.
+AgentTurnSampler` (AT-GRPO) or an evaluator through an environment with hand-written responses, in milliseconds::
+
+    from transformers import GenerationConfig
+
+    from trl_multiagent.rollout import JointTreeSampler
+    from trl_multiagent.testing import ScriptedPool
+
+    pool = ScriptedPool(["first", "second"], lambda agent, prompt, k: "7")
+    experience = JointTreeSampler(num_samples=2, num_turns=1).rollout(pool, MyEnv, [{"target": 14}],
+                                                                      GenerationConfig())
+
+The library's own tests use it too (``tests/fake_pool.py`` re-exports it). docs/guides/new_environment.md shows it
+in a test of an environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from .generation.requests import Generation, Prompt
+
+Script = Callable[[str, Prompt, int], str]
+
+
+class ScriptedPool:
+    """A stand-in for ``AgentPool`` that answers from ``script(agent, prompt, k) -> text`` and records every call.
+
+    Args:
+        agents: the agents' names, in the environment's order.
+        script: the response of ``agent`` to ``prompt`` (a string or chat messages, as the environment returned
+            it); ``k`` counts the samples asked for in one call, from 0.
+        policies: ``{agent: policy}`` (default: each agent its own policy, named after it).
+
+    Each response becomes a :class:`~trl_multiagent.generation.requests.Generation` whose token ids are placeholders
+    (one id per character of the text), so that lengths and the rollout statistics are defined.
+    """
+
+    def __init__(self, agents: Sequence[str], script: Script, policies: Mapping[str, str] | None = None):
+        self.agent_names = list(agents)
+        self.script = script
+        self.policies = dict(policies) if policies else {a: a for a in agents}
+        self.calls: list[tuple[str, int, int]] = []  # (agent, number of prompts, samples per prompt)
+
+    def policy_of(self, agent: str) -> str:
+        return self.policies[agent]
+
+    def generate(self, agent: str, prompts: Sequence[Prompt], num_samples: int, generation_config=None
+                 ) -> list[list[Generation]]:
+        """``num_samples`` scripted responses of ``agent`` to each prompt."""
+        self.calls.append((agent, len(prompts), num_samples))
+        out = []
+        for p in prompts:
+            group = []
+            for k in range(num_samples):
+                text = self.script(agent, p, k)
+                group.append(Generation(prompt_ids=[len(str(p))], completion_ids=[ord(c) for c in text] or [0],
+                                        text=text))
+            out.append(group)
+        return out
+
+    def generate_by_agent(self, prompts: Mapping[str, Sequence[Prompt]], num_samples: int, generation_config=None
+                          ) -> dict[str, list[list[Generation]]]:
+        """The team-level call of AgentPool, answered agent by agent (each recorded as one call)."""
+        return {agent: self.generate(agent, list(ps), num_samples, generation_config) for agent, ps in prompts.items()}
+
+    @property
+    def num_generations(self) -> int:
+        """Responses generated so far, over all calls."""
+        return sum(n * k for _, n, k in self.calls)
+
+
+__all__ = ["ScriptedPool"]
