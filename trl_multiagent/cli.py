@@ -236,7 +236,7 @@ def parse_recipe(argv: Sequence[str] | None = None, yaml_text: str | None = None
         return _parse(argv, yaml_text, prog)
     finally:  # the classes are imported now (for help and errors too): a missing or stale snapshot is written
         if "trl_multiagent.trainers" in sys.modules:
-            recipe_fields.refresh()
+            recipe_fields.refresh(_recipe_parser_class())
 
 
 def _parse(argv: list[str], yaml_text: str | None, prog: str, snapshot: dict[str, Any] | None = None):

@@ -15,8 +15,8 @@ The snapshot is used only when it matches this interpreter (Python's minor versi
 ``transformers``) and this package's sources that define the fields (:data:`SOURCES` and the files of every config
 class), hash by hash; otherwise everything is imported as before (the same answers, only slower), and the command
 line then writes a fresh snapshot (:func:`refresh`), so the next command is fast again: nothing to regenerate by hand
-after a field, the command line or a version changes. ``make install`` writes it once
-(``python -m trl_multiagent.recipe_fields --write``). ``tests/test_cli_startup.py`` checks that the snapshot's
+after a field, the command line or a version changes. ``make install`` writes it once (by asking for
+``python -m trl_multiagent train --help``). ``tests/test_cli_startup.py`` checks that the snapshot's
 answers are the classes' answers.
 """
 
@@ -34,7 +34,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +185,10 @@ class _UndecidedStrEnum(str, enum.Enum):
 
 
 # ------------------------------------------------------------------------------------------------------ writing
-def snapshot_of_parsers() -> dict[str, Any]:
-    """The snapshot of every trainer's parser, from the classes themselves (imports them all)."""
-    from . import cli
+def snapshot_of_parsers(parser_of: Callable[[str], argparse.ArgumentParser]) -> dict[str, Any]:
+    """The snapshot of every trainer's parser, from the classes themselves (imports them all); ``parser_of(trainer)``
+    builds a trainer's parser (:class:`~trl_multiagent.cli.RecipeParser`, passed in by the command line that owns
+    it)."""
     from .recipe import RecipeArguments, _hints, _trainer_registry
 
     registry = _trainer_registry()
@@ -195,7 +196,7 @@ def snapshot_of_parsers() -> dict[str, Any]:
     actions: dict[str, dict[str, Any]] = {}
     parsers = {}
     for trainer in sorted(registry):
-        parser = cli.RecipeParser(trainer)
+        parser = parser_of(trainer)
         groups = []
         for group in parser._action_groups:
             mine = [a for a in group._group_actions if a.dest in parser.field_names]
@@ -249,12 +250,12 @@ def _shown(value: Any) -> str:
     return value.__name__ if hasattr(value, "__name__") else str(value)
 
 
-def write(path: Path | None = None) -> Path:
+def write(parser_of: Callable[[str], argparse.ArgumentParser], path: Path | None = None) -> Path:
     """Write a fresh snapshot (atomically: a reader never sees half of one) to ``path`` (:func:`snapshot_path`)."""
     path = snapshot_path() if path is None else path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(snapshot_of_parsers(), indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(snapshot_of_parsers(parser_of), indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
     return path
 
@@ -262,7 +263,7 @@ def write(path: Path | None = None) -> Path:
 _refreshed = False
 
 
-def refresh() -> None:
+def refresh(parser_of: Callable[[str], argparse.ArgumentParser]) -> None:
     """Write a fresh snapshot where the current one is missing or stale (after the command line imported the config
     classes anyway). A cache that cannot be written only costs speed: it is logged, never raised."""
     global _refreshed
@@ -272,14 +273,8 @@ def refresh() -> None:
     if current() is not None:
         return
     try:
-        write()
+        write(parser_of)
     except Exception as exc:  # noqa: BLE001 - an unwritable cache must not stop the command
         logging.getLogger(__name__).info("could not write the recipe fields' snapshot to %s (%s); --help and recipe "
                                          "errors stay slow", snapshot_path(), exc)
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        print(f"usage: python -m trl_multiagent.recipe_fields --write   (writes {snapshot_path()})")
-        sys.exit(2)
-    print(f"wrote {write()}")
