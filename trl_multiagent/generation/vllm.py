@@ -319,7 +319,8 @@ class VLLMGenerationBackend:
         if self._stale:
             self.sync_adapters()
         pool = self.pool
-        encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
+        encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
+                   for r in requests]
         out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
         for key, idxs in requests_by_base(pool, requests).items():
             engine = self.engine(key)
