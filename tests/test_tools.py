@@ -116,6 +116,12 @@ def test_tools_are_checked_like_trl_tools():
         AgentSpec("solver", max_tool_calls_per_turn=-1)
 
 
+def test_an_agent_with_tools_needs_a_template_that_renders_them(printable_model):
+    with pytest.raises(ValueError, match="cannot render a tool exchange"):
+        AgentPool([AgentSpec("solver", model=printable_model, lora_r=4, tools=[add],
+                             chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")])
+
+
 def test_bad_calls_become_error_messages():
     tools = {"add": add, "explode": explode}
     assert call_tool(tools, {"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}) == ("add", "5", False)
@@ -246,3 +252,15 @@ def test_tool_result_tokens_get_no_gradient(printable_model, monkeypatch):
     assert torch.all(logps.grad[tool] == 0) and torch.all(logps.grad[own] != 0)
     # the tool tokens are still read: the answer's log-probs depend on what the tool returned
     assert batch["completion_mask"][tool].eq(1).all()
+
+
+def test_a_saved_team_names_its_tools_and_reloads_them(printable_model, tmp_path):
+    import json
+
+    pool = AgentPool([AgentSpec("solver", model=printable_model, lora_r=4, tools=[add, "tests/test_tools.py:explode"],
+                                chat_template=TEMPLATE)])
+    pool.save_adapters(tmp_path)
+    record = json.loads((tmp_path / "adapters" / "team.json").read_text())["agents"][0]
+    assert record["tools"] == ["tests.test_tools:add", "tests/test_tools.py:explode"]
+    again = AgentPool.from_pretrained(tmp_path)
+    assert [f.__name__ for f in again.tools_of("solver")] == ["add", "explode"]

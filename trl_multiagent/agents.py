@@ -294,12 +294,14 @@ class AgentPool(nn.Module):
         self._chat_templates = {name: spec.chat_template_text() for name, spec in self.specs.items()}
         for name, fns in self._tools.items():
             if fns:
-                from .tools import prepare_tokenizer
+                from .tools import prepare_tokenizer, renders_tool_calls
 
                 tok = self.tokenizer_of(name)
-                if self._chat_templates[name] is None and not getattr(tok, "chat_template", None):
-                    raise ValueError(f"Agent {name!r} has tools but its tokenizer has no chat template to render them; "
-                                     "give the agent a chat_template that renders tools and tool messages")
+                if self._chat_templates[name] is None and not getattr(tok, "chat_template", None) or \
+                        not renders_tool_calls(tok, self._chat_templates[name]):
+                    raise ValueError(f"Agent {name!r} has tools but its chat template cannot render a tool exchange "
+                                     "(an assistant's tool call and the tool's answer); give the agent a chat_template "
+                                     "that does (docs/guides/tools.md)")
                 if self._chat_templates[name] is None:
                     prepare_tokenizer(tok)
 

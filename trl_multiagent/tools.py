@@ -28,7 +28,7 @@ of the wrong JSON type), a call that does not parse, or a tool that raises each 
 
 Tools that run model-written code must not run it in the training process: the tool calls the sandbox itself, e.g.::
 
-    from trl_multiagent.sandbox import run_python
+    from trl_multiagent.sandbox import SandboxConfig, run_python
 
     def python(code: str) -> str:
         \"\"\"Run a Python program and return what it printed.
@@ -36,8 +36,10 @@ Tools that run model-written code must not run it in the training process: the t
         Args:
             code: the program.
         \"\"\"
-        result = run_python(code, timeout=5)
-        return result.stdout if result.ok else f"error: {result.stderr[-500:]}"
+        result = run_python(code, SandboxConfig(timeout_s=5))
+        return result.stdout if result.status == "passed" else f"{result.status}: {result.stderr[-500:]}"
+
+(docs/guides/tools.md shows the whole setup.)
 """
 
 from __future__ import annotations
@@ -200,6 +202,23 @@ def prepare_tokenizer(tokenizer) -> None:
         pass
 
 
+def renders_tool_calls(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether the chat template renders a whole tool exchange (user, assistant with a tool call, tool): the call's
+    name, its argument and the tool's answer all appear in the text (TRL's ``supports_tool_calling`` check, with the
+    agent's own template where it has one)."""
+    name, key, value, content = "tool_name_q1", "tool_key_q2", "tool_value_q3", "tool_content_q4"
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {key: value}}}]},
+                {"role": "tool", "name": name, "content": content}]
+    kwargs = {"chat_template": chat_template} if chat_template else {}
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception:  # noqa: BLE001 - a template that rejects the exchange does not support tools
+        return False
+    return all(part in text for part in (name, key, value, content))
+
+
 def tool_suffix_ids(tokenizer, tool_messages: Sequence[Mapping[str, Any]], chat_template: str | None = None
                     ) -> list[int]:
     """The tokens the chat template puts after an assistant turn's end for ``tool_messages``, up to and including
@@ -326,5 +345,6 @@ def run_tool_calls(pool, requests: Sequence[GenerationRequest], generations: lis
     return out
 
 
-__all__ = ["TOOL_CALL_RE", "call_tool", "parse_completion", "prepare_tokenizer", "resolve_tools", "run_tool_calls",
+__all__ = ["TOOL_CALL_RE", "call_tool", "parse_completion", "prepare_tokenizer", "renders_tool_calls", "resolve_tools",
+           "run_tool_calls",
            "tool_name", "tool_schema", "tool_spec_string", "tool_suffix_ids"]
