@@ -494,8 +494,9 @@ class AgentPool(nn.Module):
             if spec.system_prompt and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": spec.system_prompt}, *messages]
             kwargs: dict[str, Any] = {"chat_template": template} if template else {}
-            if self.tools_of(agent):
-                kwargs["tools"] = self.tools_of(agent)
+            tools = [*self.tools_of(agent), *getattr(prompt, "tools", ())]
+            if tools:
+                kwargs["tools"] = tools
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
             return tok(text, add_special_tokens=False)["input_ids"]
         if not isinstance(prompt, str):

@@ -167,7 +167,12 @@ def parse_completion(tokenizer, ids: Sequence[int], prefix: Sequence[int] | None
 
         return parse_response(tokenizer, list(ids), prefix=list(prefix) if prefix is not None else None,
                               tools=list(tools) if tools else None)
-    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return parse_text(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def parse_text(text: str) -> dict:
+    """A response's text as an assistant message, its ``<tool_call>`` JSON blocks as ``tool_calls`` (a block that
+    does not parse becomes a call carrying an ``error``)."""
     calls = []
     for block in TOOL_CALL_RE.findall(text):
         try:
@@ -345,6 +350,6 @@ def run_tool_calls(pool, requests: Sequence[GenerationRequest], generations: lis
     return out
 
 
-__all__ = ["TOOL_CALL_RE", "call_tool", "parse_completion", "prepare_tokenizer", "renders_tool_calls", "resolve_tools",
+__all__ = ["TOOL_CALL_RE", "call_tool", "parse_completion", "parse_text", "prepare_tokenizer", "renders_tool_calls", "resolve_tools",
            "run_tool_calls",
            "tool_name", "tool_schema", "tool_spec_string", "tool_suffix_ids"]

@@ -14,6 +14,17 @@ from dataclasses import dataclass
 Prompt = str | list[dict[str, str]]
 
 
+class ToolPrompt(list):
+    """Chat messages with the tools the chat template shows for them (``tools``: JSON schemas or functions), for an
+    environment whose tools belong to its own state (:class:`~trl_multiagent.environments.trl_env.TRLEnvironmentTeam`):
+    the pool renders them with ``apply_chat_template(messages, tools=...)`` beside the agent's own tools; the
+    environment runs the calls itself, in ``step``."""
+
+    def __init__(self, messages=(), tools=()):
+        super().__init__(messages)
+        self.tools = list(tools)
+
+
 @dataclass
 class Generation:
     """One sampled response: token ids of the prompt and the completion, and the decoded completion text.
