@@ -115,7 +115,7 @@ def test_the_guides_recipe_trains_a_step_on_a_tiny_model(chatml_model, tmp_path)
     recipe, config, given = parse_recipe([
         "--config", RECIPE, "--model", chatml_model, "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
         "--max_completion_length", "4", "--num_generations", "2", "--num_turns", "1", "--episodes_per_step", "1",
-        "--report_to", "none", "--disable_tqdm", "true"])
+        "--report_to", "none", "--disable_tqdm", "true", "--eval_num_problems", "2", "--eval_max_new_tokens", "2"])
     run = Run(recipe, config, given)
     run.prepare()
     trainer = run.build_trainer()
