@@ -124,3 +124,15 @@ def test_the_guides_recipe_trains_a_step_on_a_tiny_model(chatml_model, tmp_path)
     prompt = trainer.pool.tokenizer_of("adder").decode(
         trainer.pool.encode_prompt("adder", run.env_factory().reset({"prompt": "Go", "target": 2})["adder"]))
     assert '"name": "increment"' in prompt and "decrement" not in prompt
+
+
+def test_the_guide_shows_the_example_class_unchanged_and_the_recipe_as_it_is():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "docs" / "guides" / "trl_environments.md").read_text()
+    source = (root / "examples" / "trl_environments" / "counter_env.py").read_text()
+    assert source[source.index("class CounterEnv"):].rstrip() in guide
+    recipe = (root / RECIPE).read_text()
+    block = guide.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert all(line in recipe.splitlines() for line in block.splitlines()), block
