@@ -264,3 +264,40 @@ def test_a_saved_team_names_its_tools_and_reloads_them(printable_model, tmp_path
     assert record["tools"] == ["tests.test_tools:add", "tests/test_tools.py:explode"]
     again = AgentPool.from_pretrained(tmp_path)
     assert [f.__name__ for f in again.tools_of("solver")] == ["add", "explode"]
+
+
+def test_a_trainer_step_with_tool_calls_trains_on_the_agents_tokens_only(printable_model, tmp_path, monkeypatch):
+    """A MAGRPO step on a recipe whose agents have tools: the rollout's samples carry tool masks, and the update
+    runs with them (the loss reads completion_mask * tool_mask)."""
+    import json as _json
+
+    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.runner import Run
+
+    def script(agent, prompt):
+        return "5" if "<|tool|>" in prompt else call("add", a=2, b=3)
+
+    scripted(monkeypatch, script)
+    agents = [{"name": n, "chat_template": TEMPLATE, "tools": ["tests/test_tools.py:add"]}
+              for n in ("adder", "subtractor")]
+    recipe, config, given = parse_recipe([
+        "--config", "recipes/configs/trl_counter_team.yaml", "--model", printable_model, "--agents",
+        _json.dumps(agents), "--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--max_completion_length",
+        "200", "--num_generations", "2", "--num_turns", "1", "--report_to", "none", "--disable_tqdm", "true",
+        "--eval_num_problems", "2"])
+    run = Run(recipe, config, given)
+    run.prepare()
+    trainer = run.build_trainer()
+    seen = []
+    original = trainer.collate
+
+    def collate(policy, samples):
+        batch = original(policy, samples)
+        seen.append(batch)
+        return batch
+
+    monkeypatch.setattr(trainer, "collate", collate)
+    output = trainer.train()
+    assert output.global_step == 1 and seen
+    assert all("tool_mask" in b and (b["tool_mask"] == 0).any() for b in seen)
+    assert torch.isfinite(torch.tensor(output.training_loss))
