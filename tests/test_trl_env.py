@@ -81,6 +81,33 @@ def test_reward_functions_join_get_reward_and_max_turns_ends_the_episode():
         TRLEnvironmentTeam(COUNTER, agents=["a"], tools={"a": ["jump"]})
 
 
+def test_agents_acting_one_after_another_see_the_earlier_actions_of_the_turn():
+    env = team(max_turns=2)
+    env.reset({"prompt": "Go.", "target": 1})
+    first = env.step({"adder": call("increment", amount=3)})
+    assert not first.done and first.team_reward == 0.0 and env.turn == 0
+    assert "[adder] calls increment" in first.next_prompts["subtractor"][-1]["content"]
+    with pytest.raises(ValueError, match="already acted"):
+        env.clone().step({"adder": "again"})
+    second = env.step({"subtractor": call("decrement", amount=2)})
+    assert not second.done and env.turn == 1 and env.instance.value == 1
+    env.step({"subtractor": "done"})
+    last = env.step({"adder": "done"})
+    assert last.done and last.team_reward == 1.0
+
+
+def test_the_agent_turn_sampler_runs_the_team_in_sequence():
+    from trl_multiagent.rollout import AgentTurnSampler
+
+    def script(agent, prompt, k):
+        return call("increment", amount=2) if agent == "adder" else call("decrement", amount=1)
+
+    exp = AgentTurnSampler(num_samples=2, num_turns=1, agent_order="sequential").rollout(
+        ScriptedPool(["adder", "subtractor"], script), lambda: team(max_turns=1), [{"prompt": "Go", "target": 1}],
+        GenerationConfig())
+    assert [j.reward for j in exp.joint_actions] == [0.0, 1.0]
+
+
 def test_a_dict_of_environments_picks_by_row():
     from trl_multiagent.utils import import_object
 

@@ -9,7 +9,8 @@ the rollout. :class:`TRLEnvironmentTeam` takes such a class UNCHANGED and makes 
 * **which agent gets which tools**: ``tools={agent: [method names]}`` (default: every agent every method); a call of a
   method the agent was not given is answered as an unknown tool;
 * **whose turn it is**: at every turn each agent writes one response; their tool calls run on the shared instance in
-  the agents' order (``agents``), at most ``max_tool_calls_per_turn`` per response. A turn in which no agent calls a
+  the agents' order (``agents``), at most ``max_tool_calls_per_turn`` per response; a sampler that steps agents one
+  at a time (AT-GRPO's sequential order) shows each agent the actions taken before it in the turn. A turn in which no agent calls a
   tool ends the episode (TRL's rollout ends when the model stops calling tools), as does ``max_turns``;
 * **what each agent observes**: the dataset prompt with ``reset``'s text, then the transcript: ``observe="team"``
   shows every agent's messages and tool results (the others' as user messages naming the agent), ``"own"`` only
@@ -60,7 +61,9 @@ def _tool_methods(cls: type) -> list[str]:
 
 
 class TRLEnvironmentTeam(Environment):
-    """A TRL ``environment_factory`` class played by a team (module docstring).
+    """A TRL ``environment_factory`` class played by a team (module docstring). It accepts partial joint actions
+    (``supports_partial_actions``): agents stepping one after another within a turn (AT-GRPO's sequential order)
+    each see the actions of those before them; the turn ends once every agent has acted.
 
     Args:
         environment_factory: the class (or any zero-argument factory of instances), ``"module:Class"`` or
@@ -146,6 +149,10 @@ class TRLEnvironmentTeam(Environment):
         self.base: list[dict[str, Any]] = []
         self.transcript: list[tuple[str, dict, list[dict]]] = []  # (agent, assistant message, tool messages)
         self.turn = 0
+        self.acted: set[str] = set()  # the agents that acted in this turn (partial joint actions)
+        self.turn_calls = 0
+
+    supports_partial_actions = True
 
     def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
         missing = [c for c in self.required_columns if c not in columns]
@@ -173,17 +180,15 @@ class TRLEnvironmentTeam(Environment):
             messages = [dict(m) for m in prompt]
         if observation is not None:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + str(observation)}
-        self.base, self.transcript, self.turn = messages, [], 0
+        self.base, self.transcript, self.turn, self.acted, self.turn_calls = messages, [], 0, set(), 0
         return {a: self.observation(a) for a in self.agents}
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         from ..tools import call_tool, parse_text
 
-        self.acting_agents(joint_action, set(), self.turn)
+        acting = self.acting_agents(joint_action, self.acted, self.turn)
         calls = failures = 0
-        for agent in self.agents:
-            if agent not in joint_action:
-                continue
+        for agent in acting:
             message = parse_text(joint_action[agent])
             allowed = {m: getattr(self.instance, m) for m in self.agent_tools[agent] if m in self.methods[self.kind]}
             results = []
@@ -197,9 +202,14 @@ class TRLEnvironmentTeam(Environment):
                 results.append({"role": "tool", "name": name, "content": content})
                 calls, failures = calls + 1, failures + failed
             self.transcript.append((agent, message, results))
-        self.turn += 1
-        done = self.turn >= self.max_turns or calls == 0
         info = {"tool_calls": float(calls), "tool_failures": float(failures)}
+        self.acted |= set(acting)
+        self.turn_calls += calls
+        if self.acted != set(self.agents):  # the turn goes on: the agents still to act see these actions
+            return StepResult(team_reward=0.0, next_prompts={a: self.observation(a) for a in self.agents}, info=info)
+        self.turn += 1
+        done = self.turn >= self.max_turns or self.turn_calls == 0
+        self.acted, self.turn_calls = set(), 0
         reward = 0.0
         if done:
             reward, components = self.team_reward()

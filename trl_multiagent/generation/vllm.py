@@ -406,6 +406,8 @@ def add_importance_sampling(batch: dict[str, torch.Tensor], samples, trainer) ->
     if not samples or any(s.old_logps is None for s in samples):
         return
     mask = batch["completion_mask"].float()
+    if "tool_mask" in batch:  # tool results were not sampled: no ratio there (TRL's completion_mask * tool_mask)
+        mask = mask * batch["tool_mask"].float()
     engine_logps = [list(getattr(s.generation, "sampling_logps", None) or [])[:len(s.generation.completion_ids)]
                     for s in samples]
     sampling = right_pad_values(engine_logps, mask.size(1), fill=math.nan)
