@@ -301,3 +301,44 @@ def test_a_trainer_step_with_tool_calls_trains_on_the_agents_tokens_only(printab
     assert output.global_step == 1 and seen
     assert all("tool_mask" in b and (b["tool_mask"] == 0).any() for b in seen)
     assert torch.isfinite(torch.tensor(output.training_loss))
+
+
+@pytest.fixture(scope="module")
+def qwen3_model(tmp_path_factory) -> str:
+    """A tiny model whose tokenizer carries TRL's copy of Qwen3's chat template (with <|im_start|> / <|im_end|> as
+    special tokens, <|im_end|> the EOS): TRL knows it, so tool calls go through TRL's own parser."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from tests.tiny import build_model, build_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny_qwen3")
+    tok = build_tokenizer([c for c in string.printable if c not in "\r\x0b\x0c"])
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = qwen3_chat_template
+    model = build_model(len(tok), max_positions=2048)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)
+
+
+def test_a_template_trl_knows_is_parsed_by_trl_and_trained_with_trls_training_template(qwen3_model, monkeypatch):
+    from trl.chat_template_utils import qwen3_training_chat_template
+
+    def script(agent, prompt):
+        if "<tool_response>\n5\n</tool_response>" in prompt:
+            return "It is 5."
+        return '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+    calls = scripted(monkeypatch, script)
+    pool = AgentPool([AgentSpec("solver", model=qwen3_model, lora_r=4, tools=[add])])
+    tok = pool.tokenizer_of("solver")
+    assert tok.response_template is not None  # TRL's add_response_schema recognised the template
+    assert pool.chat_template_of("solver") == qwen3_training_chat_template  # Qwen3's is not prefix-preserving
+    [[gen]] = pool.generate_many([GenerationRequest("solver", "2+3?")], CONFIG)
+    assert len(calls) == 2 and gen.text == "It is 5." and gen.tool_calls == 1 and gen.tool_failures == 0
+    assert gen.messages[0]["tool_calls"] == [{"type": "function",
+                                              "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]
+    tool_part = tok.decode([t for t, m in zip(gen.completion_ids, gen.tool_mask) if m == 0])
+    assert tool_part == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"

@@ -177,6 +177,22 @@ class _Critic:
     params: list[nn.Parameter]  # what the critic's optimizer group holds: its adapter (unless shared) and its head
 
 
+def _training_template(agent: str, tokenizer) -> str | None:
+    """``None`` when the tokenizer's chat template keeps earlier messages as they are once tool messages follow (tool
+    results are appended to a completion's tokens); otherwise TRL's training version of it, as TRL's trainer takes
+    for tools (``get_training_chat_template``)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    if is_chat_template_prefix_preserving(tokenizer):
+        return None
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"Agent {agent!r} has tools, but its tokenizer's chat template renders earlier messages "
+                         "differently once more follow, and TRL has no training version of it; give the agent a "
+                         "chat_template that keeps them (docs/guides/tools.md)") from exc
+
+
 def _spec_record(spec: AgentSpec) -> dict[str, Any]:
     """An agent for ``team.json``: its fields, tools as the strings that name them."""
     from .tools import tool_spec_string
@@ -304,6 +320,7 @@ class AgentPool(nn.Module):
                                      "that does (docs/guides/tools.md)")
                 if self._chat_templates[name] is None:
                     prepare_tokenizer(tok)
+                    self._chat_templates[name] = _training_template(name, tok)
 
     def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
         """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
