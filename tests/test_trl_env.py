@@ -163,3 +163,33 @@ def test_the_guide_shows_the_example_class_unchanged_and_the_recipe_as_it_is():
     recipe = (root / RECIPE).read_text()
     block = guide.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert all(line in recipe.splitlines() for line in block.splitlines()), block
+
+
+def test_the_episodes_evaluator_plays_the_team_over_several_turns():
+    """Held-out evaluation of a multi-turn team whose prompts hold tool calls (lists in messages) and tools."""
+    from trl_multiagent.evaluation import make_evaluator
+    from trl_multiagent.evaluation.core import TEAM, evaluate_team
+    from trl_multiagent.generation.requests import Generation
+
+    class Pool:
+        agent_names = ["adder", "subtractor"]
+
+        def policy_of(self, agent):
+            return agent
+
+        def generate_many(self, requests, generation_config, max_batch_sequences=None, progress=None):
+            out = []
+            for req in requests:
+                # the adder adds 2 each turn, the subtractor makes one bad call then stops
+                text = call("increment", amount=2) if req.agent == "adder" else \
+                    ("stop" if len(req.prompt) > 2 else call("jump"))
+                out.append([Generation([0], [1], text) for _ in range(req.num_samples)])
+            return out
+
+    factory = lambda: team(max_turns=2)  # noqa: E731
+    evaluator = make_evaluator("auto", factory, num_turns=2)
+    result = evaluate_team(Pool(), evaluator, [{"task_id": "a", "prompt": "Go", "target": 4}], methods=[TEAM],
+                           num_samples=2, generation_config=GenerationConfig(max_new_tokens=4))
+    team_result = result.methods[TEAM]
+    assert team_result.samples["return"] == [[1.0, 1.0]] and team_result.samples["turns"] == [[2.0, 2.0]]
+    assert team_result.details["turn1/tool_failures"] == 1.0
