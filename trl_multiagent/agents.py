@@ -77,6 +77,15 @@ class AgentSpec:
         learning_rate: this policy's learning rate; ``None`` uses the trainer's ``learning_rate``.
         system_prompt: optional system message put before every prompt of this agent.
         use_chat_template: format prompts with the tokenizer's chat template when it has one.
+        tools: TRL-style tool functions (type hints and a Google-style docstring, as TRL's ``tools=``), each a
+            callable or ``"module:function"`` / ``"path/to/file.py:function"``; the prompt carries their schemas
+            through the chat template and the agent's tool calls are run between its generations
+            (:mod:`trl_multiagent.tools`). Tools that run model-written code call the sandbox themselves
+            (``trl_multiagent.sandbox.run_python``).
+        max_tool_calls_per_turn: the most tool calls one response may make; a completion whose calls would exceed it
+            ends there, unanswered.
+        chat_template: a Jinja chat template (the text, or the path of a ``.jinja`` file) used instead of the
+            tokenizer's, e.g. one that renders tools for a model whose own template does not.
     """
 
     name: str
@@ -90,6 +99,9 @@ class AgentSpec:
     learning_rate: float | None = None
     system_prompt: str | None = None
     use_chat_template: bool = True
+    tools: list | None = None
+    max_tool_calls_per_turn: int = 5
+    chat_template: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -108,6 +120,36 @@ class AgentSpec:
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"Agent {self.name!r}: learning_rate must be positive, got {self.learning_rate}")
         check_lora_targets(f"Agent {self.name!r}", self.lora_target_modules)
+        if isinstance(self.max_tool_calls_per_turn, bool) or not isinstance(self.max_tool_calls_per_turn, int) \
+                or self.max_tool_calls_per_turn < 0:
+            raise ValueError(f"Agent {self.name!r}: max_tool_calls_per_turn must be an integer >= 0, "
+                             f"got {self.max_tool_calls_per_turn!r}")
+        if self.tools is not None and (isinstance(self.tools, str) or not isinstance(self.tools, (list, tuple))):
+            self.tools = [self.tools]
+        if self.tools:
+            from .tools import resolve_tools
+
+            resolve_tools(self.tools, f"Agent {self.name!r}")  # checked now, before any model loads
+        if self.chat_template is not None:
+            if not isinstance(self.chat_template, str) or not self.chat_template.strip():
+                raise ValueError(f"Agent {self.name!r}: chat_template must be a Jinja template or a .jinja file")
+            if self.chat_template.endswith(".jinja") and "{" not in self.chat_template:
+                path = Path(self.chat_template).expanduser()
+                if not path.is_file():
+                    raise FileNotFoundError(f"Agent {self.name!r}: no chat template file {path}")
+
+    def tool_functions(self) -> list:
+        """The agent's tools as functions (specs imported once per process by :func:`~trl_multiagent.utils.
+        import_object`)."""
+        from .tools import resolve_tools
+
+        return resolve_tools(self.tools, f"Agent {self.name!r}") if self.tools else []
+
+    def chat_template_text(self) -> str | None:
+        """The agent's own chat template (``chat_template``, read from its file when it names one)."""
+        if self.chat_template is not None and self.chat_template.endswith(".jinja") and "{" not in self.chat_template:
+            return Path(self.chat_template).expanduser().read_text()
+        return self.chat_template
 
     @property
     def model_name(self) -> str:
@@ -133,6 +175,32 @@ class _Critic:
     base_key: str
     adapter: str  # its own adapter, or the policy adapter it shares
     params: list[nn.Parameter]  # what the critic's optimizer group holds: its adapter (unless shared) and its head
+
+
+def _training_template(agent: str, tokenizer) -> str | None:
+    """``None`` when the tokenizer's chat template keeps earlier messages as they are once tool messages follow (tool
+    results are appended to a completion's tokens); otherwise TRL's training version of it, as TRL's trainer takes
+    for tools (``get_training_chat_template``)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    if is_chat_template_prefix_preserving(tokenizer):
+        return None
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"Agent {agent!r} has tools, but its tokenizer's chat template renders earlier messages "
+                         "differently once more follow, and TRL has no training version of it; give the agent a "
+                         "chat_template that keeps them (docs/guides/tools.md)") from exc
+
+
+def _spec_record(spec: AgentSpec) -> dict[str, Any]:
+    """An agent for ``team.json``: its fields, tools as the strings that name them."""
+    from .tools import tool_spec_string
+
+    record = asdict(spec)
+    if spec.tools:
+        record["tools"] = [tool_spec_string(t) for t in spec.tools]
+    return record
 
 
 def check_critics(specs: Sequence[AgentSpec], critics: Sequence[CriticSpec]) -> None:
@@ -238,6 +306,21 @@ class AgentPool(nn.Module):
             self._add_critic(critic)
         self._keep_all_adapters_trainable()
         self._active: dict[str, str] = {}
+        self._tools = {name: spec.tool_functions() for name, spec in self.specs.items()}
+        self._chat_templates = {name: spec.chat_template_text() for name, spec in self.specs.items()}
+        for name, fns in self._tools.items():
+            if fns:
+                from .tools import prepare_tokenizer, renders_tool_calls
+
+                tok = self.tokenizer_of(name)
+                if self._chat_templates[name] is None and not getattr(tok, "chat_template", None) or \
+                        not renders_tool_calls(tok, self._chat_templates[name]):
+                    raise ValueError(f"Agent {name!r} has tools but its chat template cannot render a tool exchange "
+                                     "(an assistant's tool call and the tool's answer); give the agent a chat_template "
+                                     "that does (docs/guides/tools.md)")
+                if self._chat_templates[name] is None:
+                    prepare_tokenizer(tok)
+                    self._chat_templates[name] = _training_template(name, tok)
 
     def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
         """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
@@ -313,6 +396,14 @@ class AgentPool(nn.Module):
             return self.tokenizers[self.critics[name].base_key]
         policy = self.specs[name].policy if name in self.specs else name
         return self.tokenizers[self.policies[policy].base_key]
+
+    def tools_of(self, agent: str) -> list:
+        """The agent's tool functions (empty without tools)."""
+        return self._tools.get(agent, [])
+
+    def chat_template_of(self, agent: str) -> str | None:
+        """The agent's own chat template, or ``None`` for its tokenizer's."""
+        return self._chat_templates.get(agent)
 
     def policy_parameters(self, policy: str) -> list[nn.Parameter]:
         """The trainable parameters of one policy's adapter, and nothing else."""
@@ -414,11 +505,16 @@ class AgentPool(nn.Module):
     def encode_prompt(self, agent: str, prompt: Prompt) -> list[int]:
         """Token ids of an agent's prompt, through its tokenizer's chat template when it has one."""
         spec, tok = self.specs[agent], self.tokenizer_of(agent)
-        if spec.use_chat_template and getattr(tok, "chat_template", None):
+        template = self.chat_template_of(agent)
+        if spec.use_chat_template and (template or getattr(tok, "chat_template", None)):
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             if spec.system_prompt and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": spec.system_prompt}, *messages]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            kwargs: dict[str, Any] = {"chat_template": template} if template else {}
+            tools = [*self.tools_of(agent), *getattr(prompt, "tools", ())]
+            if tools:
+                kwargs["tools"] = tools
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
             return tok(text, add_special_tokens=False)["input_ids"]
         if not isinstance(prompt, str):
             prompt = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
@@ -453,12 +549,19 @@ class AgentPool(nn.Module):
         if not requests:
             return []
         start = time.perf_counter()
-        if self.generation_backend is not None:
-            out = self.generation_backend.generate(requests, generation_config, max_batch_sequences, progress)
-        else:
-            out = generate_team(self, requests, generation_config, max_batch_sequences, progress)
+        def raw(reqs, config, progress=progress):
+            if self.generation_backend is not None:
+                return self.generation_backend.generate(reqs, config, max_batch_sequences, progress)
+            return generate_team(self, reqs, config, max_batch_sequences, progress)
+
+        out = raw(requests, generation_config)
+        if any(self.tools_of(r.agent) for r in requests):
+            from .tools import run_tool_calls
+
+            out = run_tool_calls(self, requests, out, generation_config,
+                                 lambda reqs, config: raw(reqs, config, progress=None))
         self.generation_stats["seconds"] += time.perf_counter() - start
-        self.generation_stats["tokens"] += sum(len(g.completion_ids) for gens in out for g in gens)
+        self.generation_stats["tokens"] += sum(g.own_token_count for gens in out for g in gens)
         return out
 
     def generate_by_agent(self, prompts: Mapping[str, Sequence[Prompt]], num_samples: int,
@@ -534,7 +637,7 @@ class AgentPool(nn.Module):
                 base.peft_config[info.adapter].save_pretrained(str(target))
             save_file({k: v.detach().cpu().contiguous() for k, v in self.value_heads[name].state_dict().items()},
                       str(target / "value_head.safetensors"))
-        team = {"agents": [asdict(s) for s in self.specs.values()],
+        team = {"agents": [_spec_record(s) for s in self.specs.values()],
                 "critics": [asdict(c.spec) for c in self.critics.values()],
                 "bases": {k: {"model": m, "quantization": q} for k, (m, q) in self.base_sources.items()}}
         (root / "team.json").write_text(json.dumps(team, indent=2))

@@ -357,7 +357,7 @@ def build_team(recipe: RecipeArguments, roles: Sequence[str]) -> list[AgentSpec]
             values.setdefault("policy", "shared")
         try:
             specs.append(AgentSpec(**values))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ImportError, OSError) as exc:
             raise RecipeError(f"agents[{i}]: {exc}") from exc
     names = [s.name for s in specs]
     if sorted(names) != sorted(roles):

@@ -12,6 +12,7 @@ from .matrix_game import MatrixGameEnv
 from .minecraft import HouseBuildEnv, StrBuildEnv
 from .pipeline import PipelineEnvironment
 from .search_qa import SearchQAEnv
+from .trl_env import TRLEnvironmentTeam
 from .writing import ArxivExpansionEnv, TLDREnv
 
 #: Environments a recipe can name by key (``environment: matrix_game``).
@@ -37,5 +38,5 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
 }
 
 __all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
-           "Prompt", "SokobanEnv", "StepResult", "Sudoku9x9Env", "SudokuEnv",
+           "Prompt", "SokobanEnv", "TRLEnvironmentTeam", "StepResult", "Sudoku9x9Env", "SudokuEnv",
            "ArxivExpansionEnv", "HouseBuildEnv", "StrBuildEnv", "TLDREnv"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import math
 import random
 import time
@@ -200,10 +201,12 @@ def generate(pool, requests: Sequence[GenerationRequest], generation_config, max
 
 def _request_key(request: GenerationRequest) -> tuple:
     """What makes two requests draw from one distribution: the agent, the prompt and the adapter on/off (not the
-    number of samples: the first ``n`` of ``m >= n`` independent draws are ``n`` independent draws)."""
+    number of samples: the first ``n`` of ``m >= n`` independent draws are ``n`` independent draws). Messages may hold
+    lists (an assistant's ``tool_calls``) and a prompt may carry tools (``ToolPrompt``): the key is their JSON."""
     prompt = request.prompt if isinstance(request.prompt, str) else \
-        tuple(tuple(sorted(message.items())) for message in request.prompt)
-    return request.agent, prompt, request.use_adapter
+        json.dumps(list(request.prompt), sort_keys=True, default=str)
+    tools = json.dumps(getattr(request.prompt, "tools", []), sort_keys=True, default=str)
+    return request.agent, prompt, tools, request.use_adapter, request.prompt_ids
 
 
 def run_programs(pool, programs: Mapping[str, Program], generation_config, max_batch_sequences: int | None = None,

@@ -64,7 +64,8 @@ def generate_team(pool, requests, generation_config: GenerationConfig, max_batch
     Options :func:`decode` does not implement (see :func:`unsupported_options`) go through transformers'
     ``generate``, one agent at a time (logged once)."""
     check_transformers_for_decode()
-    encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
+    encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
+               for r in requests]
     out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
     fallback = unsupported_options(generation_config)
     for key, idxs in requests_by_base(pool, requests).items():

@@ -319,7 +319,8 @@ class VLLMGenerationBackend:
         if self._stale:
             self.sync_adapters()
         pool = self.pool
-        encoded = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
+        encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
+                   for r in requests]
         out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
         for key, idxs in requests_by_base(pool, requests).items():
             engine = self.engine(key)
@@ -405,6 +406,8 @@ def add_importance_sampling(batch: dict[str, torch.Tensor], samples, trainer) ->
     if not samples or any(s.old_logps is None for s in samples):
         return
     mask = batch["completion_mask"].float()
+    if "tool_mask" in batch:  # tool results were not sampled: no ratio there (TRL's completion_mask * tool_mask)
+        mask = mask * batch["tool_mask"].float()
     engine_logps = [list(getattr(s.generation, "sampling_logps", None) or [])[:len(s.generation.completion_ids)]
                     for s in samples]
     sampling = right_pad_values(engine_logps, mask.size(1), fill=math.nan)

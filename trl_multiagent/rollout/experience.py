@@ -106,7 +106,7 @@ def rollout_stats(agents, samples, joints, num_generations, num_episodes) -> dic
         stats[f"env/{k}"] = _mean(vs)
     for a in agents:
         mine = [s for s in samples if s.agent == a]
-        stats[f"agent/{a}/completion_length"] = _mean(len(s.generation.completion_ids) for s in mine)
+        stats[f"agent/{a}/completion_length"] = _mean(s.generation.own_token_count for s in mine)
         stats[f"agent/{a}/clipped_ratio"] = _mean(float(s.generation.truncated) for s in mine)
     return stats
 

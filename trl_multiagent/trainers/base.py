@@ -379,7 +379,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         chunked = {p: _weighted_chunks(rows, weights[p], self.args.per_device_train_batch_size,
                                        equal_within=not response) for p, rows in plan.items()}
         chunk_counts = {p: len(chunked[p]) for p in plan}
-        tokens = {p: sum(len(s.generation.completion_ids) for s in rows) for p, rows in plan.items()}
+        tokens = {p: sum(s.generation.own_token_count for s in rows) for p, rows in plan.items()}
         global_tokens = dict(tokens)
         if world > 1:  # every process runs as many loss calls per policy as the busiest one
             counts = torch.tensor([[chunk_counts[p], tokens[p]] for p in plan], dtype=torch.float64)
@@ -405,7 +405,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                         elif self.loss_type in ROW_MEAN_LOSSES:
                             weight = sum(row_weights)  # equal weights within a chunk: row mean x chunk weight
                         elif self.loss_type in TOKEN_MEAN_LOSSES:
-                            weight = batch["completion_mask"].sum().item() / max(tokens[policy], 1)
+                            weight = loss_mask(batch).sum().item() / max(tokens[policy], 1)
                         else:  # TOKEN_SUM_LOSSES normalise by the global token count themselves
                             weight = 1.0
                             batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
@@ -429,11 +429,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
         if "importance_sampling_ratio" in batch:  # vLLM's sequence-level correction weighs each response (as TRL)
             weights = weights * batch["importance_sampling_ratio"].view(-1)
         loss, stats = response_policy_loss(
-            logps, logps.detach() if old is None else old, batch["completion_mask"], batch["advantages"],
+            logps, logps.detach() if old is None else old, loss_mask(batch), batch["advantages"],
             self.epsilon_low, self.epsilon_high, ref_per_token_logps=batch.get("ref_per_token_logps"),
             beta=self.beta, weights=weights, delta=self.args.delta)
         if float(weights.sum()) > 0:  # not a zero-weight batch that only keeps processes in step
-            mask = batch["completion_mask"].to(entropies.dtype)
+            mask = loss_mask(batch).to(entropies.dtype)
             self.log_metric("entropy", ((entropies * mask).sum() / mask.sum().clamp(min=1.0)).item())
             self.log_metric("clip_ratio/region_mean", stats["clipped"].mean().item())
             if self.beta != 0.0:
@@ -478,6 +478,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
         batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                  "completion_mask": completion_mask,
                  "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+        if any(s.generation.tool_mask is not None for s in samples):  # tool results: attended to, never trained on
+            batch["tool_mask"] = right_pad_values(
+                [s.generation.tool_mask if s.generation.tool_mask is not None else [1] * len(s.generation.completion_ids)
+                 for s in samples], c_len, dtype=torch.long)
         for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
             if all(getattr(s, attr) is not None for s in samples):
                 batch[key] = right_pad_values([getattr(s, attr) for s in samples], c_len)
@@ -565,6 +569,13 @@ def configure_threads(num_threads: int | None) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The completion tokens the loss covers: ``completion_mask`` (real tokens) times ``tool_mask`` where the batch
+    has one (0 on tool results, which the model reads but did not generate), as TRL's ``_compute_loss``."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"].to(mask.dtype)
+
+
 def _chunks(rows, size):
     for i in range(0, len(rows), size):
         yield rows[i:i + size]
