@@ -42,6 +42,7 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
     Prompt,
     dense_weight_bytes,
     generate_team,
+    lean_support,
     packed_weight_bytes,
     use_dense_copy,
 )
@@ -56,6 +57,8 @@ QUANTIZATIONS = (None, "4bit")
 DENSE_COPY = ("auto", "always", "never")
 #: Whether generation computes a base's frozen linears with oneDNN-packed weights (``AgentPool.packs_weights``).
 PACKED_WEIGHTS = ("auto", "always", "never")
+#: Whether generation computes a base's one-token decoding steps with the lean step (``AgentPool.lean_decodes``).
+LEAN_DECODE = ("auto", "always", "never")
 #: ``auto`` makes a copy of a base's weights when it takes at most this share of the device's TOTAL memory: a fixed
 #: property of the machine, so that the same recipe on the same machine always takes the same path (the memory free
 #: at load time would make the numerics depend on what else runs).
@@ -196,18 +199,26 @@ class AgentPool(nn.Module):
             memory (:meth:`dense_copy_of`).
         packed_weights: whether generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies
             of their weights (:data:`PACKED_WEIGHTS`; same rule as ``dense_copy``; :meth:`packs_weights`).
+        lean_decode: whether generation computes the one-token decoding steps with the lean step
+            (:class:`~trl_multiagent.generation.lean_step.LeanStep`) instead of transformers' forward
+            (:data:`LEAN_DECODE`): ``"auto"``: on every base it supports (Llama architecture; the others fall back,
+            logged); ``"always"``: the same, and a base it does not support is an error; ``"never"``
+            (:meth:`lean_decodes`).
     """
 
     def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
-                 dense_copy: str = "auto", packed_weights: str = "auto"):
+                 dense_copy: str = "auto", packed_weights: str = "auto", lean_decode: str = "auto"):
         super().__init__()
         if dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
         if packed_weights not in PACKED_WEIGHTS:
             raise ValueError(f"packed_weights must be one of {PACKED_WEIGHTS}, got {packed_weights!r}")
-        self.dense_copy, self.packed_weights = dense_copy, packed_weights
+        if lean_decode not in LEAN_DECODE:
+            raise ValueError(f"lean_decode must be one of {LEAN_DECODE}, got {lean_decode!r}")
+        self.dense_copy, self.packed_weights, self.lean_decode = dense_copy, packed_weights, lean_decode
         self._dense: dict[str, bool] = {}
         self._packed: dict[str, bool] = {}
+        self._lean: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
@@ -239,6 +250,8 @@ class AgentPool(nn.Module):
             self._add_critic(critic)
         self._keep_all_adapters_trainable()
         self._active: dict[str, str] = {}
+        for key in self.bases:  # once every adapter is attached (LoRA outside the projections rules the step out)
+            self._decide_lean(key)
 
     def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
         """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
@@ -504,6 +517,25 @@ class AgentPool(nn.Module):
             logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB)", base_key,
                         "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
                         packed / 2**20)
+
+    def _decide_lean(self, base_key: str) -> None:
+        model = self.bases[base_key].get_base_model()
+        reason = lean_support(model)
+        if self.lean_decode == "always" and reason is not None:
+            raise ValueError(f"lean_decode='always', but base {base_key} ({self.base_sources[base_key][0]}) cannot "
+                             f"decode with the lean step: {reason}. Use lean_decode 'auto' (it then decodes through "
+                             "transformers' forward) or 'never'.")
+        self._lean[base_key] = self.lean_decode != "never" and reason is None
+        logger.info("base %s decodes %s", base_key,
+                    "with the lean step" if self._lean[base_key] else
+                    "through transformers' forward (lean_decode never)" if self.lean_decode == "never" else
+                    f"through transformers' forward: the lean step does not apply ({reason})")
+
+    def lean_decodes(self, base_key: str) -> bool:
+        """Whether generation on base ``base_key`` computes its one-token decoding steps with the lean step
+        (:class:`~trl_multiagent.generation.lean_step.LeanStep`) rather than transformers' forward (decided once,
+        when the pool is built: ``lean_decode`` and :func:`~trl_multiagent.generation.lean_step.lean_support`)."""
+        return self._lean.get(base_key, False)
 
     def packs_weights(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
