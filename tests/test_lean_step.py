@@ -116,6 +116,27 @@ def test_lean_step_logits_are_the_forwards_logits_from_the_same_cache(tiny_text_
             assert (alone - plain).norm() > 100 * rounding_tolerance(terms) * plain.norm()
 
 
+def test_lean_step_with_two_threads_runs_its_small_matmuls_on_one_and_restores_the_count(tiny_text_model):
+    """With several threads the LoRA matmuls and a small attention run on one (lean_step.ONE_THREAD); the step gives
+    the same logits as the forward, and the thread count is the caller's again after it."""
+    pool = _pool(tiny_text_model)
+    model = pool.bases["base0"].get_base_model()
+    prompts, adapters = CASES["mixed adapters, left padding"]
+    _, ids, mask = _batch(pool, prompts)
+    tokens = torch.randint(3, len(pool.tokenizer_of("aux")), (len(prompts), STEPS))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got, _ = _run(model, ids, mask, adapters, tokens, lean=True)
+        assert torch.get_num_threads() == 2
+        expected, _ = _run(model, ids, mask, adapters, tokens, lean=False)
+    finally:
+        torch.set_num_threads(threads)
+    terms = model_terms(ids.numel() + len(prompts) * STEPS)
+    for i in range(STEPS):
+        assert_same_computation(got[i], expected[i], terms=terms, what=f"two threads: logits of step {i}")
+
+
 def test_generation_after_an_optimizer_step_uses_the_new_lora_weights(tiny_text_model):
     """A fused AdamW step (which does not bump a parameter's version counter) between two generations: the second
     generation's lean steps compute with the new LoRA weights (nothing of them is kept from the first)."""
@@ -204,6 +225,14 @@ def test_lean_decode_switch(tiny_text_model, monkeypatch, caplog):
     # the generation of the two paths: the same greedy answers
     config = GenerationConfig(max_new_tokens=6, do_sample=False)
     requests = [GenerationRequest("aux", p) for p in ("abc", "hello there", "x")]
+    # a base that no longer suits the step when it generates (wrapped since the pool decided): the forward, logged
+    from trl_multiagent.generation import team
+
+    monkeypatch.setattr(team, "lean_support", lambda model: "wrapped")
+    caplog.clear()
+    assert on.lean_decodes("base0") and len(on.generate_many(requests[:1], config)[0][0].completion_ids) > 0
+    assert "no longer applies (wrapped)" in caplog.text
+    monkeypatch.undo()
     with torch.no_grad():
         for n, p in off.named_parameters():
             if "lora_B" in n:

@@ -35,6 +35,11 @@ What it reads, and when:
   counter, so no version check could see it), is always seen;
 * the scales of the rows: made again whenever the batch's rows change (``MultiAdapterBatch.row_index``).
 
+Small matters of speed, measured on the 2-core machine (``benchmarks/decode_step.py``,
+``docs/results/generation/README.md``): with packed weights a step of fewer than :data:`PACKED_MIN_ROWS` rows computes
+its frozen matmuls on that many rows (zeros added); the LoRA matmuls run on the real rows only, and they and the
+attention of few rows run on one thread when small (:data:`ONE_THREAD`).
+
 :func:`lean_support` says whether a model is one the step computes exactly, or why not: transformers'
 ``LlamaForCausalLM`` with its own Llama layers (exactly those classes: SmolLM2, Llama 2 / 3, ...), a rotary
 embedding that does not depend on the sequence length, dense frozen linears (a 4-bit base needs its de-quantised
@@ -54,6 +59,13 @@ from .frozen_weights import packed_weight
 #: one row reads the weights more slowly than its kernel for a few (measured on the 2-core AMD EPYC, one thread:
 #: 1 row 451 us, 4 rows 368 us for SmolLM2's gate/up; benchmarks/decode_step.py).
 PACKED_MIN_ROWS = 4
+
+#: A LoRA group's matmuls, and a layer's attention, of fewer multiply-adds than this run on one thread. Split over
+#: threads, an operation of a few microseconds waits for every thread to take part: on a machine whose cores are
+#: shared (more runnable processes than cores) that wait is a scheduler time slice, about 8 ms per operation on the
+#: 2-core machine (benchmarks/decode_step.py --threads 2), where a step has a few hundred operations; MKL splits even
+#: the LoRA matmuls of one row. (2^21 multiply-adds take about 25 us on one core.)
+ONE_THREAD = 1 << 21
 
 _ATTN = ("q_proj", "k_proj", "v_proj")
 _MLP = ("gate_proj", "up_proj")
@@ -179,6 +191,8 @@ class _Lora:
         self.a = torch.cat(a_parts) if a_parts else None  # (columns, in)
         if self.a is None:
             return
+        #: multiply-adds per row: x A^T, then each projection's h B_p^T
+        self.row_work = self.a.numel() + sum(bt.numel() for *_, bt in self.projections)
         #: what the scales of the rows depend on (groups with the same key share them)
         self.key = tuple(columns)
         self.column_adapter = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r, _ in columns]).to(
@@ -190,16 +204,24 @@ class _Lora:
         """``S`` for rows whose adapters are ``row_index`` (indices into the batch's adapters, -1 for none)."""
         return (row_index[:, None] == self.column_adapter[None, :]).to(self.a.dtype) * self.column_scale
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, scales: torch.Tensor) -> None:
-        h = F.linear(x if x.dtype == self.a.dtype else x.to(self.a.dtype), self.a)
-        h.mul_(scales)
-        for offset, size, columns, bt in self.projections:
-            out = y if size == self.width else y[:, offset:offset + size]
-            part = h if columns.stop - columns.start == h.size(1) else h[:, columns]
-            if out.dtype == h.dtype:
-                out.addmm_(part, bt)
-            else:
-                out.add_((part @ bt).to(out.dtype))
+    def add(self, y: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, threads: int) -> None:
+        """``y += `` the rows' LoRA deltas (on one thread when they are small: :data:`ONE_THREAD`)."""
+        one = threads > 1 and x.size(0) * self.row_work < ONE_THREAD
+        if one:
+            torch.set_num_threads(1)
+        try:
+            h = F.linear(x if x.dtype == self.a.dtype else x.to(self.a.dtype), self.a)
+            h.mul_(scales)
+            for offset, size, columns, bt in self.projections:
+                out = y if size == self.width else y[:, offset:offset + size]
+                part = h if columns.stop - columns.start == h.size(1) else h[:, columns]
+                if out.dtype == h.dtype:
+                    out.addmm_(part, bt)
+                else:
+                    out.add_((part @ bt).to(out.dtype))
+        finally:
+            if one:
+                torch.set_num_threads(threads)
 
 
 class _Layer:
@@ -253,8 +275,8 @@ class LeanStep:
         self.rotary = inner.rotary_emb
         self.packed = packed
         self._cos = self._sin = None
-        self._rows = None  # (the batch's row_index, the padded row count) the scales below were made for
-        self._index = None  # each (padded) row's adapter, -1 for none
+        self._rows = None  # the batch's row_index the scales below were made for
+        self._index = None  # each row's adapter, -1 for none
         self._scales: dict[tuple, torch.Tensor] = {}  # a group's column layout -> its (rows, columns) scales
 
     @staticmethod
@@ -283,16 +305,13 @@ class LeanStep:
         sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)]).to(sin)
         self._cos, self._sin = cos[0], sin[0] * sign
 
-    def _check_rows(self, rows: int, padded: int) -> None:
+    def _check_rows(self, rows: int) -> None:
         """Make the rows' LoRA scales anew when the batch's rows changed (each group's are made on first use)."""
         index = self.batch.row_index
         if index.numel() != rows:
             raise RuntimeError(f"the adapter batch holds {index.numel()} rows, the step {rows}")
-        if self._rows is None or self._rows[0] is not index or self._rows[1] != padded:
-            self._rows, self._scales = (index, padded), {}
-            if padded > rows:  # the added rows use no adapter
-                index = torch.cat([index, index.new_full((padded - rows,), -1)])
-            self._index = index
+        if index is not self._rows:
+            self._rows, self._index, self._scales = index, index, {}
 
     def _scales_of(self, lora: _Lora) -> torch.Tensor:
         found = self._scales.get(lora.key)
@@ -324,12 +343,14 @@ class LeanStep:
         attend = attend[:, None, None, :]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * dim
+        threads = torch.get_num_threads()
+        small_attention = threads > 1 and 2 * rows * heads * (length + 1) * dim < ONE_THREAD
         padded = PACKED_MIN_ROWS if self.packed and rows < PACKED_MIN_ROWS else rows
         if self.batch is not None:
-            self._check_rows(rows, padded)
+            self._check_rows(rows)
         x = F.embedding(tokens, self.embed)
         padding = None
-        if padded > rows:  # zero rows after the real ones, through the matmuls only
+        if padded > rows:  # zero rows after the real ones, through the frozen matmuls only (not the LoRA ones)
             x = torch.cat([x, x.new_zeros((padded - rows, x.size(1)))])
             padding = x.new_zeros((padded - rows, heads * dim))
         for layer, kv in zip(self.layers, cache.layers):
@@ -337,7 +358,7 @@ class LeanStep:
             h = self._norm(x, layer.norm1)
             y = layer.qkv(h)
             if lora_qkv is not None:
-                lora_qkv.add(y, h, self._scales_of(lora_qkv))
+                lora_qkv.add(y[:rows], h[:rows], self._scales_of(lora_qkv), threads)
             qk = y[:rows, :qk_width].view(rows, heads + kv_heads, dim)
             qk = torch.addcmul(qk * cos, qk.roll(dim // 2, -1), sin)
             kv._k[:, :, length].copy_(qk[:, heads:])
@@ -346,23 +367,29 @@ class LeanStep:
             kv.keys, kv.values = kv._k[:, :, :length + 1], kv._v[:, :, :length + 1]
             # the heads of one key/value head are the rows of one query of that head (transformers' pack_gqa)
             q = qk[:, :heads].view(rows, kv_heads, heads // kv_heads, dim)
-            a = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=attend, scale=self.scaling)
+            if small_attention:
+                torch.set_num_threads(1)
+            try:
+                a = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=attend, scale=self.scaling)
+            finally:
+                if small_attention:
+                    torch.set_num_threads(threads)
             a = a.reshape(rows, heads * dim)
             if padding is not None:
                 a = torch.cat([a, padding])
             o = layer.o(a)
             if lora_o is not None:
-                lora_o.add(o, a, self._scales_of(lora_o))
+                lora_o.add(o[:rows], a[:rows], self._scales_of(lora_o), threads)
             x = o.add_(x)
             h = self._norm(x, layer.norm2)
             gu = layer.gate_up(h)
             if lora_gate_up is not None:
-                lora_gate_up.add(gu, h, self._scales_of(lora_gate_up))
+                lora_gate_up.add(gu[:rows], h[:rows], self._scales_of(lora_gate_up), threads)
             gate, up = gu[:, :layer.intermediate], gu[:, layer.intermediate:]
             m = (F.silu(gate) if self.silu else layer.act(gate)).mul_(up)
             d = layer.down(m)
             if lora_down is not None:
-                lora_down.add(d, m, self._scales_of(lora_down))
+                lora_down.add(d[:rows], m[:rows], self._scales_of(lora_down), threads)
             x = d.add_(x)
         logits = self.head(self._norm(x, self.norm))
         return logits[:rows] if padded > rows else logits

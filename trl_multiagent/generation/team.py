@@ -13,6 +13,7 @@ transformers' ``generate``, one agent at a time.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -21,7 +22,7 @@ from transformers import GenerationConfig
 from ..padding import left_pad, pad_token_id
 from .decoding import decode, through_first_eos, unsupported_options
 from .frozen_weights import PackedFrozenLinears
-from .lean_step import LeanStep
+from .lean_step import LeanStep, lean_support
 from .lora_batch import MultiAdapterBatch
 from .prefixes import shared_prefixes
 from .requests import Generation
@@ -121,6 +122,12 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     tokens = [encoded[i] for i, _ in prompts]
     group_of, prefix_len = shared_prefixes(tokens, adapters)
     lean, packs = pool.lean_decodes(key), pool.packs_weights(key)
+    if lean and (reason := lean_support(model)) is not None:  # the model changed since the pool decided (e.g. FSDP)
+        if (key, reason) not in _warned_lean:
+            _warned_lean.add((key, reason))
+            logging.getLogger(__name__).warning("base %s: the lean decoding step no longer applies (%s); its "
+                                                "decoding steps run through transformers' forward", key, reason)
+        lean = False
     # the lean step packs q/k/v and gate/up in concatenations of its own: the prefill leaves those layers unpacked
     packed = PackedFrozenLinears(model, skip=LeanStep.concatenated_modules(model) if lean else ()) if packs \
         else contextlib.nullcontext()
@@ -146,13 +153,12 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
 
 
 _warned_fallback: set[tuple[str, ...]] = set()
+_warned_lean: set[tuple[str, str]] = set()
 
 
 def _hf_generate(pool, key, requests, encoded, chunk, config, eos_ids, options) -> list[list[int]]:
     """transformers' ``generate`` for options :func:`decode` does not implement: one call per (agent, adapter on/off)
     within the chunk, with the agent's adapter active (or disabled)."""
-    import logging
-
     if tuple(options) not in _warned_fallback:
         _warned_fallback.add(tuple(options))
         logging.getLogger(__name__).info("generation options %s: using transformers' generate, one agent at a time",
