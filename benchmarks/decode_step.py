@@ -1,20 +1,40 @@
-"""Where a decoding step's time goes: one decoding step of the main job's base at several batch sizes, against the
-matmul rate of the same run.
+"""One decoding step of the main job's base: transformers' forward against the lean step, and both against the
+physical bound of the same run.
 
-    python benchmarks/decode_step.py [--out docs/results/generation/decode_step.json]
+    python benchmarks/decode_step.py [--out docs/results/generation/decode_step.json] [--threads N] [--rounds R]
 
-For each batch size, a 200-token prompt batch is prefilled into the generation's preallocated KV cache, then 10
-one-token steps are timed (4-bit SmolLM2-135M computing with its de-quantised copy, adapters off, all threads), once
-with ``F.linear`` and once with the frozen weights packed for oneDNN (``PackedFrozenLinears``, what generation uses
-on a CPU), alternating. Reported per batch and path: milliseconds per step, tokens/s, and the achieved rate in GFLOP/s
-at 2 x parameters FLOPs per token; for batch 64, the torch profiler's share of the step per operator (matmuls by
-shape, attention), F.linear path.
+The base is the main job's: 4-bit SmolLM2-135M computing with its de-quantised copy, two agents' LoRA adapters
+(r=16, every linear) active on alternate rows of a mixed batch. For each batch size (1, 16, 64 rows) a 200-token
+prompt batch is prefilled once into the generation's preallocated KV cache; then, alternately, ``--rounds`` times,
+``--steps`` one-token steps from that cache (its length reset to the prompt before each run) along two paths:
+
+* ``forward``: transformers' ``LlamaForCausalLM`` forward with PEFT's LoRA layers under ``MultiAdapterBatch`` and the
+  frozen weights packed for oneDNN (``PackedFrozenLinears``): what generation did before the lean step;
+* ``lean``: :class:`~trl_multiagent.generation.lean_step.LeanStep` with packed concatenated weights (what generation
+  on a CPU now does, ``lean_decode`` auto).
+
+Reported per batch size and path: milliseconds per step (median over rounds), and the median over rounds of the
+ratio forward / lean (the two runs of one round are timed back to back, so machine load affects both alike). The
+bound of a step is ``max(bytes / bandwidth, FLOPs / matmul rate)`` with the bytes the weights it reads (frozen
+linears, LM head and LoRA matrices in float32) and the FLOPs ``2 x rows x`` those weights plus attention
+(``4 x rows x layers x heads x cached positions x head_dim``); the bandwidth is a large tensor copy (256 MiB, bytes
+read + bytes written per second) and the matmul rate ``measure.matmul_flops`` (2048^3), both measured in every round
+between its two paths, so that ``step / bound`` (reported per path, median over rounds) compares times taken under
+the same load. A second bound adds the KV cache the step reads to the bytes.
+
+Clock: with ``--threads 1`` every time (steps, copy, matmul rate) is the thread's CPU time
+(``time.thread_time``): on a machine shared with other work, time spent descheduled does not count, so the numbers
+are those of the code, not of the load. With more threads it is wall-clock time (a descheduled thread stalls the
+others at every parallel region, which on a loaded machine dominates small steps). ``uptime``'s load is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -23,70 +43,167 @@ import torch
 from measure import matmul_flops, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.generation import PackedFrozenLinears
+from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
+from trl_multiagent.generation.lean_step import frozen_linear
+from trl_multiagent.generation.sampling import sample_next
+from trl_multiagent.provenance import cpu_model
 
 
-def steps(model, batch: int, prompt: int = 200, count: int = 10, profile: bool = False):
-    ids = torch.randint(100, 1000, (batch, prompt))
-    cache = preallocated_cache(model, prompt + count + 1)
-    with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        token = torch.randint(100, 1000, (batch, 1))
-        context = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) \
-            if profile else None
-        start = time.perf_counter()
-        if context is not None:
-            context.__enter__()
+def copy_bandwidth(clock, mib: int = 256, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + written), best of ``repeats``."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.zeros_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        dst.copy_(src)
+        best = min(best, clock() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def step_counts(model, rows: int, cached: int) -> dict[str, float]:
+    """Bytes the step reads and FLOPs it computes (see the module docstring)."""
+    config = model.config
+    projections = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+    frozen = frozen_linear(model.lm_head)[1].numel() + sum(
+        frozen_linear(getattr(getattr(layer, owner), name))[1].numel()
+        for layer in model.model.layers for owner, names in projections.items() for name in names)
+    lora = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    weights = frozen + lora
+    head_dim = config.hidden_size // config.num_attention_heads
+    attention = 4 * rows * config.num_hidden_layers * config.num_attention_heads * cached * head_dim
+    kv = rows * config.num_hidden_layers * 2 * config.num_key_value_heads * cached * head_dim * 4
+    return {"frozen_weights": frozen, "lora_weights": lora, "weight_bytes": 4 * weights, "kv_cache_bytes": kv,
+            "flops": 2 * rows * weights + attention}
+
+
+def run_steps(model, cache, batch, path: str, step: LeanStep, tokens, mask, prompt: int, count: int, clock):
+    cache.set_length(prompt)
+    positions = torch.full((tokens.numel(),), prompt)
+    packed = PackedFrozenLinears(model) if path == "forward" else contextlib.nullcontext()
+    total = 0.0
+    with torch.no_grad(), packed:
         for i in range(count):
-            model(input_ids=token, cache=cache, use_cache=True, position_ids=torch.full((batch, 1), prompt + i))
-        if context is not None:
-            context.__exit__(None, None, None)
-        seconds = (time.perf_counter() - start) / count
-    return seconds, context
+            m = mask[:, :prompt + i + 1]
+            start = clock()
+            if path == "forward":
+                model(input_ids=tokens[:, None], attention_mask=m, position_ids=positions[:, None] + i, cache=cache,
+                      use_cache=True)
+            else:
+                step(tokens, m, positions + i, cache)
+            total += clock() - start
+    return total / count
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/results/generation/decode_step.json")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rows", default="1,16,64")
     args = parser.parse_args(argv)
-    pool = AgentPool([AgentSpec("summary", model="smollm2-135m-instruct", quantization="4bit", lora_r=16,
-                                lora_alpha=32)])
-    base = next(iter(pool.bases.values()))
-    model = base.get_base_model().eval()
-    params = sum(p.quant_state.shape.numel() if getattr(p, "quant_state", None) is not None else p.numel()
-                 for n, p in model.named_parameters() if "lora_" not in n)
-    flops = matmul_flops()
-    rows = []
-    with base.disable_adapter():
-        steps(model, 4, count=2)  # warm-up
-        for batch in (1, 4, 16, 64):  # 256 rows x 200 prompt tokens take minutes to prefill
-            for path in ("F.linear", "packed", "F.linear", "packed"):
-                with PackedFrozenLinears(model) if path == "packed" else contextlib.nullcontext():
-                    seconds, _ = steps(model, batch)
-                rows.append({"batch": batch, "path": path, "ms_per_step": 1000 * seconds,
-                             "tokens_per_s": batch / seconds, "gflops_achieved": batch * 2 * params / seconds / 1e9})
-                print(rows[-1], flush=True)
-        _, prof = steps(model, 64, count=5, profile=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    load_before = load()
+    pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
+                      for a in ("first", "second")])
+    with torch.no_grad():
+        for n, p in pool.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.01)
+    (key,) = pool.bases
+    model = pool.bases[key].get_base_model().eval()
+    assert pool.lean_decodes(key) and pool.packs_weights(key)
+    prompt = 200
+    results, summary = [], {}
+    for rows in [int(r) for r in args.rows.split(",")]:
+        adapters = [("first", "second")[i % 2] for i in range(rows)]
+        ids = torch.randint(100, 1000, (rows, prompt))
+        cache = preallocated_cache(model, prompt + args.steps + 1)
+        mask = torch.ones(rows, prompt + args.steps, dtype=torch.long)
+        tokens = torch.randint(100, 1000, (rows,))
+        with torch.no_grad(), MultiAdapterBatch(model, adapters) as batch:
+            with PackedFrozenLinears(model, skip=LeanStep.concatenated_modules(model)):
+                model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            start = time.perf_counter()
+            step = LeanStep(model, batch, packed=True)
+            made_s = time.perf_counter() - start
+            times = defaultdict(list)
+            rates = []  # (bandwidth, matmul rate) of each round, measured between its two paths
+            for path in ("forward", "lean"):  # warm-up
+                run_steps(model, cache, batch, path, step, tokens, mask, prompt, 2, clock)
+            for _ in range(args.rounds):
+                times["forward"].append(run_steps(model, cache, batch, "forward", step, tokens, mask, prompt,
+                                                  args.steps, clock))
+                rates.append((copy_bandwidth(clock, repeats=2), matmul_flops(repeats=2, clock=clock)))
+                times["lean"].append(run_steps(model, cache, batch, "lean", step, tokens, mask, prompt, args.steps,
+                                               clock))
+            cache.set_length(prompt)
+            logits = step(tokens, mask[:, :prompt + 1], torch.full((rows,), prompt), cache)
+        sampler = []
+        for config in ({"do_sample": False}, {"do_sample": True, "top_p": 0.9}):
+            from transformers import GenerationConfig
+
+            generation = GenerationConfig(**config)
+            sample_next(logits, generation)
+            start = clock()
+            for _ in range(5):
+                sample_next(logits, generation)
+            sampler.append(1000 * (clock() - start) / 5)
+        counts = step_counts(model, rows, prompt + args.steps // 2)
+        # the bound of each round, from the bandwidth and matmul rate measured in that round (the machine's load
+        # changes them as it changes the steps)
+        bounds = [max(counts["weight_bytes"] / bw, counts["flops"] / rate) for bw, rate in rates]
+        bounds_kv = [max((counts["weight_bytes"] + counts["kv_cache_bytes"]) / bw, counts["flops"] / rate)
+                     for bw, rate in rates]
+        bound, bound_kv = statistics.median(bounds), statistics.median(bounds_kv)
+        bandwidth, flops_rate = (statistics.median(r[i] for r in rates) for i in (0, 1))
+        ratios = [f / n for f, n in zip(times["forward"], times["lean"])]
+        entry = {"rows": rows, "adapters": sorted(set(adapters)),
+                 "forward_ms": [round(1000 * t, 2) for t in times["forward"]],
+                 "lean_ms": [round(1000 * t, 2) for t in times["lean"]],
+                 "forward_ms_median": 1000 * statistics.median(times["forward"]),
+                 "lean_ms_median": 1000 * statistics.median(times["lean"]),
+                 "forward_over_lean_median": statistics.median(ratios),
+                 "bound_ms": 1000 * bound, "bound_with_kv_cache_ms": 1000 * bound_kv,
+                 "bound_is": "memory" if counts["weight_bytes"] / bandwidth >= counts["flops"] / flops_rate
+                 else "compute",
+                 "copy_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflops": flops_rate / 1e9,
+                 "forward_over_bound": statistics.median(t / b for t, b in zip(times["forward"], bounds)),
+                 "lean_over_bound": statistics.median(t / b for t, b in zip(times["lean"], bounds)),
+                 "lean_over_bound_with_kv_cache": statistics.median(t / b for t, b in zip(times["lean"], bounds_kv)),
+                 "lean_step_made_in_s": made_s,
+                 "sampler_ms": {"greedy": sampler[0], "top_p_0.9": sampler[1]}, **counts}
+        results.append(entry)
+        summary[str(rows)] = {k: round(entry[k], 2) for k in ("forward_ms_median", "lean_ms_median",
+                                                              "forward_over_lean_median", "bound_ms",
+                                                              "forward_over_bound", "lean_over_bound",
+                                                              "lean_over_bound_with_kv_cache")}
+        print(summary[str(rows)], flush=True)
+    # where the lean step's time goes at the largest batch (self CPU time per operator)
+    with torch.no_grad(), MultiAdapterBatch(model, adapters) as batch:
+        step = LeanStep(model, batch, packed=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run_steps(model, cache, batch, "lean", step, tokens, mask, prompt, 3, clock)
     total = sum(e.self_cpu_time_total for e in prof.key_averages())
-    shares: dict[str, float] = defaultdict(float)
-    for e in prof.key_averages(group_by_input_shape=True):
-        name = e.key
-        if name == "aten::mm":
-            name = f"aten::mm {e.input_shapes[:2]}"
-        elif "scaled_dot_product" in name:
-            name = "attention (scaled_dot_product)"
-        shares[name] += e.self_cpu_time_total / total
-    top = dict(sorted(((k, round(v, 4)) for k, v in shares.items()), key=lambda kv: -kv[1])[:12])
-    speedup = {}
-    for batch in sorted({r["batch"] for r in rows}):
-        best = {path: min(r["ms_per_step"] for r in rows if r["batch"] == batch and r["path"] == path)
-                for path in ("F.linear", "packed")}
-        speedup[str(batch)] = best["F.linear"] / best["packed"]
-    result = {"command": "python benchmarks/decode_step.py", "threads": torch.get_num_threads(),
-              "parameters": params, "matmul_gflops": flops / 1e9, "steps": rows,
-              "packed_speedup_by_batch (best F.linear ms / best packed ms)": speedup,
-              "batch_64_profile_share_of_self_cpu_time": top}
+    shares = {e.key: round(e.self_cpu_time_total / total, 4) for e in prof.key_averages()}
+    top = dict(sorted(shares.items(), key=lambda kv: -kv[1])[:8])
+    result = {"command": "python benchmarks/decode_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "cpu": cpu_model(), "threads": threads,
+              "clock": "thread CPU time" if clock is time.thread_time else "wall clock",
+              "load_before": load_before, "load_after": load(),
+              "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+              "summary": summary, "steps": results,
+              f"lean_profile_share_{results[-1]['rows']}_rows": top}
     write_result(args.out, result)
     return 0
 

@@ -17,6 +17,7 @@ from transformers.generation.logits_process import (
 
 from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.generation import (
+    LeanStep,
     MultiAdapterBatch,
     decode,
     dequantized_weight,
@@ -72,15 +73,24 @@ def _assert_greedy(pool, req, got, expected, max_new_tokens):
 
 
 def _generate_with_forward_shapes(pool, requests, config):
-    """``pool.generate_many(requests, config)`` and the ``input_ids`` shape of every forward of the (one) base."""
+    """``pool.generate_many(requests, config)`` and the ``input_ids`` shape of every forward of the (one) base, and of
+    every one-token step the lean step computes instead (``(rows, 1)``)."""
     (base,) = pool.bases.values()
     shapes = []
     hook = base.get_base_model().register_forward_pre_hook(
         lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    lean_step = LeanStep.__call__
+
+    def recorded(self, tokens, *args, **kwargs):
+        shapes.append((tokens.numel(), 1))
+        return lean_step(self, tokens, *args, **kwargs)
+
+    LeanStep.__call__ = recorded
     try:
         return pool.generate_many(requests, config), shapes
     finally:
         hook.remove()
+        LeanStep.__call__ = lean_step
 
 
 @pytest.mark.parametrize("quantization,dense_copy", [(None, "auto"), ("4bit", "always"), ("4bit", "never")])
@@ -158,7 +168,8 @@ def test_prompts_with_a_shared_prefix_prefill_it_once(tiny_text_model):
             _assert_greedy(pool, req, g.completion_ids, expected, 6)
 
 
-def test_dropping_finished_rows_changes_no_other_row(tiny_text_model):
+@pytest.mark.parametrize("lean", [False, True])
+def test_dropping_finished_rows_changes_no_other_row(tiny_text_model, lean):
     pool = _pool(tiny_text_model)
     model = pool.bases["base0"].get_base_model()
     tok = pool.tokenizer_of("aux")
@@ -170,12 +181,13 @@ def test_dropping_finished_rows_changes_no_other_row(tiny_text_model):
     # an EOS list that makes rows stop at different steps: the first tokens the rows produce
     config = GenerationConfig(max_new_tokens=12, do_sample=False)
     with MultiAdapterBatch(model, adapters) as batch:
-        free = decode(model, ids, mask, config, eos_ids=[], batch=batch)
+        free = decode(model, ids, mask, config, eos_ids=[], batch=batch, lean_step=LeanStep(model, batch) if lean else None)
     stops = sorted({row[3] for row in free})[:2]
     results = []
     for fraction in (0.0, 10.0):  # drop finished rows at once / never
         with MultiAdapterBatch(model, adapters) as batch:
-            results.append(decode(model, ids, mask, config, eos_ids=stops, batch=batch, compact_fraction=fraction))
+            results.append(decode(model, ids, mask, config, eos_ids=stops, batch=batch, compact_fraction=fraction,
+                                  lean_step=LeanStep(model, batch) if lean else None))
     assert results[0] == results[1]
     assert any(len(r) < 12 for r in results[0]) and any(len(r) == 12 for r in results[0])
     for row, full in zip(results[0], free):  # each row is the unstopped row cut at its first EOS

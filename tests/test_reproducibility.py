@@ -82,6 +82,7 @@ def test_same_recipe_and_seed_give_the_same_summary_whatever_memory_is_free(tiny
     high = _summary_with_free_memory(out, tiny_ab_model, free=1 << 40)  # 1 TiB free
     machine = low["machine"]
     assert machine["paths"]["base0"]["packed_weights"] is True  # the tiny base's copy is far below total memory / 4
+    assert machine["paths"]["base0"]["lean_decode"] is True  # a Llama: its decoding steps run through the lean step
     assert machine["paths"]["base0"]["dtype"] == "float32" and machine["paths"]["base0"]["generation"] == "pool"
     assert machine["cpu"] and machine["aten_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "NO AVX")
     assert machine["torch_threads"] >= 1 and machine["versions"]["torch"].startswith("2.")

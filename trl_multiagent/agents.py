@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from .agent_spec import AgentSpec, check_critics, check_team, spec_record  # noqa: F401  (the public import path)
 from .critics import CriticSpec, ValueHead, select_head
 from .generation import (  # noqa: F401  (Generation and GenerationRequest are re-exported)
     Generation,
@@ -42,11 +43,13 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
     Prompt,
     dense_weight_bytes,
     generate_team,
+    lean_support,
     packed_weight_bytes,
     use_dense_copy,
 )
-from .models import DEFAULT_MODEL, check_lora_targets, load_base_model, load_tokenizer, resolve_model
+from .models import load_base_model, load_tokenizer, resolve_model
 from .teacher_forcing import completion_outputs, hidden_forward
+from .tools import prepare_tool_agents
 from .utils import QUANTIZATIONS, total_memory  # noqa: F401  (QUANTIZATIONS re-exported)
 
 logger = logging.getLogger(__name__)
@@ -55,110 +58,12 @@ logger = logging.getLogger(__name__)
 DENSE_COPY = ("auto", "always", "never")
 #: Whether generation computes a base's frozen linears with oneDNN-packed weights (``AgentPool.packs_weights``).
 PACKED_WEIGHTS = ("auto", "always", "never")
+#: Whether generation computes a base's one-token decoding steps with the lean step (``AgentPool.lean_decodes``).
+LEAN_DECODE = ("auto", "always", "never")
 #: ``auto`` makes a copy of a base's weights when it takes at most this share of the device's TOTAL memory: a fixed
 #: property of the machine, so that the same recipe on the same machine always takes the same path (the memory free
 #: at load time would make the numerics depend on what else runs).
 COPY_SHARE_OF_TOTAL_MEMORY = 0.25
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
-
-
-@dataclass
-class AgentSpec:
-    """One agent of a team.
-
-    Attributes:
-        name: the role name; must match one of the environment's agents.
-        model: hub id, local checkpoint directory or embedded short name; ``None`` is the embedded default
-            (``smollm2-135m-instruct``).
-        policy: the policy (adapter) this agent acts with; agents naming the same policy share it. Defaults to
-            ``name`` (one policy per agent).
-        quantization: ``None`` for a LoRA adapter on a full-precision base, ``"4bit"`` for QLoRA (NF4 base).
-        lora_r, lora_alpha, lora_dropout, lora_target_modules: the adapter's LoRA settings.
-        learning_rate: this policy's learning rate; ``None`` uses the trainer's ``learning_rate``.
-        system_prompt: optional system message put before every prompt of this agent.
-        use_chat_template: format prompts with the tokenizer's chat template when it has one.
-        tools: TRL-style tool functions (type hints and a Google-style docstring, as TRL's ``tools=``), each a
-            callable or ``"module:function"`` / ``"path/to/file.py:function"``; the prompt carries their schemas
-            through the chat template and the agent's tool calls are run between its generations
-            (:mod:`trl_multiagent.tools`). Tools that run model-written code call the sandbox themselves
-            (``trl_multiagent.sandbox.run_python``).
-        max_tool_calls_per_turn: the most tool calls one response may make; a completion whose calls would exceed it
-            ends there, unanswered.
-        chat_template: a Jinja chat template (the text, or the path of a ``.jinja`` file) used instead of the
-            tokenizer's, e.g. one that renders tools for a model whose own template does not.
-    """
-
-    name: str
-    model: str | None = None
-    policy: str | None = None
-    quantization: str | None = None
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: str | list[str] = "all-linear"
-    learning_rate: float | None = None
-    system_prompt: str | None = None
-    use_chat_template: bool = True
-    tools: list | None = None
-    max_tool_calls_per_turn: int = 5
-    chat_template: str | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(f"Agent name {self.name!r} must start with a letter and use letters, digits, '_' or '-'")
-        if self.policy is None:
-            self.policy = self.name
-        if not _NAME_RE.match(self.policy) or self.policy in ("default", "ref"):
-            raise ValueError(f"Policy name {self.policy!r} is not allowed (letters, digits, '_', '-'; not 'default'/'ref')")
-        if self.policy in "lora_":
-            raise ValueError(f"Policy name {self.policy!r} (agent {self.name!r}) is part of PEFT's parameter prefix "
-                             "'lora_', so PEFT could re-initialise its weights when loading them; choose a longer name")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"Agent {self.name!r}: quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.lora_r <= 0:
-            raise ValueError(f"Agent {self.name!r}: lora_r must be positive, got {self.lora_r}")
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise ValueError(f"Agent {self.name!r}: learning_rate must be positive, got {self.learning_rate}")
-        check_lora_targets(f"Agent {self.name!r}", self.lora_target_modules)
-        if isinstance(self.max_tool_calls_per_turn, bool) or not isinstance(self.max_tool_calls_per_turn, int) \
-                or self.max_tool_calls_per_turn < 0:
-            raise ValueError(f"Agent {self.name!r}: max_tool_calls_per_turn must be an integer >= 0, "
-                             f"got {self.max_tool_calls_per_turn!r}")
-        if self.tools is not None and (isinstance(self.tools, str) or not isinstance(self.tools, (list, tuple))):
-            self.tools = [self.tools]
-        if self.tools:
-            from .tools import resolve_tools
-
-            resolve_tools(self.tools, f"Agent {self.name!r}")  # checked now, before any model loads
-        if self.chat_template is not None:
-            if not isinstance(self.chat_template, str) or not self.chat_template.strip():
-                raise ValueError(f"Agent {self.name!r}: chat_template must be a Jinja template or a .jinja file")
-            if self.chat_template.endswith(".jinja") and "{" not in self.chat_template:
-                path = Path(self.chat_template).expanduser()
-                if not path.is_file():
-                    raise FileNotFoundError(f"Agent {self.name!r}: no chat template file {path}")
-
-    def tool_functions(self) -> list:
-        """The agent's tools as functions (specs imported once per process by :func:`~trl_multiagent.utils.
-        import_object`)."""
-        from .tools import resolve_tools
-
-        return resolve_tools(self.tools, f"Agent {self.name!r}") if self.tools else []
-
-    def chat_template_text(self) -> str | None:
-        """The agent's own chat template (``chat_template``, read from its file when it names one)."""
-        if self.chat_template is not None and self.chat_template.endswith(".jinja") and "{" not in self.chat_template:
-            return Path(self.chat_template).expanduser().read_text()
-        return self.chat_template
-
-    @property
-    def model_name(self) -> str:
-        return self.model or DEFAULT_MODEL
-
-    def adapter_settings(self) -> tuple:
-        targets = self.lora_target_modules
-        return (self.model_name, self.quantization, self.lora_r, self.lora_alpha, self.lora_dropout,
-                tuple(targets) if isinstance(targets, list) else targets, self.learning_rate)
 
 
 @dataclass
@@ -175,71 +80,6 @@ class _Critic:
     base_key: str
     adapter: str  # its own adapter, or the policy adapter it shares
     params: list[nn.Parameter]  # what the critic's optimizer group holds: its adapter (unless shared) and its head
-
-
-def _training_template(agent: str, tokenizer) -> str | None:
-    """``None`` when the tokenizer's chat template keeps earlier messages as they are once tool messages follow (tool
-    results are appended to a completion's tokens); otherwise TRL's training version of it, as TRL's trainer takes
-    for tools (``get_training_chat_template``)."""
-    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
-
-    if is_chat_template_prefix_preserving(tokenizer):
-        return None
-    try:
-        return get_training_chat_template(tokenizer)
-    except ValueError as exc:
-        raise ValueError(f"Agent {agent!r} has tools, but its tokenizer's chat template renders earlier messages "
-                         "differently once more follow, and TRL has no training version of it; give the agent a "
-                         "chat_template that keeps them (docs/guides/tools.md)") from exc
-
-
-def _spec_record(spec: AgentSpec) -> dict[str, Any]:
-    """An agent for ``team.json``: its fields, tools as the strings that name them."""
-    from .tools import tool_spec_string
-
-    record = asdict(spec)
-    if spec.tools:
-        record["tools"] = [tool_spec_string(t) for t in spec.tools]
-    return record
-
-
-def check_critics(specs: Sequence[AgentSpec], critics: Sequence[CriticSpec]) -> None:
-    """Critics must name agents of the team and have names distinct from each other and from every policy."""
-    agents = {s.name for s in specs}
-    policies = {s.policy for s in specs}
-    seen: set[str] = set()
-    for critic in critics:
-        if critic.agent not in agents:
-            raise ValueError(f"Critic {critic.name!r} names agent {critic.agent!r}, which is not in the team "
-                             f"{sorted(agents)}")
-        if critic.name in seen or critic.name in policies:
-            raise ValueError(f"Critic name {critic.name!r} is already used by another critic or a policy")
-        seen.add(critic.name)
-
-
-def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
-    """Validate a team before loading anything; return the agents of every policy.
-
-    Agent names must be unique, and agents sharing a policy must agree on everything that defines it (base model,
-    quantization, LoRA settings, learning rate).
-    """
-    if not specs:
-        raise ValueError("A team needs at least one AgentSpec")
-    names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"Agent names must be unique; repeated: {dupes}")
-    by_policy: dict[str, list[AgentSpec]] = {}
-    for spec in specs:
-        by_policy.setdefault(spec.policy, []).append(spec)
-    for policy, members in by_policy.items():
-        settings = {m.adapter_settings() for m in members}
-        if len(settings) > 1:
-            raise ValueError(
-                f"Agents {[m.name for m in members]} share policy {policy!r} but differ in model, quantization, LoRA "
-                "settings or learning rate; a shared policy is one adapter on one base."
-            )
-    return by_policy
 
 
 def _decide_copy(choice: str, needed: int, total: int) -> bool:
@@ -263,18 +103,26 @@ class AgentPool(nn.Module):
             memory (:meth:`dense_copy_of`).
         packed_weights: whether generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies
             of their weights (:data:`PACKED_WEIGHTS`; same rule as ``dense_copy``; :meth:`packs_weights`).
+        lean_decode: whether generation computes the one-token decoding steps with the lean step
+            (:class:`~trl_multiagent.generation.lean_step.LeanStep`) instead of transformers' forward
+            (:data:`LEAN_DECODE`): ``"auto"``: on every base it supports (Llama architecture; the others fall back,
+            logged); ``"always"``: the same, and a base it does not support is an error; ``"never"``
+            (:meth:`lean_decodes`).
     """
 
     def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
-                 dense_copy: str = "auto", packed_weights: str = "auto"):
+                 dense_copy: str = "auto", packed_weights: str = "auto", lean_decode: str = "auto"):
         super().__init__()
         if dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
         if packed_weights not in PACKED_WEIGHTS:
             raise ValueError(f"packed_weights must be one of {PACKED_WEIGHTS}, got {packed_weights!r}")
-        self.dense_copy, self.packed_weights = dense_copy, packed_weights
+        if lean_decode not in LEAN_DECODE:
+            raise ValueError(f"lean_decode must be one of {LEAN_DECODE}, got {lean_decode!r}")
+        self.dense_copy, self.packed_weights, self.lean_decode = dense_copy, packed_weights, lean_decode
         self._dense: dict[str, bool] = {}
         self._packed: dict[str, bool] = {}
+        self._lean: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
@@ -306,21 +154,9 @@ class AgentPool(nn.Module):
             self._add_critic(critic)
         self._keep_all_adapters_trainable()
         self._active: dict[str, str] = {}
-        self._tools = {name: spec.tool_functions() for name, spec in self.specs.items()}
-        self._chat_templates = {name: spec.chat_template_text() for name, spec in self.specs.items()}
-        for name, fns in self._tools.items():
-            if fns:
-                from .tools import prepare_tokenizer, renders_tool_calls
-
-                tok = self.tokenizer_of(name)
-                if self._chat_templates[name] is None and not getattr(tok, "chat_template", None) or \
-                        not renders_tool_calls(tok, self._chat_templates[name]):
-                    raise ValueError(f"Agent {name!r} has tools but its chat template cannot render a tool exchange "
-                                     "(an assistant's tool call and the tool's answer); give the agent a chat_template "
-                                     "that does (docs/guides/tools.md)")
-                if self._chat_templates[name] is None:
-                    prepare_tokenizer(tok)
-                    self._chat_templates[name] = _training_template(name, tok)
+        self._tools, self._chat_templates = prepare_tool_agents(self.specs.values(), self.tokenizer_of)
+        for key in self.bases:  # once every adapter is attached (LoRA outside the projections rules the step out)
+            self._decide_lean(key)
 
     def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
         """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
@@ -607,6 +443,25 @@ class AgentPool(nn.Module):
                         "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
                         packed / 2**20)
 
+    def _decide_lean(self, base_key: str) -> None:
+        model = self.bases[base_key].get_base_model()
+        reason = lean_support(model)
+        if self.lean_decode == "always" and reason is not None:
+            raise ValueError(f"lean_decode='always', but base {base_key} ({self.base_sources[base_key][0]}) cannot "
+                             f"decode with the lean step: {reason}. Use lean_decode 'auto' (it then decodes through "
+                             "transformers' forward) or 'never'.")
+        self._lean[base_key] = self.lean_decode != "never" and reason is None
+        logger.info("base %s decodes %s", base_key,
+                    "with the lean step" if self._lean[base_key] else
+                    "through transformers' forward (lean_decode never)" if self.lean_decode == "never" else
+                    f"through transformers' forward: the lean step does not apply ({reason})")
+
+    def lean_decodes(self, base_key: str) -> bool:
+        """Whether generation on base ``base_key`` computes its one-token decoding steps with the lean step
+        (:class:`~trl_multiagent.generation.lean_step.LeanStep`) rather than transformers' forward (decided once,
+        when the pool is built: ``lean_decode`` and :func:`~trl_multiagent.generation.lean_step.lean_support`)."""
+        return self._lean.get(base_key, False)
+
     def packs_weights(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
         (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`: CPU, float32; ``packed_weights``
@@ -637,7 +492,7 @@ class AgentPool(nn.Module):
                 base.peft_config[info.adapter].save_pretrained(str(target))
             save_file({k: v.detach().cpu().contiguous() for k, v in self.value_heads[name].state_dict().items()},
                       str(target / "value_head.safetensors"))
-        team = {"agents": [_spec_record(s) for s in self.specs.values()],
+        team = {"agents": [spec_record(s) for s in self.specs.values()],
                 "critics": [asdict(c.spec) for c in self.critics.values()],
                 "bases": {k: {"model": m, "quantization": q} for k, (m, q) in self.base_sources.items()}}
         (root / "team.json").write_text(json.dumps(team, indent=2))

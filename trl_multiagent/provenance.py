@@ -4,9 +4,9 @@
 Two runs of one recipe and seed give the same numbers only when the same kernels sum in the same order: the CPU's
 instruction set decides which kernels ATen and oneDNN pick (AVX2 and AVX-512 machines of one kind differ), the thread
 count decides how sums are split, and the pool's copies (a de-quantised 4-bit base, oneDNN-packed weights for
-generation) change the order again. Every one of these is recorded here, so that a result can be told apart from
-machine noise; the pool's copies are chosen by the config (``dense_copy``, ``packed_weights``), never by the memory
-free at load time.
+generation, the lean decoding step) change the order again. Every one of these is recorded here, so that a result
+can be told apart from machine noise; the pool's copies and paths are chosen by the config (``dense_copy``,
+``packed_weights``, ``lean_decode``), never by the memory free at load time.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def kernel_record() -> dict[str, Any]:
 
 def pool_paths(pool) -> dict[str, dict[str, Any]]:
     """Per base of an :class:`~trl_multiagent.agents.AgentPool`: its model, dtype, quantization, whether it computes
-    with a de-quantised copy, whether generation uses packed weights, and the generation backend."""
+    with a de-quantised copy, whether generation uses packed weights, whether its decoding steps run through the lean
+    step (``lean_decode``) or transformers' forward, and the generation backend."""
     paths = {}
     for key, base in getattr(pool, "bases", {}).items():  # a stand-in pool of the tests has no bases
         model, quantization = pool.base_sources[key]
@@ -88,6 +89,7 @@ def pool_paths(pool) -> dict[str, dict[str, Any]]:
             "dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
             "dense_copy": pool.dense_copy_of(key),
             "packed_weights": pool.packs_weights(key),
+            "lean_decode": pool.lean_decodes(key),
             "generation": "vllm" if pool.generation_backend is not None else "pool",
         }
     return paths

@@ -250,6 +250,47 @@ def _render_ids(tokenizer, messages, add_generation_prompt: bool, **kwargs) -> l
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+# ------------------------------------------------------------------------------------------ the team's templates
+def _training_template(agent: str, tokenizer) -> str | None:
+    """``None`` when the tokenizer's chat template keeps earlier messages as they are once tool messages follow (tool
+    results are appended to a completion's tokens); otherwise TRL's training version of it, as TRL's trainer takes
+    for tools (``get_training_chat_template``)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    if is_chat_template_prefix_preserving(tokenizer):
+        return None
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"Agent {agent!r} has tools, but its tokenizer's chat template renders earlier messages "
+                         "differently once more follow, and TRL has no training version of it; give the agent a "
+                         "chat_template that keeps them (docs/guides/tools.md)") from exc
+
+
+def prepare_tool_agents(specs, tokenizer_of: Callable) -> tuple[dict[str, list[Callable]], dict[str, str | None]]:
+    """Every agent's tool functions and the chat template its prompts are rendered with (``None``: the tokenizer's).
+
+    An agent with tools needs a template that renders a tool exchange (an assistant's tool call, the tool's answer);
+    when its own tokenizer's template rewrites earlier messages once more follow, TRL's training version of it is
+    taken (``_training_template``), so that tool results can be appended to a completion's tokens.
+    """
+    tools = {spec.name: spec.tool_functions() for spec in specs}
+    templates = {spec.name: spec.chat_template_text() for spec in specs}
+    for name, fns in tools.items():
+        if not fns:
+            continue
+        tok = tokenizer_of(name)
+        if templates[name] is None and not getattr(tok, "chat_template", None) or \
+                not renders_tool_calls(tok, templates[name]):
+            raise ValueError(f"Agent {name!r} has tools but its chat template cannot render a tool exchange "
+                             "(an assistant's tool call and the tool's answer); give the agent a chat_template "
+                             "that does (docs/guides/tools.md)")
+        if templates[name] is None:
+            prepare_tokenizer(tok)
+            templates[name] = _training_template(name, tok)
+    return tools, templates
+
+
 # ------------------------------------------------------------------------------------------------------ the loop
 @dataclasses.dataclass
 class _Row:

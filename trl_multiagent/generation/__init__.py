@@ -10,6 +10,8 @@ above it in this list, and nothing of the library but :mod:`trl_multiagent.paddi
 * :mod:`.frozen_weights`: the de-quantised copy of a 4-bit base's frozen weights (:func:`use_dense_copy`) and the
   oneDNN-packed copy of frozen float32 linears on the CPU (:class:`PackedFrozenLinears`, ``PACK_MIN_WEIGHTS``);
 * :mod:`.lora_batch`: :class:`MultiAdapterBatch`, one forward pass for rows of several LoRA adapters;
+* :mod:`.lean_step`: :class:`LeanStep`, the one-token decoding step of a Llama-architecture base computed without
+  transformers' forward (few operations per layer), and :func:`lean_support` (which bases it applies to);
 * :mod:`.sampling`: the sampler, :func:`sample_next` and :func:`nucleus_candidates` (``TOP_P_CANDIDATES``);
 * :mod:`.prefixes`: :func:`shared_prefixes`, the grouping of prompts that begin alike, shared with the
   teacher-forced pass (:mod:`trl_multiagent.teacher_forcing`);
@@ -39,6 +41,7 @@ from .frozen_weights import (
     packing_available,
     use_dense_copy,
 )
+from .lean_step import LeanStep, lean_support
 from .lora_batch import MultiAdapterBatch
 from .prefixes import shared_prefixes
 from .requests import Generation, GenerationRequest, Prompt
@@ -50,6 +53,7 @@ __all__ = [
     "SUPPORTED_OPTIONS",
     "Generation",
     "GenerationRequest",
+    "LeanStep",
     "MultiAdapterBatch",
     "PackedFrozenLinears",
     "Prompt",
@@ -59,6 +63,7 @@ __all__ = [
     "dequantized_weight",
     "eval_mode",
     "generate_team",
+    "lean_support",
     "nucleus_candidates",
     "packed_weight_bytes",
     "packing_available",

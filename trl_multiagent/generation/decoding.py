@@ -5,6 +5,8 @@ prefix once, :func:`~trl_multiagent.generation.prefixes.shared_prefixes`; rows o
 buckets, :func:`prefill_buckets`), then one token per step with a preallocated KV cache
 (:mod:`~trl_multiagent.generation.kv_cache`); rows that have finished are dropped from the batch (and their cache)
 as they accumulate; the next token comes from the sampler (:func:`~trl_multiagent.generation.sampling.sample_next`).
+The one-token steps run through the model's forward, or, for a Llama-architecture base, through the lean step
+(:class:`~trl_multiagent.generation.lean_step.LeanStep`, ``lean_step``), which computes them with few operations.
 A mixed batch of LoRA adapters (:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`) follows the rows.
 
 :data:`SUPPORTED_OPTIONS` are the GenerationConfig options the loop implements (:func:`unsupported_options`).
@@ -20,6 +22,7 @@ import torch
 from transformers import GenerationConfig
 
 from .kv_cache import preallocated_cache
+from .lean_step import LeanStep
 from .lora_batch import MultiAdapterBatch
 from .sampling import sample_next
 
@@ -100,7 +103,8 @@ def _bucketed_prefill(model, cache, input_ids, attention_mask, position_ids, sta
 def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
            eos_ids: Sequence[int], batch: MultiAdapterBatch | None = None,
            compact_fraction: float = 0.25, expand: torch.Tensor | None = None,
-           prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> list[list[int]]:
+           prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+           lean_step: LeanStep | None = None) -> list[list[int]]:
     """Sample completions of the left-padded ``input_ids`` rows; returns each row's completion token ids (ending
     with its EOS token when it produced one).
 
@@ -116,7 +120,11 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
     ``model`` is a transformers causal LM (the PEFT-injected model under ``batch``, if any). Rows that produced
     EOS leave the batch, with their KV cache rows, once at least ``compact_fraction`` of the live rows have
-    finished (each removal copies the cache, so it is not done at every step)."""
+    finished (each removal copies the cache, so it is not done at every step).
+
+    ``lean_step`` (optional): a :class:`~trl_multiagent.generation.lean_step.LeanStep` of ``model`` (made within
+    ``batch``) that computes the one-token steps after the prefill instead of ``model``'s forward; the prefill
+    stays on the forward."""
     unknown = unsupported_options(config)
     if unknown:
         raise ValueError(f"team-level generation does not implement the generation option(s) {unknown}")
@@ -193,9 +201,12 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
             if batch is not None:
                 batch.select(keep)
         # finished rows still in the batch decode on; what they add after their EOS is cut below
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache,
-                    use_cache=True)
-        logits = out.logits[:, -1, :]
+        if lean_step is not None:
+            logits = lean_step(tokens, mask, next_pos, cache)
+        else:
+            out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache,
+                        use_cache=True)
+            logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     eos_set = set(eos_ids)
     return [through_first_eos(comp, eos_set) for comp in completions]

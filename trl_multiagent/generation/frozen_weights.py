@@ -80,6 +80,20 @@ def packing_available(model: torch.nn.Module) -> bool:
 PACK_MIN_WEIGHTS = 1 << 16
 
 
+def packed_weight(module: torch.nn.Module, weights: list[torch.Tensor], name: str = "_trl_multiagent_packed"):
+    """The frozen ``weights`` (``(out, in)`` each, one ``in``), stacked along ``out`` and reordered into oneDNN's
+    blocked layout for ``torch.ops.mkldnn._linear_pointwise``: kept on ``module`` (attribute ``name``) and made
+    again when a weight changes (its storage, version or shape). One weight is reordered as it is; several are
+    concatenated first (the concatenation is dropped once reordered, so the packed copy is the only extra memory)."""
+    key = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
+    cached = module.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        whole = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+        cached = (key, torch.ops.mkldnn._reorder_linear_weight(whole, 64))
+        module.__dict__[name] = cached
+    return cached[1]
+
+
 class PackedFrozenLinears:
     """Within ``with``, every frozen float32 linear of ``model`` on the CPU (the base layers under the LoRA adapters,
     their de-quantised copies, the LM head) computes with its weight reordered once into oneDNN's blocked layout
@@ -89,10 +103,17 @@ class PackedFrozenLinears:
 
     Generation only (no autograd: the op has no derivative; under ``torch.is_grad_enabled()`` the layer computes as
     before). The packed weight is kept on the module and made again when the weight changes (its storage or version),
-    so it costs one more copy of the frozen weights, which :meth:`AgentPool` allows where memory does."""
+    so it costs one more copy of the frozen weights, which :meth:`AgentPool` allows where memory does.
 
-    def __init__(self, model: torch.nn.Module):
+    ``skip``: layers left as they are. The lean decoding step (:mod:`.lean_step`) packs q/k/v and gate/up of every
+    layer concatenated, and shares the packed copies of the other layers with this class; the prefill before it
+    skips the concatenated layers, so that the frozen weights are packed once in all (what
+    :func:`packed_weight_bytes` counts)."""
+
+    def __init__(self, model: torch.nn.Module, skip=()):
         self.model = model
+        #: layers left as they are (those the lean decoding step packs in concatenations of its own)
+        self.skip = {id(m) for m in skip}
         self._patched: list[tuple[torch.nn.Module, object]] = []
 
     @staticmethod
@@ -114,7 +135,7 @@ class PackedFrozenLinears:
         try:
             for module in self.model.modules():
                 weight = self.frozen_weight(module)
-                if weight is not None:
+                if weight is not None and id(module) not in self.skip:
                     self._patch(module, weight)
         except BaseException:
             self.__exit__(None, None, None)
@@ -130,12 +151,7 @@ class PackedFrozenLinears:
         self._patched.clear()
 
     def _patch(self, module: torch.nn.Module, weight: torch.Tensor) -> None:
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-        cached = module.__dict__.get("_trl_multiagent_packed")
-        if cached is None or cached[0] != key:
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64))
-            module._trl_multiagent_packed = cached
-        packed = cached[1]
+        packed = packed_weight(module, [weight])
         bias = module.bias.detach() if module.bias is not None else None
         previous = module.__dict__.get("forward")
         unpacked = previous if previous is not None else type(module).forward.__get__(module)

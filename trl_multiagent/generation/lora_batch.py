@@ -31,6 +31,10 @@ class MultiAdapterBatch:
         self._row_adapters = list(row_adapters)
         self._patched: list[torch.nn.Module] = []
         self._scales: dict[int, torch.Tensor] = {}  # id(layer) -> (rows, R) per-row scales of that layer
+        #: Each current row's adapter, as an index into :attr:`adapters` (-1: no adapter); a new tensor whenever the
+        #: rows change (:meth:`select`, :meth:`rows`), so that a reader can tell (the lean decoding step).
+        self.row_index = torch.tensor([self.adapters.index(a) if a is not None else -1 for a in row_adapters],
+                                      dtype=torch.long)
 
     def __enter__(self) -> MultiAdapterBatch:
         from peft.tuners.lora.layer import LoraLayer
@@ -91,14 +95,16 @@ class MultiAdapterBatch:
     @contextlib.contextmanager
     def rows(self, rows: slice) -> Iterator[None]:
         """Within ``with``, the batch is the rows ``rows`` of the current one (a bucket of the prefill)."""
-        whole = self._scales
+        whole, index = self._scales, self.row_index
         self._scales = {key: scales[rows] for key, scales in whole.items()}
+        self.row_index = index[rows]
         try:
             yield
         finally:
-            self._scales = whole
+            self._scales, self.row_index = whole, index
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` (indices into the current batch) from now on."""
         for key, scales in self._scales.items():
             self._scales[key] = scales.index_select(0, keep)
+        self.row_index = self.row_index.index_select(0, keep.to(self.row_index.device))

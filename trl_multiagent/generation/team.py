@@ -3,8 +3,9 @@
 :func:`generate_team` is :meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>` without a
 vLLM backend: all rows of every agent that shares a base are sampled in ONE batched decoding loop
 (:func:`~trl_multiagent.generation.decoding.decode`), each row with its own LoRA adapter
-(:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`); rows with the same prompt and adapter share one
-prefill, and prompts that begin alike share their prefix's
+(:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`), its one-token steps computed by the lean step
+where the base allows (:class:`~trl_multiagent.generation.lean_step.LeanStep`, ``lean_decode``); rows with the same
+prompt and adapter share one prefill, and prompts that begin alike share their prefix's
 (:func:`~trl_multiagent.generation.prefixes.shared_prefixes`). Options the loop does not implement go through
 transformers' ``generate``, one agent at a time.
 """
@@ -12,6 +13,7 @@ transformers' ``generate``, one agent at a time.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -20,6 +22,7 @@ from transformers import GenerationConfig
 from ..padding import left_pad, pad_token_id
 from .decoding import decode, through_first_eos, unsupported_options
 from .frozen_weights import PackedFrozenLinears
+from .lean_step import LeanStep, lean_support
 from .lora_batch import MultiAdapterBatch
 from .prefixes import shared_prefixes
 from .requests import Generation
@@ -119,11 +122,25 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     pad = pad_token_id(pool.tokenizers[key])
     tokens = [encoded[i] for i, _ in prompts]
     group_of, prefix_len = shared_prefixes(tokens, adapters)
-    packed = PackedFrozenLinears(model) if pool.packs_weights(key) else contextlib.nullcontext()
+    lean, packs = pool.lean_decodes(key), pool.packs_weights(key)
+    if lean and (reason := lean_support(model)) is not None:  # the model changed since the pool decided (e.g. FSDP)
+        if (key, reason) not in _warned_lean:
+            _warned_lean.add((key, reason))
+            logging.getLogger(__name__).warning("base %s: the lean decoding step no longer applies (%s); its "
+                                                "decoding steps run through transformers' forward", key, reason)
+        lean = False
+    # the lean step packs q/k/v and gate/up in concatenations of its own: the prefill leaves those layers unpacked
+    packed = PackedFrozenLinears(model, skip=LeanStep.concatenated_modules(model) if lean else ()) if packs \
+        else contextlib.nullcontext()
+
+    def lean_step(batch):  # made within the batch, at every call: it reads the adapters' LoRA matrices as they are now
+        return LeanStep(model, batch, packed=packs) if lean else None
+
     if len(prefix_len) == len(tokens):  # no two prompts share a prefix: one prefill
         input_ids, attention_mask = left_pad(tokens, pad, device=device)
         with eval_mode(base), MultiAdapterBatch(model, adapters) as batch, packed:
-            return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand)
+            return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand,
+                          lean_step=lean_step(batch))
     first = {}
     for i, g in enumerate(group_of):
         first.setdefault(g, i)
@@ -133,17 +150,16 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
     group = torch.tensor(group_of, dtype=torch.long)
     with eval_mode(base), MultiAdapterBatch(model, [adapters[first[g]] for g in range(len(heads))]) as batch, packed:
         return decode(model, input_ids, attention_mask, config, eos_ids, batch=batch, expand=expand,
-                      prefix=(prefix_ids, prefix_mask, group))
+                      prefix=(prefix_ids, prefix_mask, group), lean_step=lean_step(batch))
 
 
 _warned_fallback: set[tuple[str, ...]] = set()
+_warned_lean: set[tuple[str, str]] = set()
 
 
 def _hf_generate(pool, key, requests, encoded, chunk, config, eos_ids, options) -> list[list[int]]:
     """transformers' ``generate`` for options :func:`decode` does not implement: one call per (agent, adapter on/off)
     within the chunk, with the agent's adapter active (or disabled)."""
-    import logging
-
     if tuple(options) not in _warned_fallback:
         _warned_fallback.add(tuple(options))
         logging.getLogger(__name__).info("generation options %s: using transformers' generate, one agent at a time",

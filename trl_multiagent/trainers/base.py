@@ -141,7 +141,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
             # `seed` start from the same adapters (Trainer.__init__ seeds only after the model exists).
             enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
             pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
-                             dense_copy=args.dense_copy, packed_weights=args.packed_weights)
+                             dense_copy=args.dense_copy, packed_weights=args.packed_weights,
+                             lean_decode=args.lean_decode)
         self.pool = pool
         if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
             from ..generation.vllm import VLLMGenerationBackend, VLLMSettings

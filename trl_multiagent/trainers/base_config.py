@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
-from ..agents import DENSE_COPY, PACKED_WEIGHTS, AgentSpec
+from ..agents import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
 from ..losses import RESPONSE_LOSS
 from ..models import MODEL_DTYPES, context_length
 from .sharding import check_parallelism
@@ -85,6 +85,12 @@ class MultiAgentConfig(GRPOConfig):
                 "weights (faster decoding; the sums run in another order, so tokens can differ from F.linear's at "
                 "near-ties): 'always', 'never', or 'auto' (when the copy takes at most a quarter of the machine's "
                 "total memory). summary.json records the path taken (machine.paths)."})
+    lean_decode: str = field(default="auto", metadata={
+        "help": "Generation computes the one-token decoding steps of Llama-architecture bases with the library's lean "
+                "step (trl_multiagent/generation/lean_step.py: few operations per layer, the same numbers as "
+                "transformers' forward up to the order of float sums) instead of transformers' forward: 'auto' (every "
+                "base it supports; the others fall back to the forward, logged), 'always' (an unsupported base is an "
+                "error) or 'never'. summary.json records the path taken (machine.paths)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
@@ -134,6 +140,8 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {self.dense_copy!r}")
         if self.packed_weights not in PACKED_WEIGHTS:
             raise ValueError(f"packed_weights must be one of {PACKED_WEIGHTS}, got {self.packed_weights!r}")
+        if self.lean_decode not in LEAN_DECODE:
+            raise ValueError(f"lean_decode must be one of {LEAN_DECODE}, got {self.lean_decode!r}")
         if self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if self.gradient_accumulation_steps != 1:
