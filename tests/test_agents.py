@@ -139,9 +139,9 @@ def test_lora_on_the_output_layer_is_refused_before_loading(targets):
 
 
 def test_an_adapted_output_layer_that_slips_past_the_names_is_refused_after_loading(tiny_ab_model, monkeypatch):
-    import trl_multiagent.agents as agents_module
+    import trl_multiagent.agent_spec as agent_spec_module
 
-    monkeypatch.setattr(agents_module, "check_lora_targets", lambda owner, targets: None)
+    monkeypatch.setattr(agent_spec_module, "check_lora_targets", lambda owner, targets: None)
     spec = AgentSpec("ann", model=tiny_ab_model, lora_target_modules=["q_proj", "lm_head"])
     with pytest.raises(ValueError, match="LoRA on the output layer"):
         AgentPool([spec])

@@ -397,7 +397,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                     chunk, row_weights = chunks[c] if c < len(chunks) else (None, None)
                     batch = self.collate(policy, chunk) if chunk else self.dummy_batch(policy)
                     if response:
-                        w = torch.tensor(row_weights if chunk else [0.0], dtype=torch.float32)
+                        w = torch.tensor(row_weights if chunk else [0.0], dtype=self.values_dtype)
                         with self.timed("forward"):
                             loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
                     else:
@@ -470,6 +470,13 @@ class MultiAgentTrainer(TeamTrainerSurface):
                 offset += n
 
     # ------------------------------------------------------------------------------------------------ batches
+    @property
+    def values_dtype(self) -> torch.dtype:
+        """The dtype of the loss's per-sample values (advantages, old and reference log-probs, sample weights):
+        float32 as TRL's, float64 with a float64 model (``model_dtype``), so that a float64 run is float64 end to
+        end."""
+        return torch.float64 if self.args.model_dtype == "float64" else torch.float32
+
     def collate(self, policy: str, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         """Pad one policy's samples into the loss inputs (prompts left-padded, completions right-padded)."""
         pad = pad_token_id(self.pool.tokenizer_of(policy))
@@ -478,14 +485,14 @@ class MultiAgentTrainer(TeamTrainerSurface):
         completion_ids, completion_mask = right_pad([s.generation.completion_ids for s in samples], pad, width=c_len)
         batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
                  "completion_mask": completion_mask,
-                 "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}
+                 "advantages": torch.tensor([s.advantage for s in samples], dtype=self.values_dtype)}
         if any(s.generation.tool_mask is not None for s in samples):  # tool results: attended to, never trained on
             batch["tool_mask"] = right_pad_values(
                 [s.generation.tool_mask if s.generation.tool_mask is not None else [1] * len(s.generation.completion_ids)
                  for s in samples], c_len, dtype=torch.long)
         for key, attr in (("old_per_token_logps", "old_logps"), ("ref_per_token_logps", "ref_logps")):
             if all(getattr(s, attr) is not None for s in samples):
-                batch[key] = right_pad_values([getattr(s, attr) for s in samples], c_len)
+                batch[key] = right_pad_values([getattr(s, attr) for s in samples], c_len, dtype=self.values_dtype)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             from ..generation.vllm import add_importance_sampling
 
