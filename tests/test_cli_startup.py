@@ -275,7 +275,7 @@ def test_a_fresh_interpreter_answers_help_and_recipe_errors_without_torch(snapsh
     package = fresh("import json, sys\nimport trl_multiagent, trl_multiagent.cli, trl_multiagent.recipe\n"
                     "light = 'torch' not in sys.modules\nfrom trl_multiagent import AgentSpec\n"
                     "print(json.dumps({'light': light, 'lazy': AgentSpec.__module__}))")
-    assert package == {"light": True, "lazy": "trl_multiagent.agents"}
+    assert package == {"light": True, "lazy": "trl_multiagent.agent_spec"}
 
 
 def test_a_fault_of_the_file_leaves_the_answer_to_the_classes(snapshot, monkeypatch):

@@ -237,7 +237,8 @@ def test_tool_result_tokens_get_no_gradient(printable_model, monkeypatch):
     gens = pool.generate_many([GenerationRequest("solver", "2+3?"), GenerationRequest("solver", "again?")], CONFIG)
     samples = [Sample(agent="solver", policy="solver", episode=i, turn=0, node=i, generation=g[0], joint_ids=[],
                       advantage=1.0 - 2 * i) for i, g in enumerate(gens)]
-    trainer = SimpleNamespace(pool=pool, use_vllm=False, accelerator=SimpleNamespace(device=torch.device("cpu")))
+    trainer = SimpleNamespace(pool=pool, use_vllm=False, values_dtype=torch.float32,
+                              accelerator=SimpleNamespace(device=torch.device("cpu")))
     batch = MultiAgentTrainer.collate(trainer, "solver", samples)
     assert "tool_mask" in batch
     base = pool.activate("solver")

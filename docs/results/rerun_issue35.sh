@@ -2,6 +2,8 @@
 # Rerun the recorded results that issue 35's fidelity fixes change, on the papers' objectives, and collect them.
 #
 #   docs/results/rerun_issue35.sh collm_dc debate at_grpo at_grpo_specialized mhgpo_rr strbuild_magrpo tldr_dc
+#   SEEDS="1 2" COLLECT=no docs/results/rerun_issue35.sh debate   # some seeds only; archive and collect later
+#   SEEDS= docs/results/rerun_issue35.sh debate                  # no seed: archive and collect outputs/ as they are
 #
 # Each group runs its seeds one after another (2-core machine: nothing else should run beside them), then moves the
 # earlier rows of its folder (seed0-2, table.*, by_template.md) into <folder>/earlier_objective/ with a README line
@@ -34,32 +36,42 @@ archive() {  # archive <folder> <what changed>
 seeds() {  # seeds <script> <config> <prefix> [extra args...]: seeds 0 1 2 into outputs/<prefix>_s<seed>
   local script=$1 config=$2 prefix=$3
   shift 3
-  for seed in 0 1 2; do
+  for seed in ${SEEDS-0 1 2}; do
     echo "== $(date -u +%H:%M:%S) $script $config seed $seed" >&2
     "${LAUNCH[@]}" "recipes/$script" --config "recipes/configs/$config" --seed "$seed" \
       --output_dir "outputs/${prefix}_s$seed" --overwrite_output_dir true "$@"
   done
 }
 
+seeded() {  # seeded <group>: the seeds of a seeded group (the other groups run their one command below)
+  case $1 in
+    collm_dc) seeds actor_critic.py math_easy_dc.yaml math_dc ;;
+    debate) seeds debate.py math_easy_debate.yaml debate ;;
+    at_grpo) seeds at_grpo.py math_easy_at_grpo.yaml at_shared ;;
+    at_grpo_specialized) seeds at_grpo.py math_easy_at_grpo_specialized.yaml at_spec ;;
+    tldr_dc) seeds actor_critic.py tldr_dc_small.yaml tldr_dc ;;
+    mhgpo_rr|strbuild_magrpo) if [ "${COLLECT:-yes}" = no ]; then echo "COLLECT=no: $1 has no seeds to run" >&2; exit 2; fi ;;
+    *) echo "unknown group: $1" >&2; exit 2 ;;
+  esac
+}
+
 for group in "$@"; do
+  seeded $group
+  if [ "${COLLECT:-yes}" = no ]; then continue; fi  # the seeds only
   case $group in
     collm_dc)
-      seeds actor_critic.py math_easy_dc.yaml math_dc
       archive math_easy_collm_dc "Changed: the DC critics now read the global information m_t (App. E), and the actor's objective is Eq. 2/4's unclipped rho * delta (the 0.2 ratio clip is now the option actor_ratio_clip)."
       $BIN/python docs/results/collect.py math_easy_collm_dc outputs/math_dc_s0 outputs/math_dc_s1 outputs/math_dc_s2
       $BIN/python docs/results/by_template.py docs/results/math_easy_collm_dc final/team_correct ;;
     debate)
-      seeds debate.py math_easy_debate.yaml debate
       archive math_easy_debate "Changed: the influence-aware reward is Def. 1's (the agent's own score at turn t plus the discounted team mean of later turns, divided by the discount sum; before, all agents' scores at turn t were averaged too, unnormalised), and App. G.2's -10 penalty replaces the answer's verifier score (entering every reward that aggregates it) instead of its final reward."
       $BIN/python docs/results/collect.py math_easy_debate outputs/debate_s0 outputs/debate_s1 outputs/debate_s2
       $BIN/python docs/results/by_template.py docs/results/math_easy_debate majority_accuracy ;;
     at_grpo)
-      seeds at_grpo.py math_easy_at_grpo.yaml at_shared
       archive math_easy_at_grpo "Changed: in the parallel agent order the executed joint action is the scored one with the highest summed Eq. 3 reward; before, each agent's best candidate was executed, a pair never scored together."
       $BIN/python docs/results/collect.py math_easy_at_grpo outputs/at_shared_s0 outputs/at_shared_s1 outputs/at_shared_s2
       $BIN/python docs/results/by_template.py docs/results/math_easy_at_grpo final/team_correct ;;
     at_grpo_specialized)
-      seeds at_grpo.py math_easy_at_grpo_specialized.yaml at_spec
       archive math_easy_at_grpo_specialized "Changed: in the parallel agent order the executed joint action is the scored one with the highest summed Eq. 3 reward; before, each agent's best candidate was executed, a pair never scored together."
       $BIN/python docs/results/collect.py math_easy_at_grpo_specialized outputs/at_spec_s0 outputs/at_spec_s1 outputs/at_spec_s2
       $BIN/python docs/results/by_template.py docs/results/math_easy_at_grpo_specialized final/team_correct ;;
@@ -80,7 +92,6 @@ for group in "$@"; do
       cp outputs/strbuild_magrpo/summary.json docs/results/strbuild/magrpo_summary.json
       cp outputs/strbuild_magrpo/metrics.jsonl docs/results/strbuild/magrpo_metrics.jsonl ;;
     tldr_dc)
-      seeds actor_critic.py tldr_dc_small.yaml tldr_dc
       archive tldr_collm_dc "Changed: the DC critics now read the global information m_t (App. E), and the actor's objective is Eq. 2/4's unclipped rho * delta."
       $BIN/python docs/results/collect.py tldr_collm_dc outputs/tldr_dc_s0 outputs/tldr_dc_s1 outputs/tldr_dc_s2 ;;
     *) echo "unknown group: $group" >&2; exit 2 ;;
