@@ -54,8 +54,10 @@ NUMERICAL_TESTS = [
     "tests/test_sharded.py::test_fsdp_two_processes_match_one_process_and_resume",
     "tests/test_distributed.py",
     "tests/test_vllm_config.py",
-    "tests/test_numerics.py",
 ]
+#: tests/test_numerics.py checks the helpers themselves on made-up tensors, some of them deliberately beyond the
+#: tolerance (the helper must fail there): its records are no comparison of two numerical paths and are left out.
+SELF_TESTS = "tests/test_numerics.py"
 
 
 def capabilities() -> list[str]:
@@ -88,6 +90,8 @@ def summarise(records: list[dict]) -> dict:
     comparisons: dict[tuple[str, str], dict] = {}
     greedy = defaultdict(lambda: {"identical": 0, "ties": 0, "worst_tie_gap_over_allowed": 0.0})
     for r in records:
+        if r["test"].startswith(SELF_TESTS):
+            continue
         key = (r["test"], r["what"])
         if "deviation" in r:
             c = comparisons.setdefault(key, {"test": r["test"], "what": r["what"], "terms": r["terms"],

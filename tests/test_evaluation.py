@@ -326,3 +326,37 @@ def test_summary_report_and_plot(tmp_path):
     assert (out / "reward_curve.png").stat().st_size > 1000
     rows = [json.loads(line) for line in (out / "eval_per_task.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * 3 + 4 and {"stage", "method", "task_id", "reward", "other"} <= set(rows[0])
+
+
+def test_held_out_sets_are_reported_separately_with_their_own_intervals(tmp_path):
+    from trl_multiagent.evaluation.report import task_sets_of
+
+    tasks = [{"task_id": f"t{i}", "held_out_set": s} for i, s in enumerate(["ops", "ops", "form", "form"])]
+    sets = task_sets_of(tasks)
+    assert sets == {"ops": [0, 1], "form": [2, 3]}
+    assert task_sets_of([{"held_out_set": "ops"}] * 3) is None and task_sets_of([{"task_id": "a"}]) is None
+    # team gains +0.2 on the "ops" tasks and nothing on the "form" tasks; "naive" is the better baseline on "ops",
+    # "single" on "form"
+    before = StageResult("before", {TEAM: _result(TEAM, [0.1, 0.5, 0.2, 0.6]),
+                                    "naive": _result("naive", [0.4, 0.6, 0.0, 0.0]),
+                                    "single": _result("single", [0.0, 0.0, 0.3, 0.3])}, 3.0, 24, 2)
+    after = StageResult("after", {TEAM: _result(TEAM, [0.3, 0.7, 0.2, 0.6])}, 2.0, 8, 1)
+    section = evaluation_section({"before": before, "after": after}, "reward", "episodes", 1, {"do_sample": False},
+                                 baselines=("single", "naive"), num_resamples=200, task_sets=sets)
+    assert section["methods"][TEAM]["gain"]["mean"] == pytest.approx(0.1)  # all four tasks together
+    ops, form = section["held_out_sets"]["ops"], section["held_out_sets"]["form"]
+    assert ops["held_out_tasks"] == 2 and form["held_out_tasks"] == 2
+    assert ops["methods"][TEAM]["gain"]["mean"] == pytest.approx(0.2)
+    assert ops["methods"][TEAM]["gain"]["ci95"] == pytest.approx([0.2, 0.2])
+    assert form["methods"][TEAM]["gain"]["mean"] == pytest.approx(0.0)
+    assert ops["best_baseline"] == "naive" and form["best_baseline"] == "single"
+    # after training vs each set's own best baseline, before training: ops (0.3, 0.7) - (0.4, 0.6); form
+    # (0.2, 0.6) - (0.3, 0.3)
+    assert ops["methods"][TEAM]["gain_vs_best_baseline"]["mean"] == pytest.approx(0.0)
+    assert form["methods"][TEAM]["gain_vs_best_baseline"]["mean"] == pytest.approx(0.1)
+    out = tmp_path / "run"
+    out.mkdir()
+    write_run_outputs(out, section, {"command": "x", "wall_time_s": 1.0}, {"before": before, "after": after})
+    report = (out / "report.md").read_text()
+    assert "### Held-out set `ops` (2 tasks)" in report and "### Held-out set `form` (2 tasks)" in report
+    assert "single agent (best baseline)" in report.split("`form`")[1]

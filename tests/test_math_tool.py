@@ -12,14 +12,19 @@ import pytest
 from tests.recipe_runs import build_trainer
 from trl_multiagent.answers import answers_match, final_answer, last_boxed
 from trl_multiagent.environments.math_problems import (
+    EASY_FORMS,
+    HELD_OUT_FORMS,
     TEMPLATES,
+    arithmetic_key,
+    arithmetic_split,
     format_answer,
+    generalisation_problems,
     gsm8k_to_task,
     polaris_to_task,
     question_split,
     word_problems,
 )
-from trl_multiagent.environments.math_tool import MathToolEnv
+from trl_multiagent.environments.math_tool import MathToolEnv, MathToolGeneralisationEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"question": "A rope of 7 m is cut into 2 equal pieces. How long is each piece, in metres?", "answer": "7/2"}
@@ -195,6 +200,37 @@ def test_word_problem_splits_are_disjoint_and_seeded():
     MathToolEnv.validate_dataset_columns(data.column_names)
     with pytest.raises(ValueError, match="split"):
         word_problems(1, 0, "validation")
+
+
+def test_generalisation_held_out_problems_share_no_arithmetic_and_no_form_with_training():
+    import operator
+
+    assert arithmetic_key(operator.add, 5, 3) == arithmetic_key(operator.add, 3, 5) == "add:3:5"
+    assert arithmetic_key(operator.mul, 7, 2) == "mul:2:7" and arithmetic_key(operator.sub, 7, 2) == "sub:7:2"
+    train = [r for seed in (0, 1, 2) for r in generalisation_problems(400, seed, "train")]
+    unseen_ops = [r for seed in (0, 1, 2) for r in generalisation_problems(120, seed, "unseen_operands")]
+    unseen_form = generalisation_problems(60, 0, "unseen_form")
+    # the arithmetic of every problem, recomputed from its form and operands
+    for r in train + unseen_ops + unseen_form:
+        forms = HELD_OUT_FORMS if r["held_out_set"] == "unseen_form" else EASY_FORMS
+        question, operation = forms[r["template"]]
+        p = json.loads(r["params"])
+        assert r["arithmetic"] == arithmetic_key(operation, p["a"], p["b"]) and r["answer"] == str(operation(p["a"], p["b"]))
+    assert {r["arithmetic"] for r in train}.isdisjoint({r["arithmetic"] for r in unseen_ops})
+    assert all(arithmetic_split(r["arithmetic"]) == "test" for r in unseen_ops)
+    assert {r["template"] for r in train} == set(EASY_FORMS) and {r["template"] for r in unseen_form} == {"compare"}
+    assert set(HELD_OUT_FORMS).isdisjoint(EASY_FORMS)
+    assert len({r["arithmetic"] for r in unseen_ops}) >= 20  # a spread of held-out arithmetic, not a handful
+    assert {r["question"] for r in train}.isdisjoint({r["question"] for r in unseen_ops + unseen_form})
+    held = generalisation_problems(120, 0, "test")
+    assert [r["held_out_set"] for r in held] == ["unseen_operands"] * 80 + ["unseen_form"] * 40
+    assert held == generalisation_problems(80, 0, "unseen_operands") + generalisation_problems(40, 0, "unseen_form")
+    assert len({r["question"] for r in held}) == 120
+    data = MathToolGeneralisationEnv.make_dataset(num_tasks=120, seed=0, split="test")
+    assert data["question"] == [r["question"] for r in held]
+    MathToolGeneralisationEnv.validate_dataset_columns(data.column_names)
+    with pytest.raises(ValueError, match="split"):
+        MathToolGeneralisationEnv.make_dataset(num_tasks=4, split="eval")  # the runner then asks for "test"
 
 
 def test_gsm8k_and_polaris_transforms():

@@ -224,6 +224,7 @@ class Run:
 
     def write(self, generated: list[int]):
         from .evaluation import evaluation_section, write_run_outputs
+        from .evaluation.report import task_sets_of
 
         run: dict[str, Any] = {
             "command": self.command,
@@ -243,7 +244,8 @@ class Run:
                 self.stages, metric, self.evaluator.name, self.num_samples, decoding,
                 baselines=self.evaluator.baselines, num_resamples=self.recipe.eval_bootstrap_resamples,
                 seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive),
-                                              "num_samples_per_method": dict(self.method_samples)})
+                                              "num_samples_per_method": dict(self.method_samples)},
+                task_sets=task_sets_of(self.tasks))
             team = section["methods"].get("team", {})
             if "gain" in team:
                 logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],

@@ -7,7 +7,7 @@ from .coding import AuxMainCodingEnv
 from .collab_game import CollaborationGameEnv
 from .debate import DebateEnv, MathDebateEasyEnv, MathDebateEnv, NLIDebateEnv
 from .games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
-from .math_tool import MathToolEasyEnv, MathToolEnv
+from .math_tool import MathToolEasyEnv, MathToolEnv, MathToolGeneralisationEnv
 from .matrix_game import MatrixGameEnv
 from .minecraft import HouseBuildEnv, StrBuildEnv
 from .pipeline import PipelineEnvironment
@@ -26,6 +26,7 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "coder_tester": CoderTesterEnv,
     "math_tool": MathToolEnv,
     "math_tool_easy": MathToolEasyEnv,
+    "math_tool_generalisation": MathToolGeneralisationEnv,
     "math_debate": MathDebateEnv,
     "math_debate_easy": MathDebateEasyEnv,
     "nli_debate": NLIDebateEnv,
@@ -37,6 +38,6 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "arxiv_expansion": ArxivExpansionEnv,
 }
 
-__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MatrixGameEnv", "PlanPathEnv",
+__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MathToolGeneralisationEnv", "MatrixGameEnv", "PlanPathEnv",
            "Prompt", "SokobanEnv", "TRLEnvironmentTeam", "StepResult", "Sudoku9x9Env", "SudokuEnv",
            "ArxivExpansionEnv", "HouseBuildEnv", "StrBuildEnv", "TLDREnv"]

@@ -155,10 +155,12 @@ EASY_FORMS: dict[str, tuple[str, Callable[[int, int], int]]] = {
 }
 
 
-def _one_operation(kind: str) -> Callable[[random.Random], tuple[str, Fraction, dict]]:
-    """The template of ``EASY_FORMS[kind]``: operands 2-10 (a product's first factor 2-5; a difference's first
-    operand the larger of two distinct ones), so every answer is a positive integer of at most 50."""
-    question, operation = EASY_FORMS[kind]
+def _one_operation(kind: str, forms: Mapping[str, tuple[str, Callable[[int, int], int]]] | None = None
+                   ) -> Callable[[random.Random], tuple[str, Fraction, dict]]:
+    """The template of ``forms[kind]`` (default :data:`EASY_FORMS`): operands 2-10 (a product's first factor 2-5; a
+    difference's first operand the larger of two distinct ones), so every answer is a positive integer of at most
+    50."""
+    question, operation = (EASY_FORMS if forms is None else forms)[kind]
 
     def make(rng: random.Random):
         if operation is operator.sub:
@@ -219,6 +221,76 @@ def word_problems(num_tasks: int, seed: int = 0, split: str = "train", level: st
         prefix = "word" if level == "standard" else f"word-{level}"
         rows.append({"task_id": f"{prefix}/{split}/{seed}/{len(rows)}", "question": question,
                      "answer": format_answer(answer), "template": template, "params": json.dumps(params)})
+    return rows
+
+
+# ------------------------------------------------------------------------------- held-out arithmetic and form
+#: A one-operation form that no training problem of :func:`generalisation_problems` uses: a subtraction asked as a
+#: comparison (the training forms ask a difference only as "gives ... away", :data:`EASY_FORMS` ``loss``).
+HELD_OUT_FORMS: dict[str, tuple[str, Callable[[int, int], int]]] = {
+    "compare": ("{name} has {a} {things} and {other} has {b} {things}. How many more {things} does {name} have than "
+                "{other}?", operator.sub),
+}
+#: The held-out sets of :func:`generalisation_problems`, reported separately (column ``held_out_set``).
+HELD_OUT_SETS = ("unseen_operands", "unseen_form")
+_OPERATION_NAMES = {operator.add: "add", operator.sub: "sub", operator.mul: "mul"}
+
+
+def arithmetic_key(operation: Callable[[int, int], int], a: int, b: int) -> str:
+    """The arithmetic of a one-operation problem, ``"add:3:5"``: the operation and its operands, in increasing
+    order for the commutative ones (3 + 5 and 5 + 3 are the same arithmetic)."""
+    if operation is not operator.sub:
+        a, b = sorted((a, b))
+    return f"{_OPERATION_NAMES[operation]}:{a}:{b}"
+
+
+def arithmetic_split(key: str, test_fraction: int = 4) -> str:
+    """``"test"`` for the arithmetic keys of one hash bucket in ``test_fraction``, else ``"train"``."""
+    bucket = int(hashlib.sha256(f"arithmetic/{key}".encode()).hexdigest(), 16) % test_fraction
+    return "test" if bucket == 0 else "train"
+
+
+def generalisation_problems(num_tasks: int, seed: int = 0, split: str = "train") -> list[dict[str, str]]:
+    """One-operation word problems (the ``"easy"`` level's numbers) whose held-out problems test generalisation.
+
+    * ``"train"``: the :data:`EASY_FORMS` (gain, loss, together, groups) on the arithmetic of the training buckets
+      (:func:`arithmetic_split` of :func:`arithmetic_key`);
+    * ``"unseen_operands"``: the same forms on the arithmetic of the test bucket: no problem shares its operation
+      and operands with any training problem (about a quarter of the ~110 distinct arithmetic keys);
+    * ``"unseen_form"``: the :data:`HELD_OUT_FORMS` (never in training), any operands;
+    * ``"test"``: both held-out sets, the first ``ceil(2 * num_tasks / 3)`` rows unseen operands and the rest the
+      unseen form (``num_tasks=120``: 80 and 40).
+
+    Rows: ``task_id``, ``question``, ``answer``, ``template`` (the form), ``params`` (JSON), ``arithmetic`` (the key)
+    and ``held_out_set`` (``"train"`` or one of :data:`HELD_OUT_SETS`). Each split draws from its own seed stream;
+    the same arguments always give the same problems.
+    """
+    if split == "test":
+        first = -(-2 * num_tasks // 3)
+        return generalisation_problems(first, seed, "unseen_operands") + \
+            generalisation_problems(num_tasks - first, seed, "unseen_form")
+    if split not in ("train", *HELD_OUT_SETS):
+        raise ValueError(f"split must be 'train', 'test' or one of {HELD_OUT_SETS}, got {split!r}")
+    forms = HELD_OUT_FORMS if split == "unseen_form" else EASY_FORMS
+    wanted = {"train": "train", "unseen_operands": "test", "unseen_form": None}[split]
+    rng = random.Random(f"math-word-problems/generalisation/{split}/{seed}")
+    makers = {kind: _one_operation(kind, forms) for kind in sorted(forms)}
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(rows) < num_tasks:
+        attempts += 1
+        if attempts > 200 * num_tasks + 1000:
+            raise RuntimeError(f"could only generate {len(rows)} distinct {split} problems of {num_tasks}")
+        kind = rng.choice(sorted(forms))
+        question, answer, params = makers[kind](rng)
+        key = arithmetic_key(forms[kind][1], params["a"], params["b"])
+        if question in seen or (wanted is not None and arithmetic_split(key) != wanted):
+            continue
+        seen.add(question)
+        rows.append({"task_id": f"word-generalisation/{split}/{seed}/{len(rows)}", "question": question,
+                     "answer": format_answer(answer), "template": kind, "params": json.dumps(params),
+                     "arithmetic": key, "held_out_set": split})
     return rows
 
 

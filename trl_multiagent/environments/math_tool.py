@@ -53,7 +53,7 @@ from .base import Environment, StepResult, chat_with_examples, merge_weights, re
 from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
-from .math_problems import gsm8k_to_task, polaris_to_task, word_problems
+from .math_problems import HELD_OUT_SETS, generalisation_problems, gsm8k_to_task, polaris_to_task, word_problems
 from .math_prompts import (
     EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
@@ -73,7 +73,8 @@ TOOL_WEIGHTS: dict[str, float] = {"executes": 0.2, "correct": 0.8}
 
 # ``trl_multiagent.environments.math_tool:gsm8k_to_task`` (and ``:polaris_to_task``), the ``dataset_transform`` of
 # recipes written before the problems moved to ``math_problems``, still resolves.
-__all__ = ["REASONER_WEIGHTS", "TOOL_WEIGHTS", "MathToolEnv", "MathToolEasyEnv", "gsm8k_to_task", "polaris_to_task"]
+__all__ = ["REASONER_WEIGHTS", "TOOL_WEIGHTS", "MathToolEnv", "MathToolEasyEnv", "MathToolGeneralisationEnv",
+           "gsm8k_to_task", "polaris_to_task"]
 
 
 class _SharedCache(dict):
@@ -286,3 +287,22 @@ class MathToolEasyEnv(MathToolEnv):
         system, reply = (EASY_REASONER_SYSTEM, 1) if agent == "reasoner" else (EASY_TOOL_SYSTEM, 2)
         return chat_with_examples(system, [(example[0], example[reply]) for example in EASY_EXAMPLES],
                                   f"Problem: {self.question}")
+
+
+class MathToolGeneralisationEnv(MathToolEasyEnv):
+    """:class:`MathToolEasyEnv` whose held-out problems test generalisation
+    (:func:`~trl_multiagent.environments.math_problems.generalisation_problems`): no held-out problem shares its
+    operation and operands with a training problem (set ``unseen_operands``), and a second set asks a question form
+    no training problem uses (set ``unseen_form``). The held-out split (``"test"``) holds both, each row naming its
+    set in ``held_out_set``, and the run's summary reports them separately as well as together."""
+
+    @classmethod
+    def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
+        """``split``: ``"train"``, ``"test"`` (both held-out sets) or one of them (``"unseen_operands"``,
+        ``"unseen_form"``)."""
+        from datasets import Dataset
+
+        need_tasks(num_tasks)
+        if split not in ("train", "test", *HELD_OUT_SETS):
+            raise ValueError(f"split must be 'train', 'test' or one of {HELD_OUT_SETS}, got {split!r}")
+        return Dataset.from_list(generalisation_problems(num_tasks or 256, seed, split))

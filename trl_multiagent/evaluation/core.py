@@ -82,6 +82,13 @@ class MethodResult:
     def mean(self, metric: str) -> float:
         return mean(self.per_task(metric))
 
+    def subset(self, indices: Sequence[int]) -> MethodResult:
+        """The result on the tasks at ``indices`` only (aggregate ``details`` are over all tasks and are dropped)."""
+        ids = [self.task_ids[i] for i in indices]
+        keep = set(ids)
+        return MethodResult(self.method, ids, {m: [v[i] for i in indices] for m, v in self.samples.items()}, {},
+                            [row for row in self.texts if row.get("task_id") in keep])
+
 
 @dataclass
 class StageResult:
@@ -92,6 +99,11 @@ class StageResult:
     wall_time_s: float = 0.0
     generated_sequences: int = 0
     generate_calls: int = 0
+
+    def subset(self, indices: Sequence[int]) -> StageResult:
+        """Every method on the tasks at ``indices`` only (:meth:`MethodResult.subset`; timings stay the stage's)."""
+        return StageResult(self.stage, {m: r.subset(indices) for m, r in self.methods.items()}, self.wall_time_s,
+                           self.generated_sequences, self.generate_calls)
 
 
 class Evaluator:

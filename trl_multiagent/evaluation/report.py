@@ -89,8 +89,10 @@ def _interval(result: Mapping[str, Any]) -> dict[str, Any]:
 def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator: str, num_samples: int,
                        decoding: Mapping[str, Any], baselines: Sequence[str] = (),
                        num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                       extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``evaluation`` section of ``summary.json``."""
+                       extra: Mapping[str, Any] | None = None,
+                       task_sets: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+    """The ``evaluation`` section of ``summary.json``. ``task_sets`` (name -> task indices): held-out sets reported
+    separately as well, each under ``held_out_sets`` with its own tasks' intervals and best baseline."""
     first = next(iter(stages.values()))
     ids = next(iter(first.methods.values())).task_ids
     before = stages.get("before")
@@ -110,7 +112,29 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
         **dict(extra or {}),
         "methods": summarize(stages, metric, baselines, num_resamples, seed),
     }
+    if task_sets:
+        section["held_out_sets"] = {}
+        for name, indices in task_sets.items():
+            subsets = {s: st.subset(indices) for s, st in stages.items()}
+            sub_before = subsets.get("before")
+            section["held_out_sets"][name] = {
+                "held_out_tasks": len(indices),
+                "best_baseline": best_baseline(sub_before, metric, baselines) if sub_before is not None else None,
+                "methods": summarize(subsets, metric, baselines, num_resamples, seed),
+            }
     return section
+
+
+def task_sets_of(tasks: Sequence[Mapping[str, Any]], column: str = "held_out_set") -> dict[str, list[int]] | None:
+    """The held-out sets named by the tasks' ``column`` (name -> task indices, in order of first appearance), or
+    ``None`` when the tasks do not name at least two."""
+    sets: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        name = task.get(column) if isinstance(task, Mapping) else None
+        if name is None:
+            return None
+        sets.setdefault(str(name), []).append(i)
+    return sets if len(sets) > 1 else None
 
 
 def _samples_text(ev: Mapping[str, Any]) -> str:
@@ -217,6 +241,17 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
             vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
             lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
                          f"{_cell(entry.get('gain'), True)} | {vs_text} |")
+        for name, held in ev.get("held_out_sets", {}).items():
+            lines += ["", f"### Held-out set `{name}` ({held['held_out_tasks']} tasks)", "",
+                      "| method | before training | after training | gain | gain vs best baseline |",
+                      "|---|---|---|---|---|"]
+            for method, entry in held["methods"].items():
+                label = METHOD_NAMES.get(method, method) + \
+                    (" (best baseline)" if method == held.get("best_baseline") else "")
+                vs = entry.get("gain_vs_best_baseline")
+                vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
+                lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
+                             f"{_cell(entry.get('gain'), True)} | {vs_text} |")
         if ev.get("team_before_is_naive"):
             lines += ["", "The team before training is the naive-concatenation baseline's result (fresh LoRA adapters "
                           "have B = 0, so the untrained team IS the bases with the team's prompts)."]
