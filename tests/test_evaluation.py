@@ -212,6 +212,44 @@ def test_episodes_on_the_matrix_game():
     assert team.details["turn1/team_reward"] == expected
 
 
+def test_episode_baselines_play_one_turn_of_the_bases_with_only_their_agents():
+    from trl_multiagent.environments import MathToolEnv
+
+    task = {"task_id": "q", "question": "What is 7 / 2?", "answer": "7/2"}
+    tool = "```python\nprint(7 / 2)\n```"
+
+    def script(agent, prompt, k, adapter):  # the bases' reasoner is wrong; with the adapter it follows the tool
+        if agent == "tool":
+            return tool
+        return "\\boxed{3.5}" if adapter and "3.5" in json.dumps(prompt) else "\\boxed{4}"
+
+    pool = ManyPool(["reasoner", "tool"], script)
+    evaluator = EpisodeEvaluator(MathToolEnv, num_turns=2)
+    assert evaluator.baselines == ("single", "no_exchange") and evaluator.methods[0] == TEAM
+    result = evaluate_team(pool, evaluator, [task], methods=(TEAM, "single", "no_exchange"),
+                           generation_config=GREEDY)
+    single, none, team = (result.methods[m] for m in ("single", "no_exchange", TEAM))
+    # single: the reasoner alone, once, adapters off: 4 is wrong and no tool ran
+    assert single.per_task("final/team_correct") == [0.0] and single.per_task("turns") == [1.0]
+    assert single.per_task("final/tool_executes") == [0.0]
+    # no_exchange: both answer once; the team's answer is the reasoner's (they disagree): wrong, the tool right
+    assert none.per_task("final/team_correct") == [0.0] and none.per_task("final/tool_correct") == [1.0]
+    assert none.per_task("turns") == [1.0]
+    # the team: turn 2 shows the reasoner the program's 3.5, it revises and is corrected by the exchange
+    assert team.per_task("final/team_correct") == [1.0] and team.per_task("final/reasoner_corrected") == [1.0]
+    assert team.per_task("turns") == [2.0]
+    requests = [(r.agent, r.use_adapter) for call in pool.calls for r in call]
+    # the baselines: the reasoner's first prompt with adapters off is one request, its draw shared by both
+    assert requests.count(("reasoner", False)) == 1 and requests.count(("tool", False)) == 1
+    assert requests.count(("reasoner", True)) == 2 and requests.count(("tool", True)) == 2  # two team turns
+    assert evaluator.expected_sequences("single", 3, 2) == 6 and evaluator.expected_sequences("no_exchange", 3, 2) == 12
+    from trl_multiagent.environments import MatrixGameEnv
+    from trl_multiagent.evaluation import play_episodes
+
+    with pytest.raises(ValueError, match="partial joint actions"):  # one agent alone needs partial actions
+        next(play_episodes(MatrixGameEnv, [{}], 1, 1, acting=["agent1"]))
+
+
 def sampler_single_pass(pool, env, tasks):
     """The pipeline sampler's one output per node and task (Fork-on-first with G = 1): the reference the pipeline
     evaluator is checked against."""

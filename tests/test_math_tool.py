@@ -107,6 +107,23 @@ def test_disagreement_rewards_and_next_prompts():
     assert "7/2" not in reasoner.replace("7 / 2", "") and "7/2" not in tool.replace("7 / 2", "")  # gold never shown
 
 
+def test_teamwork_measures_say_who_the_exchange_corrected_or_misled():
+    env = MathToolEnv(max_turns=3)
+    env.reset(TASK)
+    first = env.step({"reasoner": "7 - 3 = 4, so \\boxed{4}", "tool": TOOL_FLOAT})  # reasoner wrong, tool right
+    assert {k: first.info[k] for k in ("reasoner_corrected", "reasoner_misled", "tool_corrected", "tool_misled")} == \
+        {"reasoner_corrected": 0.0, "reasoner_misled": 0.0, "tool_corrected": 0.0, "tool_misled": 0.0}
+    second = env.step({"reasoner": "The program prints 3.5, so \\boxed{3.5}", "tool": TOOL_FLOAT})
+    assert second.done and second.info["reasoner_corrected"] == 1.0 and second.info["tool_corrected"] == 0.0
+    assert second.info["reasoner_misled"] == 0.0 and second.info["tool_misled"] == 0.0
+
+    env.reset(TASK)  # a fresh episode forgets the first answers
+    env.step({"reasoner": "\\boxed{3.5}", "tool": "```python\nprint(4)\n```"})  # reasoner right, tool wrong
+    last = env.step({"reasoner": "The program says 4: \\boxed{4}", "tool": "```python\nprint(4)\n```"})
+    assert last.info["reasoner_misled"] == 1.0 and last.info["reasoner_corrected"] == 0.0
+    assert last.info["tool_corrected"] == 0.0 and last.info["tool_misled"] == 0.0
+
+
 def test_sequential_partial_actions_clone_and_failures():
     env = MathToolEnv(max_turns=3)
     first = env.reset(TASK)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the command line reads this module without importing torch 
 logger = logging.getLogger(__name__)
 
 #: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
-EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion")
+EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion", "no_exchange")
 #: ``evaluator:`` values besides ``"module:Class"``.
 EVALUATOR_NAMES = ("auto", "none", "episodes", "coding", "debate", "pipeline", "writing")
 EVAL_STAGES = ("before", "after")
@@ -98,7 +98,8 @@ class RecipeArguments:
         "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
     eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(
         "The trained team and the baselines to evaluate (the baselines exist for the coding and writing "
-        "evaluations: single, naive, sequential, discussion)."))
+        "evaluations: single, naive, sequential, discussion; and for environments that name episode_baselines, e.g. "
+        "the math tool team: single, the reasoner alone, and no_exchange, both agents answering once)."))
     eval_metric: str | None = field(default=None, metadata=_help(
         "The headline metric of the summary and the report (empty: the evaluator's own, e.g. 'reward' for coding, "
         "'success' or 'return' for episodes, 'majority_accuracy' for debates, 'f1' for the search pipeline)."))

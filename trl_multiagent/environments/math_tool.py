@@ -28,6 +28,12 @@ Rewards of one step (AT-GRPO Eq. 3 mixes them as ``alpha * team + local``):
 * **tool local** = the same over ``s_executes`` = 1 when the program exits normally and prints an answer (w = 0.2)
   and ``s_correct`` = 1 when the printed answer equals the gold one (w = 0.8).
 
+Teamwork measures in every step's ``info`` (read at the episode's last step in the held-out evaluation,
+``final/<name>``): ``agreed``; ``<agent>_corrected`` (the agent's first answer was wrong, its latest is right: the
+other's answer corrected it) and ``<agent>_misled`` (first right, latest wrong). The held-out evaluation's baselines
+(``episode_baselines``) are one turn of the untrained bases: ``single`` (the reasoner alone) and ``no_exchange`` (both
+agents answer once, without seeing each other's answer).
+
 The paper's coefficients were lost in our copy of the text; these weights are this project's choice and can be
 changed with ``reasoner_weights`` / ``tool_weights``. Partial actions (``{"reasoner": ...}`` or ``{"tool": ...}``,
 sequential AT-GRPO) and joint actions are both accepted; the local rewards returned are the acting agents'.
@@ -97,6 +103,9 @@ class MathToolEnv(Environment):
     """
 
     agents = ("reasoner", "tool")
+    #: The inference-time baselines of the held-out evaluation (one turn of the untrained bases): the reasoner alone,
+    #: and both agents answering once without an exchange (the team's answer by the rule above).
+    episode_baselines = {"single": ("reasoner",), "no_exchange": ("reasoner", "tool")}
     max_turns = 3
     required_columns = ("question", "answer")
     concurrent_steps = True
@@ -132,6 +141,7 @@ class MathToolEnv(Environment):
         self.tool_answer: str | None = None
         self.tool_ran = False
         self.reasoner_boxed = False
+        self.first_correct: dict[str, bool] = {}  # each agent's first answer right? (the teamwork measures)
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
@@ -148,6 +158,7 @@ class MathToolEnv(Environment):
         self.turn, self.acted = 0, set()
         self.solution = self.reasoner_answer = self.code = self.tool_answer = None
         self.output, self.tool_ran, self.reasoner_boxed = "", False, False
+        self.first_correct = {}
         self.first_prompts = {agent: self.first_prompt(agent) for agent in self.agents}
         return dict(self.first_prompts)
 
@@ -181,6 +192,7 @@ class MathToolEnv(Environment):
         info = {"team_correct": float(team_correct), "reasoner_correct": float(reasoner_correct),
                 "tool_correct": float(tool_correct), "agreed": float(agreed),
                 "reasoner_format": float(self.reasoner_boxed), "tool_executes": float(self.tool_ran)}
+        info.update(self._teamwork({"reasoner": reasoner_correct, "tool": tool_correct}, acting))
 
         self.acted |= set(acting)
         if self.acted == set(self.agents):
@@ -194,6 +206,19 @@ class MathToolEnv(Environment):
         return copy.deepcopy(self)
 
     # ------------------------------------------------------------------------------------------- internals
+    def _teamwork(self, correct: Mapping[str, bool], acting) -> dict[str, float]:
+        """What the exchange changed, for every agent: ``<agent>_corrected`` = 1 when its first answer was wrong and
+        its latest one is right (it revised after seeing the other's), ``<agent>_misled`` = 1 when its first answer
+        was right and its latest one is wrong. Read at the episode's last step (``final/...`` in the evaluation)."""
+        for agent in acting:
+            self.first_correct.setdefault(agent, bool(correct[agent]))
+        out = {}
+        for agent in self.agents:
+            first = self.first_correct.get(agent)
+            out[f"{agent}_corrected"] = float(first is False and bool(correct[agent]))
+            out[f"{agent}_misled"] = float(first is True and not correct[agent])
+        return out
+
     def _run_tool(self, response: str) -> None:
         self.code = extract_code(response)
         self.tool_answer, self.tool_ran = None, False

@@ -14,6 +14,10 @@ previous agent's action.
 * ``final/<name>``: every ``info`` value of the episode's last step (final-state metrics, e.g. StrBuild's IoU);
 * ``turns``: the turns played.
 
+Environments may name inference-time baselines (``episode_baselines``: name -> the agents that act): each plays ONE
+turn of the bases (adapters off) with only those agents acting, e.g. the math team's ``single`` (the reasoner alone)
+and ``no_exchange`` (both agents answer once, without seeing each other's answer).
+
 Every response is kept with its task, sample, turn, agent and the team reward of its step (:func:`episode_texts`)
 and written to ``eval_texts_<stage>.jsonl``. Its details hold the means of every turn's team reward and ``info``
 values. The headline metric is ``success`` where the environment reports one, else ``return``. Decoding is greedy
@@ -52,24 +56,30 @@ class PlayedEpisode:
 
 
 def play_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]], num_samples: int,
-                  num_turns: int, use_adapter: bool = True, agent_order: str = "parallel"
+                  num_turns: int, use_adapter: bool = True, agent_order: str = "parallel",
+                  acting: Sequence[str] | None = None
                   ) -> Generator[list[GenerationRequest], list[list[Generation]], list[PlayedEpisode]]:
     """Play ``num_samples`` episodes per task for up to ``num_turns`` turns. A sub-program (``yield from`` it):
-    yields each round's requests and returns the :class:`PlayedEpisode` list in task-major order."""
+    yields each round's requests and returns the :class:`PlayedEpisode` list in task-major order. ``acting``: the
+    agents that act (default: all); a subset needs an environment that accepts partial joint actions."""
     if agent_order not in ("parallel", "sequential"):
         raise ValueError(f"agent_order must be 'parallel' or 'sequential', got {agent_order!r}")
     episodes = [PlayedEpisode(t, s, env_factory()) for t in range(len(tasks)) for s in range(num_samples)]
     if not episodes:
         return []
     agents = list(episodes[0].env.agents)
-    if agent_order == "sequential" and not getattr(episodes[0].env, "supports_partial_actions", False):
+    acting = agents if acting is None else list(acting)
+    partial = agent_order == "sequential" or set(acting) != set(agents)
+    if partial and not getattr(episodes[0].env, "supports_partial_actions", False):
         raise ValueError(f"{type(episodes[0].env).__name__} does not accept partial joint actions "
-                         "(supports_partial_actions); evaluate with agent_order='parallel'")
+                         "(supports_partial_actions); evaluate with agent_order='parallel' and every agent acting")
+    if not acting or not set(acting) <= set(agents):
+        raise ValueError(f"acting agents {acting} must be some of the environment's agents {agents}")
     prompts = [dict(reset_env(ep.env, tasks[ep.task])) for ep in episodes]
     for ep, p in zip(episodes, prompts):
         if set(p) != set(agents):
             raise ValueError(f"{type(ep.env).__name__}.reset returned prompts for {sorted(p)}, expected {agents}")
-    stages = [[a] for a in agents] if agent_order == "sequential" else [agents]
+    stages = [[a] for a in acting] if agent_order == "sequential" else [acting]
     live = list(range(len(episodes)))
     for turn in range(num_turns):
         for stage in stages:
@@ -188,12 +198,24 @@ class EpisodeEvaluator(Evaluator):
         if num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {num_turns}")
         self.env_factory, self.num_turns, self.agent_order = env_factory, num_turns, agent_order
-        self.num_agents = len(env_factory().agents)
+        env = env_factory()
+        self.num_agents = len(env.agents)
+        #: baseline name -> the agents that act in its one turn (the environment's ``episode_baselines``)
+        self.baseline_agents = {name: tuple(agents) for name, agents in
+                                dict(getattr(env, "episode_baselines", None) or {}).items()}
+        self.baselines = tuple(self.baseline_agents)
 
     def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
+        if method in self.baseline_agents:
+            return num_tasks * num_samples * len(self.baseline_agents[method])
         return num_tasks * num_samples * self.num_agents * self.num_turns
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
+        if method in self.baseline_agents:  # one turn of the bases (adapters off), the named agents acting
+            episodes = yield from play_episodes(self.env_factory, tasks, num_samples, 1, use_adapter=False,
+                                                agent_order=self.agent_order, acting=self.baseline_agents[method])
+            records = [[episode_record(ep) for ep in eps] for eps in by_task(episodes, len(tasks))]
+            return MethodOutput(records, {"team_reward": mean([s.team_reward for ep in episodes for s in ep.steps])})
         if method != TEAM:
             raise ValueError(f"the {self.name} evaluation has no method {method!r}")
         episodes = yield from play_episodes(self.env_factory, tasks, num_samples, self.num_turns,

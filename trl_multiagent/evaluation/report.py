@@ -37,6 +37,7 @@ METHOD_NAMES = {
     "naive": "naive concatenation",
     "sequential": "sequential pipeline",
     "discussion": "one-round discussion",
+    "no_exchange": "agents answer once, no exchange",
 }
 
 
