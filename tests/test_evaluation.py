@@ -398,3 +398,34 @@ def test_held_out_sets_are_reported_separately_with_their_own_intervals(tmp_path
     report = (out / "report.md").read_text()
     assert "### Held-out set `ops` (2 tasks)" in report and "### Held-out set `form` (2 tasks)" in report
     assert "single agent (best baseline)" in report.split("`form`")[1]
+
+
+def test_report_shows_five_exchanges_chosen_by_a_fixed_rule_side_by_side(tmp_path):
+    from trl_multiagent.evaluation.report import exchange_examples
+
+    def team(stage_word, values):
+        result = _result(TEAM, values)
+        result.texts = [{"task_id": f"t{i}", "sample": s, "turn": t, "agent": a, "text": f"{stage_word} {i}{s}{t}{a}",
+                         "reward": v} for i, v in enumerate(values) for s in (0, 1) for t in (0, 1)
+                        for a in ("reasoner", "tool")]
+        return result
+
+    before = StageResult("before", {TEAM: team("old", [0.0] * 10)})
+    after = StageResult("after", {TEAM: team("new|x\ny", [1.0] * 10)})
+    tasks = [{"task_id": f"t{i}", "question": f"q{i}?", "answer": str(i)} for i in range(10)]
+    examples = exchange_examples({"before": before, "after": after}, tasks)
+    assert [e["task_id"] for e in examples] == ["t0", "t2", "t4", "t6", "t8"]  # round(i * 10 / 5)
+    first = examples[0]
+    assert first["question"] == "q0?" and first["answer"] == "0"
+    assert [(r["turn"], r["agent"]) for r in first["before"]] == [(0, "reasoner"), (0, "tool"), (1, "reasoner"),
+                                                                   (1, "tool")]  # sample 0 only
+    assert first["before"][0]["text"] == "old 000reasoner" and first["after"][3]["text"] == "new|x\ny 001tool"
+    assert [e["task_id"] for e in exchange_examples({"before": before}, None, count=3)] == ["t0", "t3", "t7"]
+    section = evaluation_section({"before": before, "after": after}, "reward", "episodes", 1, {}, tasks=tasks,
+                                 num_resamples=50)
+    out = tmp_path / "run"
+    out.mkdir()
+    write_run_outputs(out, section, {"command": "x"}, {"before": before, "after": after})
+    report = (out / "report.md").read_text()
+    assert "### 5 held-out tasks, the untrained and the trained team" in report and "q4? (answer: 4)" in report
+    assert "| 2 | tool | old 401tool (reward 0.000) | new\\|x<br>y 401tool (reward 1.000) |" in report

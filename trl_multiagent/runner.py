@@ -245,7 +245,7 @@ class Run:
                 baselines=self.evaluator.baselines, num_resamples=self.recipe.eval_bootstrap_resamples,
                 seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive),
                                               "num_samples_per_method": dict(self.method_samples)},
-                task_sets=task_sets_of(self.tasks))
+                task_sets=task_sets_of(self.tasks), tasks=self.tasks)
             team = section["methods"].get("team", {})
             if "gain" in team:
                 logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],

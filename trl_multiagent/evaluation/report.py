@@ -7,7 +7,9 @@ interval; for the team the ``gain`` from before to after training, and ``gain_vs
 baseline with the highest mean before training, both ``{"mean": m, "ci95": [lo, hi]}`` from a paired bootstrap over
 tasks (:func:`~trl_multiagent.metrics.stats.paired_bootstrap`). Every other metric gets the same entries under
 ``metrics``; aggregates that are not per-task means (pass@k for k > 1, transitions, per-turn means) are under
-``details``.
+``details``. Held-out tasks that name their set (column ``held_out_set``, e.g. unseen operands and an unseen problem
+form) are also reported set by set (``held_out_sets``), and ``examples`` holds what the team wrote on five tasks
+chosen by a fixed rule, before and after training, shown side by side in ``report.md``.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
                        decoding: Mapping[str, Any], baselines: Sequence[str] = (),
                        num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                        extra: Mapping[str, Any] | None = None,
-                       task_sets: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+                       task_sets: Mapping[str, Sequence[int]] | None = None,
+                       tasks: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The ``evaluation`` section of ``summary.json``. ``task_sets`` (name -> task indices): held-out sets reported
-    separately as well, each under ``held_out_sets`` with its own tasks' intervals and best baseline."""
+    separately as well, each under ``held_out_sets`` with its own tasks' intervals and best baseline. ``tasks``: the
+    held-out rows, whose questions and answers the ``examples`` (:func:`exchange_examples`) show."""
     first = next(iter(stages.values()))
     ids = next(iter(first.methods.values())).task_ids
     before = stages.get("before")
@@ -113,6 +117,9 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
         **dict(extra or {}),
         "methods": summarize(stages, metric, baselines, num_resamples, seed),
     }
+    examples = exchange_examples(stages, tasks)
+    if examples:
+        section["examples"] = examples
     if task_sets:
         section["held_out_sets"] = {}
         for name, indices in task_sets.items():
@@ -124,6 +131,34 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
                 "methods": summarize(subsets, metric, baselines, num_resamples, seed),
             }
     return section
+
+
+def exchange_examples(stages: Mapping[str, StageResult], tasks: Sequence[Mapping[str, Any]] | None = None,
+                      count: int = 5) -> list[dict[str, Any]]:
+    """What the team wrote on ``count`` held-out tasks before and after training, side by side in ``report.md``.
+
+    The tasks are chosen by a fixed rule that never looks at the results: evenly spaced over the held-out list
+    (indices ``round(i * n / count)``; with sets in a row, each set gets its share). Each entry: ``task_id``, the
+    task's ``question`` and ``answer`` where its row has them, and per stage the first sample's responses
+    (``turn``, ``agent``, ``text``, ``reward``). Empty when no stage kept the team's texts."""
+    kept = {s: st.methods[TEAM] for s, st in stages.items() if TEAM in st.methods and st.methods[TEAM].texts}
+    if not kept:
+        return []
+    ids = next(iter(kept.values())).task_ids
+    n = len(ids)
+    chosen = sorted({min(n - 1, round(i * n / count)) for i in range(count)}) if n else []
+    examples = []
+    for i in chosen:
+        entry: dict[str, Any] = {"task_id": ids[i]}
+        row = tasks[i] if tasks is not None and i < len(tasks) else {}
+        for key in ("question", "answer", "held_out_set"):
+            if isinstance(row, Mapping) and key in row:
+                entry[key] = row[key]
+        for stage, result in kept.items():
+            entry[stage] = [{k: r[k] for k in ("turn", "agent", "text", "reward") if k in r}
+                            for r in result.texts if r["task_id"] == ids[i] and r.get("sample", 0) == 0]
+        examples.append(entry)
+    return examples
 
 
 def task_sets_of(tasks: Sequence[Mapping[str, Any]], column: str = "held_out_set") -> dict[str, list[int]] | None:
@@ -267,6 +302,7 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
         if detail_rows:
             lines += ["", "### Details", "", "| method | stage | value | |", "|---|---|---|---|"]
             lines += [f"| {METHOD_NAMES.get(m, m)} | {s} | {k} | {_fmt(v)} |" for m, s, k, v in detail_rows]
+        lines += _examples_markdown(ev.get("examples") or [])
         stage_times = ", ".join(f"{s} {st['wall_time_s']:.0f} s ({st['generate_calls']} generation calls)"
                                 for s, st in ev.get("stages", {}).items())
         lines += ["", f"Evaluation time: {stage_times}."]
@@ -277,6 +313,34 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
         lines += [f"Whole run: {summary['wall_time_s']:.0f} s."]
     Path(md_path).write_text("\n".join(lines) + "\n")
     return Path(md_path)
+
+
+def _examples_markdown(examples: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not examples:
+        return []
+    lines = ["", f"### {len(examples)} held-out tasks, the untrained and the trained team", "",
+             "Chosen by a fixed rule (evenly spaced over the held-out list), not by their results; the first sample "
+             "of each. Reward: the team reward of the step."]
+
+    def cell(row: Mapping[str, Any] | None) -> str:
+        if row is None:
+            return "-"
+        text = str(row["text"]).strip().replace("|", "\\|").replace("\n", "<br>")
+        return f"{text} (reward {_fmt(row.get('reward'))})"
+
+    for ex in examples:
+        head = f"`{ex['task_id']}`" + (f" ({ex['held_out_set']})" if "held_out_set" in ex else "")
+        lines += ["", f"#### {head}", ""]
+        if "question" in ex:
+            lines += [f"{ex['question']}" + (f" (answer: {ex['answer']})" if "answer" in ex else ""), ""]
+        before, after = ex.get("before", []), ex.get("after", [])
+        keys = list(dict.fromkeys((r["turn"], r["agent"]) for r in [*before, *after]))
+        lines += ["| turn | agent | untrained team | trained team |", "|---|---|---|---|"]
+        for turn, agent in keys:
+            b = next((r for r in before if (r["turn"], r["agent"]) == (turn, agent)), None)
+            a = next((r for r in after if (r["turn"], r["agent"]) == (turn, agent)), None)
+            lines.append(f"| {turn + 1} | {agent} | {cell(b)} | {cell(a)} |")
+    return lines
 
 
 def plot_reward_curve(metrics_path: str | Path, png_path: str | Path, evaluation: Mapping[str, Any] | None = None,
