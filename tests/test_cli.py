@@ -299,6 +299,8 @@ def test_train_evaluates_before_and_after_and_writes_the_results(cli, tiny_ab_mo
     assert summary["global_step"] == 2 and summary["algorithm"] == "MAGRPO"  # the trainer's summary
     assert summary["command"].startswith("python -m trl_multiagent train --config")
     assert summary["recipe"]["environment"] == "collaboration_game" and summary["generated_samples"]["rollouts"] == 2
+    generated = summary["generated_samples"]  # max_completion_length 1: every completion is one token
+    assert generated["total"] > 0 and generated["completion_tokens"] == generated["total"]
     ev = summary["evaluation"]
     assert ev["evaluator"] == "episodes" and ev["metric"] == "return" and ev["held_out_tasks"] == 6
     assert all(t.startswith("game/test/") for t in ev["task_ids"])  # the environment's held-out split

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 from transformers import GenerationConfig
 
 from trl_multiagent.agents import Generation, GenerationRequest
@@ -250,6 +251,26 @@ def test_episode_baselines_play_one_turn_of_the_bases_with_only_their_agents():
         next(play_episodes(MatrixGameEnv, [{}], 1, 1, acting=["agent1"]))
 
 
+def test_before_training_the_baselines_share_the_teams_draws():
+    from trl_multiagent.environments import MathToolEnv
+
+    class UntrainedPool(ManyPool):  # the adapters compute nothing yet: adapters on and off are one distribution
+        def adapters_are_identity(self):
+            return True
+
+    task = {"task_id": "q", "question": "What is 7 / 2?", "answer": "7/2"}
+    script = lambda agent, prompt, k, adapter: "```python\nprint(7 / 2)\n```" if agent == "tool" else "\\boxed{4}"  # noqa: E731
+    pool = UntrainedPool(["reasoner", "tool"], script)
+    result = evaluate_team(pool, EpisodeEvaluator(MathToolEnv, num_turns=2), [task],
+                           methods=(TEAM, "single", "no_exchange"), generation_config=GREEDY)
+    requests = [(r.agent, r.use_adapter) for call in pool.calls for r in call]
+    assert ("reasoner", False) not in requests and ("tool", False) not in requests  # no draw of their own
+    assert requests.count(("reasoner", True)) == 2 and requests.count(("tool", True)) == 2  # the team's two turns
+    assert result.methods["no_exchange"].per_task("final/tool_correct") == [1.0]
+    assert result.methods["single"].per_task("final/tool_executes") == [0.0]  # still the reasoner alone
+    assert result.generated_sequences == 4
+
+
 def sampler_single_pass(pool, env, tasks):
     """The pipeline sampler's one output per node and task (Fork-on-first with G = 1): the reference the pipeline
     evaluator is checked against."""
@@ -314,8 +335,16 @@ def test_coding_evaluation_runs_every_method_in_two_generation_calls(tiny_text_m
     pool.generate_many = counting
     problems = AuxMainCodingEnv.make_dataset(split="test", num_tasks=2)
     evaluator = CodingEvaluator(AuxMainCodingEnv, num_turns=1)
-    result = evaluate_team(pool, evaluator, list(problems), METHODS, num_samples=3,
-                           generation_config=GenerationConfig(max_new_tokens=3, do_sample=True))
+    config = GenerationConfig(max_new_tokens=3, do_sample=True)
+    # untrained (every lora_B zero): adapters on and off are one distribution, so naive's drafts ARE the team's
+    assert pool.adapters_are_identity()
+    evaluate_team(pool, evaluator, list(problems), METHODS, num_samples=3, generation_config=config)
+    assert calls == [2 * 2 + 2, 2 * 3 + 2 * 2 * 3]
+    with torch.no_grad():  # a trained pool: the team's adapters change its answers
+        next(p for n, p in pool.named_parameters() if "lora_B" in n and ".main." in n).add_(0.1)
+    assert not pool.adapters_are_identity()
+    calls.clear()
+    result = evaluate_team(pool, evaluator, list(problems), METHODS, num_samples=3, generation_config=config)
     # round 1 (one request per problem and agent, 3 samples each): team (aux, main), single, naive (aux, main);
     # sequential's aux and discussion's first answers are naive's drafts; round 2: sequential's main and
     # discussion's revisions, one request per sample (each sees its own first answers)

@@ -314,3 +314,18 @@ def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
     monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {recipe.trainer: (config_cls, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
         build_trainer(recipe, config)
+
+
+def test_generalisation_recipe_holds_out_both_sets_and_names_its_baselines(tmp_path):
+    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.recipe import held_out_tasks, resolve_environment
+
+    recipe, config = load_recipe(["--config", str(ROOT / "recipes/configs/math_generalisation_at_grpo.yaml"),
+                                  "--output_dir", str(tmp_path)])
+    assert resolve_environment(recipe.environment) is MathToolGeneralisationEnv
+    assert recipe.eval_methods == ["team", "single", "no_exchange"] and recipe.eval_metric == "final/team_correct"
+    held = list(held_out_tasks(recipe, config, recipe.eval_num_problems))
+    assert [r["held_out_set"] for r in held] == ["unseen_operands"] * 80 + ["unseen_form"] * 40
+    train = MathToolGeneralisationEnv.make_dataset(num_tasks=recipe.num_tasks, seed=config.seed, split="train")
+    assert set(train["arithmetic"]).isdisjoint(r["arithmetic"] for r in held[:80])
+    assert "compare" not in set(train["template"])

@@ -192,6 +192,17 @@ class AgentPool(nn.Module):
             raise RuntimeError(f"No LoRA parameters found for adapter {adapter!r}; check lora_target_modules")
         return params
 
+    def adapters_are_identity(self) -> bool:
+        """Whether every policy's adapter still computes nothing: all its LoRA B matrices are zero (PEFT's
+        initialisation), so each agent's adapted model IS its base. The held-out evaluation before training then lets
+        the baselines (adapters off) share the team's draws (:func:`~trl_multiagent.evaluation.core.run_programs`)."""
+        for policy in self.policies:
+            pattern = re.compile(rf"\.lora_(B|embedding_B|magnitude_vector)\.{re.escape(policy)}(\.|$)")
+            for name, param in self.bases[self._adapter_base[policy]].named_parameters():
+                if pattern.search(name) and ("magnitude_vector" in name or bool(param.detach().any())):
+                    return False
+        return True
+
     def _add_critic(self, spec: CriticSpec) -> None:
         agent = self.specs[spec.agent]
         if spec.share_adapter:

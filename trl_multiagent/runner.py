@@ -207,8 +207,10 @@ class Run:
         return 0
 
     def _count_generations(self) -> list[int]:
-        """Samples generated for training (this process), counted at every rollout."""
+        """Samples generated for training (this process), counted at every rollout; their completion tokens are
+        summed in ``self.completion_tokens`` (the training budget a single-agent comparison matches)."""
         counts: list[int] = []
+        self.completion_tokens = 0
         sampler = self.trainer.sampler
         rollout = sampler.rollout
 
@@ -217,6 +219,7 @@ class Run:
             stats = getattr(experience, "stats", {}) or {}
             if "num_generations" in stats:
                 counts.append(int(stats["num_generations"]))
+            self.completion_tokens += sum(len(s.generation.completion_ids) for s in getattr(experience, "samples", ()))
             return experience
 
         sampler.rollout = counting_rollout
@@ -234,6 +237,7 @@ class Run:
         }
         if generated:
             run["generated_samples"] = {"total": sum(generated), "rollouts": len(generated),
+                                        "completion_tokens": getattr(self, "completion_tokens", None),
                                         "processes": self.trainer.accelerator.num_processes}
         section = None
         if self.stages:

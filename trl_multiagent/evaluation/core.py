@@ -211,14 +211,15 @@ def generate(pool, requests: Sequence[GenerationRequest], generation_config, max
     return out
 
 
-def _request_key(request: GenerationRequest) -> tuple:
+def _request_key(request: GenerationRequest, adapters_are_identity: bool = False) -> tuple:
     """What makes two requests draw from one distribution: the agent, the prompt and the adapter on/off (not the
     number of samples: the first ``n`` of ``m >= n`` independent draws are ``n`` independent draws). Messages may hold
-    lists (an assistant's ``tool_calls``) and a prompt may carry tools (``ToolPrompt``): the key is their JSON."""
+    lists (an assistant's ``tool_calls``) and a prompt may carry tools (``ToolPrompt``): the key is their JSON. While
+    the adapters compute nothing (``adapters_are_identity``: untrained, B = 0) on and off are one distribution."""
     prompt = request.prompt if isinstance(request.prompt, str) else \
         json.dumps(list(request.prompt), sort_keys=True, default=str)
     tools = json.dumps(getattr(request.prompt, "tools", []), sort_keys=True, default=str)
-    return request.agent, prompt, tools, request.use_adapter, request.prompt_ids
+    return request.agent, prompt, tools, request.use_adapter or adapters_are_identity, request.prompt_ids
 
 
 def run_programs(pool, programs: Mapping[str, Program], generation_config, max_batch_sequences: int | None = None,
@@ -231,7 +232,9 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
     generations instead of new ones: the baselines whose first round is the naive baseline's drafts (sequential,
     discussion) then revise the very drafts the naive baseline is scored on (all of them, or the first ``n`` when
     they are evaluated with fewer samples). Each program still sees draws from its own distribution, and within one
-    program equal requests are never shared (they stay independent samples).
+    program equal requests are never shared (they stay independent samples). While the pool's adapters compute
+    nothing (``pool.adapters_are_identity()``, before training) adapters on and off are one distribution, so the
+    baselines share the team's draws too (the math team's ``single`` and ``no_exchange`` are then its first turn).
 
     Returns each program's output, the number of generation calls and the number of generated sequences.
     """
@@ -253,6 +256,7 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
                     from None
             outputs[name] = stop.value
 
+    identity = share_draws and bool(getattr(pool, "adapters_are_identity", lambda: False)())
     for name in programs:
         advance(name, None)
     calls = sequences = 0
@@ -266,7 +270,7 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
             mine: dict[tuple, list[int]] = {}
             served[name] = []
             for req in pending[name]:
-                key = _request_key(req)
+                key = _request_key(req, identity)
                 used = taken.get(key, 0)
                 if share_draws and used < len(earlier.get(key, ())) and \
                         flat[earlier[key][used]].num_samples >= req.num_samples:
