@@ -66,3 +66,21 @@ def shared_prefixes(prompts: Sequence[Sequence[int]], keys: Sequence[object]) ->
                 group_of[i] = len(prefix_len)
             prefix_len.append(length)
     return group_of, prefix_len
+
+
+def distinct_prefix_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """The token positions a pass over ``prompts`` needs at least when every shared prefix runs once: the number of
+    distinct non-empty prefixes (the nodes of their token trie). ``[[1, 2, 3], [1, 2, 4], [1, 2, 3]]`` needs 4:
+    ``1``, ``1 2``, ``1 2 3``, ``1 2 4``. The physical bound of the training passes counts prompts this way
+    (``tokens/loss_needed``)."""
+    root: dict = {}
+    count = 0
+    for prompt in prompts:
+        node = root
+        for token in prompt:
+            child = node.get(token)
+            if child is None:
+                child = node[token] = {}
+                count += 1
+            node = child
+    return count

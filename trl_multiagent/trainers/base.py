@@ -42,6 +42,7 @@ from transformers.trainer_utils import TrainOutput
 
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
+from ..generation.prefixes import distinct_prefix_tokens
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
@@ -61,6 +62,7 @@ from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
 from .completions import append_rows, completion_rows, log_to_trackers, print_completions
 from .learning_signal import note_learning_signal
+from .micro_batches import loss_mask, prompt_grouped_chunks, store_per_token, weighted_chunks  # noqa: F401
 from .outputs import check_checkpoint, check_output_dir, marked_running, write_run_status, write_summary
 from .sharding import (
     gathered_adapter_state,
@@ -293,14 +295,15 @@ class MultiAgentTrainer(TeamTrainerSurface):
             any(s.old_logps is None for s in experience.samples)
         if need_old or self.beta != 0.0:
             for policy in self.pool.policies:
-                for chunk in _chunks(experience.samples_of(policy), self.args.per_device_train_batch_size):
+                for chunk in prompt_grouped_chunks(experience.samples_of(policy),
+                                                   self.args.per_device_train_batch_size):
                     batch = self.collate(policy, chunk)
                     with self.timed("logprob_forwards"):
                         if need_old:
-                            _store(chunk, "old_logps", self.logps(functools.partial(self.pool, policy), batch), batch)
+                            store_per_token(chunk, "old_logps", self.logps(functools.partial(self.pool, policy), batch), batch)
                         if self.beta != 0.0:
                             with self.pool.reference(policy) as ref_model:
-                                _store(chunk, "ref_logps", self.logps(ref_model, batch), batch)
+                                store_per_token(chunk, "ref_logps", self.logps(ref_model, batch), batch)
         if self.args.log_completions:
             self.record_completions(experience, tasks)
         for key, value in self.gather_stats(experience.stats).items():
@@ -369,6 +372,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
         same number of loss calls, so TRL's metric collectives stay aligned).
         """
         world = self.accelerator.num_processes
+        # the token positions the update needs at least: every policy's distinct prompt prefixes once and every
+        # completion (the physical bound of the forward and backward passes, benchmarks/targets.py)
+        self.log_metric("tokens/loss_needed", float(sum(
+            distinct_prefix_tokens([s.generation.prompt_ids for s in experience.samples_of(p)]) +
+            sum(len(s.generation.completion_ids) for s in experience.samples_of(p)) for p in self.pool.policies)))
         # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
         sync_at_end = world > 1 and not is_fsdp(self.accelerator)
         response = self.loss_type == RESPONSE_LOSS
@@ -377,7 +385,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         if any(w is not None for w in weights.values()) and not response and self.loss_type not in ROW_MEAN_LOSSES:
             raise ValueError(f"per-sample loss weights need a per-response loss ({sorted(ROW_MEAN_LOSSES)} or "
                              f"{RESPONSE_LOSS!r}), got loss_type={self.loss_type!r}")
-        chunked = {p: _weighted_chunks(rows, weights[p], self.args.per_device_train_batch_size,
+        chunked = {p: weighted_chunks(rows, weights[p], self.args.per_device_train_batch_size,
                                        equal_within=not response) for p, rows in plan.items()}
         chunk_counts = {p: len(chunked[p]) for p in plan}
         tokens = {p: sum(s.generation.own_token_count for s in rows) for p, rows in plan.items()}
@@ -574,44 +582,3 @@ def configure_threads(num_threads: int | None) -> int | None:
         num_threads = max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     torch.set_num_threads(num_threads)
     return num_threads
-
-
-# ---------------------------------------------------------------------------------------------------- helpers
-def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The completion tokens the loss covers: ``completion_mask`` (real tokens) times ``tool_mask`` where the batch
-    has one (0 on tool results, which the model reads but did not generate), as TRL's ``_compute_loss``."""
-    mask = batch["completion_mask"]
-    return mask if "tool_mask" not in batch else mask * batch["tool_mask"].to(mask.dtype)
-
-
-def _chunks(rows, size):
-    for i in range(0, len(rows), size):
-        yield rows[i:i + size]
-
-
-def _length(sample: Sample) -> int:
-    return len(sample.generation.prompt_ids) + len(sample.generation.completion_ids)
-
-
-def _store(samples: Sequence[Sample], attr: str, logps: torch.Tensor, batch) -> None:
-    for s, row, m in zip(samples, logps, batch["completion_mask"]):
-        setattr(s, attr, row[m.bool()].tolist())
-
-
-def _weighted_chunks(rows, weights, size, equal_within: bool) -> list[tuple[list, list[float]]]:
-    """Micro-batches of at most ``size`` rows of similar length, each with its rows' shares of the policy's loss
-    (``1/len(rows)`` each without ``weights``). ``equal_within``: group rows of equal weight first, so that a row-mean loss times the
-    chunk's total weight is exactly the weighted sum of its rows (TRL's per-response losses)."""
-    if weights is None:
-        weights = [1.0 / len(rows)] * len(rows) if rows else []
-    if len(weights) != len(rows):
-        raise ValueError(f"{len(weights)} sample weights for {len(rows)} samples")
-    # longest first: rows of similar length share a micro-batch, so little of it is padding
-    order = sorted(range(len(rows)), key=lambda i: -_length(rows[i]))
-    rows, weights = [rows[i] for i in order], [weights[i] for i in order]
-    if not equal_within:
-        return [(rows[i:i + size], [float(w) for w in weights[i:i + size]]) for i in range(0, len(rows), size)]
-    classes: dict[float, list] = {}
-    for row, w in zip(rows, weights):
-        classes.setdefault(float(w), []).append(row)
-    return [(chunk, [w] * len(chunk)) for w, members in classes.items() for chunk in _chunks(members, size)]

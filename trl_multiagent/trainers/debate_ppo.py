@@ -49,8 +49,9 @@ from ..padding import right_pad_values
 from ..rollout import Experience, credit_stats
 from ..rollout.debate import DebateSample, DebateSampler
 from ..utils import release_freed_memory
-from .base import MultiAgentConfig, MultiAgentTrainer, _chunks
+from .base import MultiAgentConfig, MultiAgentTrainer
 from .critic_config import CriticSettings
+from .micro_batches import prompt_grouped_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
         for agent in self.pool.agent_names:
             policy = self.pool.policy_of(agent)
             rows = [s for s in experience.samples if s.agent == agent]
-            for chunk in _chunks(rows, self.args.per_device_train_batch_size):
+            for chunk in prompt_grouped_chunks(rows, self.args.per_device_train_batch_size):
                 batch = self.collate(policy, chunk)
                 with self.timed("logprob_forwards"):
                     logps = self.logps(functools.partial(self.pool, policy), batch)

@@ -1,0 +1,63 @@
+"""The update's micro-batches: ordered by prompt tokens, so each prompt (and each shared prefix) runs in as few
+micro-batches as possible; the weights still sum to the policy's loss; the positions a pass needs at least."""
+
+from __future__ import annotations
+
+import pytest
+
+from trl_multiagent.agents import Generation
+from trl_multiagent.generation.prefixes import distinct_prefix_tokens
+from trl_multiagent.rollout import Sample
+from trl_multiagent.trainers.micro_batches import prompt_grouped_chunks, prompt_order, weighted_chunks
+
+SYSTEM = [7, 7, 7, 7]  # what every prompt of the agent repeats (system message, worked examples)
+
+
+def _sample(prompt_rest, completion_len, i):
+    gen = Generation(SYSTEM + list(prompt_rest), [1] * completion_len, "")
+    return Sample(agent="a", policy="a", episode=i, turn=0, node=i, joint_ids=[], generation=gen, advantage=0.0)
+
+
+def _rows():
+    # three prompts, three samples each, interleaved, completions of mixed lengths
+    rests = {"p": [1, 2], "q": [1, 3, 3, 3], "r": [2]}
+    layout = [("q", 5), ("p", 1), ("r", 9), ("p", 8), ("q", 2), ("r", 3), ("p", 4), ("r", 6), ("q", 7)]
+    return [_sample(rests[name], n, i) for i, (name, n) in enumerate(layout)], layout
+
+
+def test_distinct_prefix_tokens_counts_trie_nodes():
+    assert distinct_prefix_tokens([[1, 2, 3], [1, 2, 4], [1, 2, 3]]) == 4
+    assert distinct_prefix_tokens([[5], [6], [5, 6]]) == 3 and distinct_prefix_tokens([]) == 0
+
+
+def test_samples_of_one_prompt_share_a_micro_batch_longest_completion_first():
+    rows, layout = _rows()
+    order = prompt_order(rows)
+    # prompts sorted by tokens: SYSTEM+[1,2] (p) < SYSTEM+[1,3,3,3] (q) < SYSTEM+[2] (r)
+    assert [layout[i] for i in order] == [("p", 8), ("p", 4), ("p", 1), ("q", 7), ("q", 5), ("q", 2),
+                                          ("r", 9), ("r", 6), ("r", 3)]
+    chunked = weighted_chunks(rows, None, 3, equal_within=False)
+    assert [[len(s.generation.completion_ids) for s in chunk] for chunk, _ in chunked] == [[8, 4, 1], [7, 5, 2],
+                                                                                          [9, 6, 3]]
+    assert sum(w for _, ws in chunked for w in ws) == pytest.approx(1.0)
+    assert all(ws == [pytest.approx(1 / 9)] * 3 for _, ws in chunked)
+    # prompt positions run per micro-batch: each prompt once, the shared 4 tokens once per micro-batch:
+    # (4 + 2) + (4 + 4) + (4 + 1) = 19; ordered by total length the three prompts are spread over every micro-batch
+    ran = sum(distinct_prefix_tokens([s.generation.prompt_ids for s in chunk]) for chunk, _ in chunked)
+    assert ran == 19
+    by_length = sorted(rows, key=lambda s: -(len(s.generation.prompt_ids) + len(s.generation.completion_ids)))
+    spread = sum(distinct_prefix_tokens([s.generation.prompt_ids for s in by_length[i:i + 3]]) for i in (0, 3, 6))
+    assert spread > ran
+    assert [[s.episode for s in c] for c in prompt_grouped_chunks(rows, 3)] == [[c.episode for c in chunk]
+                                                                               for chunk, _ in chunked]
+
+
+def test_equal_weights_stay_together_and_keep_their_sum():
+    rows, _ = _rows()
+    weights = [0.2 if i % 2 else 0.05 for i in range(9)]
+    chunked = weighted_chunks(rows, weights, 2, equal_within=True)
+    assert all(len(set(ws)) == 1 and len(ws) <= 2 for _, ws in chunked)
+    assert sum(w for _, ws in chunked for w in ws) == pytest.approx(sum(weights))
+    assert sorted(s.episode for chunk, _ in chunked for s in chunk) == list(range(9))
+    with pytest.raises(ValueError, match="sample weights"):
+        weighted_chunks(rows, weights[:3], 2, equal_within=False)
