@@ -9,10 +9,11 @@
     (TRL, ours, TRL, ours, ...).
 (b) Memory: peak resident memory of a fresh subprocess per configuration (``VmHWM``, checked against ``ru_maxrss``)
     for 1, 2 and 4 agents on ONE shared 4-bit base against the same agents each with its own base copy.
-(c) Targets (issue 16), written to ``bench.json`` under ``"targets"`` as ``{name: {value, target, met}}``: the two
-    ratios above (``step_vs_trl`` <= 0.8, ``memory_4_agents_vs_1`` <= 1.05) and the main job's measurements of
-    ``benchmarks/targets.py`` (rollout against plain generate and the compute limit, 4 agents against 1 per token,
-    the main job's step time, the evaluation's speed-up).
+(c) Targets (issues 16 and 40; the values in ``benchmarks/targets.py:TARGETS``), written to ``bench.json`` under
+    ``"targets"`` as ``{name: {value, target, met}}``: the two ratios above (``step_vs_trl``,
+    ``memory_4_agents_vs_1``) and the main job's measurements of ``benchmarks/targets.py`` (rollout against plain
+    generate and the compute limit, 4 agents against 1 per token, the main job's step time and its loss passes
+    against the matmul rate, a decoding step against its bound at 1, 16 and 64 rows, the evaluation's speed-up).
 
 Options: ``--threads N`` (torch threads, default: every core), ``--steps``, ``--block-steps``, ``--memory-steps``,
 ``--skip-speed``, ``--skip-memory``, ``--skip-targets``, ``--profile`` (cProfile of a few steps of each trainer,
@@ -44,11 +45,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from targets import TARGETS  # noqa: E402 - benchmarks/ is the script's own folder
+
 from trl_multiagent.provenance import cpu_model, versions  # noqa: E402 - after the environment above
 
 log = logging.getLogger("bench")
 
-SPEED_TARGET = 0.8  # issue 16: step_vs_trl
+SPEED_TARGET = TARGETS["step_vs_trl"][0]
 MEMORY_TARGET = 1.05  # issue 16: memory_4_agents_vs_1
 MEMORY_RESULT_TAG = "BENCH_MEMORY_RESULT "
 
@@ -570,6 +573,11 @@ TARGET_MEANING = {
                                "rows",
     "memory_4_agents_vs_1": "peak RSS of a 4-agent team step on one shared 4-bit base over a 1-agent step",
     "demo_step_s": "mean seconds of a training step of the main job's configuration (steps after the first)",
+    "train_pass_vs_matmul": "the main job's loss forward + backward seconds over their FLOPs (needed positions: each "
+                            "distinct prompt prefix once, every completion) at the matmul rate of the same run",
+    "decode_vs_bound_1": "one decoding step at 1 row over max(weight bytes / bandwidth, FLOPs / matmul rate)",
+    "decode_vs_bound_16": "one decoding step at 16 rows over its bound (as above)",
+    "decode_vs_bound_64": "one decoding step at 64 rows over its bound (as above)",
     "eval_speedup": "the main job's before-training evaluation (10 posts): the code before the speed work over "
                     "today's, each in matmul-seconds of its own run",
 }

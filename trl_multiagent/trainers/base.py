@@ -374,9 +374,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
         world = self.accelerator.num_processes
         # the token positions the update needs at least: every policy's distinct prompt prefixes once and every
         # completion (the physical bound of the forward and backward passes, benchmarks/targets.py)
-        self.log_metric("tokens/loss_needed", float(sum(
-            distinct_prefix_tokens([s.generation.prompt_ids for s in experience.samples_of(p)]) +
-            sum(len(s.generation.completion_ids) for s in experience.samples_of(p)) for p in self.pool.policies)))
+        completions = sum(len(s.generation.completion_ids) for s in experience.samples)
+        self.log_metric("tokens/loss_completions", float(completions))
+        self.log_metric("tokens/loss_needed", float(completions + sum(
+            distinct_prefix_tokens([s.generation.prompt_ids for s in experience.samples_of(p)])
+            for p in self.pool.policies)))
         # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
         sync_at_end = world > 1 and not is_fsdp(self.accelerator)
         response = self.loss_type == RESPONSE_LOSS

@@ -1,0 +1,47 @@
+"""benchmarks/targets.py's bounds, by hand: the FLOPs per token of a model counted from its linear layers, and the
+loss passes against the matmul rate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny import save_tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from targets import TARGETS, linear_flops_per_token, target, train_pass_bound  # noqa: E402
+
+
+def test_flops_per_token_are_twice_the_linear_weights_of_the_layers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny(tmp_path / "m", chars=list("abcdef"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    layer_weights = sum(m.weight.numel() for name, m in model.named_modules()
+                        if isinstance(m, torch.nn.Linear) and ".layers." in name)
+    flops = linear_flops_per_token(path)
+    assert flops["layers"] == 2 * layer_weights
+    assert flops["lm_head"] == 2 * model.config.hidden_size * model.config.vocab_size
+
+
+def test_train_pass_ratio_by_hand():
+    flops = {"layers": 10.0, "lm_head": 2.0}
+    records = [{"time/forward": 9.0, "time/backward": 9.0, "tokens/loss_needed": 5, "tokens/loss_completions": 3},
+               {"step_time": 4.0},  # a line without the loss's numbers is skipped
+               {"time/forward": 1.0, "time/backward": 1.24, "tokens/loss_needed": 5, "tokens/loss_completions": 3},
+               {"time/forward": 0.56, "time/backward": 0.56, "tokens/loss_needed": 5, "tokens/loss_completions": 3}]
+    # forward FLOPs 5 x 10 + 3 x 2 = 56, backward as many: 112 FLOPs at 100 FLOP/s = 1.12 s
+    out = train_pass_bound(records, flops, 100.0)
+    assert out["per_step"] == pytest.approx([18 / 1.12, 2.0, 1.0])
+    assert out["mean_after_first"] == pytest.approx(1.5)  # the first step (warm-up) is left out
+    with pytest.raises(RuntimeError, match="fewer than two steps"):
+        train_pass_bound(records[:2], flops, 100.0)
+
+
+def test_the_issue_40_targets():
+    assert TARGETS["step_vs_trl"] == (0.5, "le") and TARGETS["train_pass_vs_matmul"] == (1.5, "le")
+    assert all(TARGETS[f"decode_vs_bound_{n}"] == (2.0, "le") for n in (1, 16, 64))
+    assert target("train_pass_vs_matmul", 1.49)["met"] and not target("train_pass_vs_matmul", 1.51)["met"]
