@@ -48,14 +48,15 @@ def test_single_agent_trains_on_the_team_budget_and_is_paired_with_the_team_by_p
         json.dumps({"stage": stage, "method": "team", "task_id": t, "final/team_correct": v if stage == "after" else 0.0})
         for stage in ("before", "after") for t, v in zip(held["task_id"], team_scores)))
     out = tmp_path / "single"
-    assert _script().main(["--team", str(team), "--out", str(out), "--max_steps", "10"]) == 0
+    work = tmp_path / "work"
+    assert _script().main(["--team", str(team), "--out", str(out), "--work", str(work), "--max_steps", "10"]) == 0
 
     result = json.loads((out / "result.json").read_text())
     training = result["training"]
     # 8 completions of 1-3 tokens per step (4 prompts x K = 2): the step that reaches 20 tokens is the last
     assert training["budget"] == 20 and 20 <= training["completion_tokens"] < 20 + 8 * 3
     assert 1 <= training["steps"] <= 3
-    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    assert (work / "adapter" / "adapter_model.safetensors").is_file() and not (out / "adapter").exists()
     rows = [json.loads(line) for line in (out / "per_task.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in rows] == held["task_id"] and [r["team"] for r in rows] == team_scores
     assert [r["held_out_set"] for r in rows] == ["unseen_operands"] * 4 + ["unseen_form"] * 2

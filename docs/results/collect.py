@@ -2,7 +2,7 @@
 docs/results/README.md (issue 18).
 
 Each run directory (the recipe's ``output_dir``, one per seed) is copied to ``<name>/seed<N>/`` (summary.json,
-report.md, reward_curve.png, metrics.jsonl, eval_per_task.jsonl), and ``<name>/table.{json,md}`` list per seed
+report.md, reward_curve.png, metrics.jsonl, eval_per_task.jsonl and the held-out texts eval_texts_*.jsonl), and ``<name>/table.{json,md}`` list per seed
 the team's held-out metric
 before and after training and the paired gain, each with its 95% bootstrap interval, the optimizer steps and the
 wall time. Then the table between the markers of docs/results/README.md is rebuilt from every ``*/table.json`` here
@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl", "eval_per_task.jsonl")
+FILES = ("summary.json", "report.md", "reward_curve.png", "metrics.jsonl", "eval_per_task.jsonl", "eval_texts_before.jsonl",
+         "eval_texts_after.jsonl")
 README = HERE / "README.md"
 BEGIN, END = "<!-- table: begin (python docs/results/collect.py) -->", "<!-- table: end -->"
 

@@ -2,7 +2,7 @@
 with the trained team on the same held-out problems, paired by problem (issue 37, item 4).
 
     python docs/results/math_generalisation/single_agent_grpo.py --team outputs/math_gen_s0 \
-        --out docs/results/math_generalisation/single_agent/seed0
+        --out docs/results/math_generalisation/single_agent/seed0 --work outputs/single_agent_s0
 
 What is matched to the team run named by ``--team`` (its ``summary.json``): the model, the LoRA settings (r, alpha,
 all linear layers, no dropout), the sampling (temperature, top-p, K = ``num_generations`` completions per prompt, at
@@ -16,8 +16,8 @@ TRL's default (its loss, advantage scaling, beta 0).
 Held out: the team run's problems (``make_dataset(split="test")`` with the run's seed; the script checks that the
 task ids equal the team's), one greedy answer each, scored by the environment (``final/team_correct``). Written to
 ``--out``: ``result.json`` (the budget, the steps, the single agent's held-out mean per set, and the team minus the
-single agent per set with a paired 95% bootstrap interval over problems), ``per_task.jsonl``, ``texts.jsonl`` and
-the adapter.
+single agent per set with a paired 95% bootstrap interval over problems), ``per_task.jsonl`` and ``texts.jsonl``;
+the trained adapter goes to ``--work``/adapter (TRL's own output directory is ``--work``/trl).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def make_reward(env_cls, env_kwargs: dict, alpha: float, budget: TokenBudget):
     return reasoner_reward
 
 
-def train(team: dict, out: Path, model_override: str | None, max_steps: int):
+def train(team: dict, work: Path, model_override: str | None, max_steps: int):
     from datasets import Dataset
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
@@ -104,7 +104,7 @@ def train(team: dict, out: Path, model_override: str | None, max_steps: int):
     budget = TokenBudget(team["budget"])
     K = int(config["num_generations"])
     args = GRPOConfig(
-        output_dir=str(out / "trl"), num_generations=K, per_device_train_batch_size=4 * K,
+        output_dir=str(work / "trl"), num_generations=K, per_device_train_batch_size=4 * K,
         gradient_accumulation_steps=1, max_completion_length=int(config["max_completion_length"]),
         temperature=float(config["temperature"]), top_p=float(config.get("top_p") or 1.0),
         learning_rate=float(config["learning_rate"]), lr_scheduler_type=config.get("lr_scheduler_type", "constant"),
@@ -123,7 +123,7 @@ def train(team: dict, out: Path, model_override: str | None, max_steps: int):
     if budget.used < budget.budget:
         raise SystemExit(f"training stopped at step {trainer.state.global_step} with {budget.used} of the team's "
                          f"{budget.budget} completion tokens: raise --max_steps")
-    trainer.model.save_pretrained(out / "adapter")
+    trainer.model.save_pretrained(work / "adapter")
     return trainer.model, trained, env_cls
 
 
@@ -189,7 +189,8 @@ def evaluate(peft_model, trained: dict, team: dict, env_cls, out: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--team", required=True, help="output_dir of the team run (summary.json, eval_per_task.jsonl)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="the results (result.json, per_task.jsonl, texts.jsonl)")
+    parser.add_argument("--work", default="outputs/single_agent", help="TRL's output directory and the adapter")
     parser.add_argument("--model", default=None, help="default: the team run's model")
     parser.add_argument("--max_steps", type=int, default=400, help="a cap; the token budget stops training")
     args = parser.parse_args(argv)
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
     team = read_team(Path(args.team))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, trained, env_cls = train(team, out, args.model, args.max_steps)
+    model, trained, env_cls = train(team, Path(args.work), args.model, args.max_steps)
     result = evaluate(model, trained, team, env_cls, out)
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, entry in result["sets"].items():
