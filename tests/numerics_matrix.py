@@ -33,6 +33,7 @@ NUMERICAL_TESTS = [
     "tests/test_logprobs.py",
     "tests/test_lean_step.py",
     "tests/test_magrpo.py::test_two_turn_update_sums_the_per_turn_means",
+    "tests/test_micro_batches.py::test_the_update_runs_a_shared_prefix_once_for_all_its_micro_batches",
     "tests/test_verifier_training.py::test_command_end_to_end_and_the_debate_trainer_loads_the_verifier",
     "tests/test_generation.py::test_mixed_adapter_batch_gives_each_row_its_own_agents_greedy_answer",
     "tests/test_generation.py::test_samples_of_one_prompt_share_one_prefill",

@@ -183,3 +183,41 @@ def test_activation_checkpointing_keeps_no_cache_so_the_prompts_run_in_full(tiny
     assert_same_computation(logps[mask], plain[mask], terms=terms, what="logps")
     assert_same_computation([p.grad for p in pool.policy_parameters("aux")], expected, terms=terms,
                             what="LoRA gradients")
+
+
+def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_in_each(tiny_text_model):
+    """PrefixStore: the prefix several prompts share runs once for two micro-batches, the gradients gathered on its
+    keys and values are sent back once, and logps and LoRA gradients equal the micro-batches each running it."""
+    from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
+
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], dtype="float64")
+    _randomise_lora(pool)
+    opening = "you are a careful helper. answer in one word. "
+    micro_batches = [(["what is one plus one", "what is two plus two"], ["two.", "four"]),
+                     (["what is three plus three", "what is one plus one"], ["six!", "2"])]
+    params = pool.policy_parameters("aux")
+    model = functools.partial(pool, "aux")
+    results = {}
+    for stored in (False, True):
+        pool.zero_grad()
+        batches = [_batch(pool, [opening + q for q in qs], cs) for qs, cs in micro_batches]
+        store = PrefixStore.build(lm_forward(model), [e for b in batches for e in b[4]], torch.device("cpu")) \
+            if stored else None
+        if stored:  # the opening (and the chat tokens before it): one prefix, shared by all three prompts
+            (prefix,) = store.prefixes
+            assert all(list(prefix) == e[:len(prefix)] for b in batches for e in b[4])
+        logps = []
+        for prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ in batches:
+            lp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                     prefix_store=store)
+            (lp * completion_mask).sum().backward()
+            logps.append(lp[completion_mask.bool()])
+        if stored:  # the prefix's share of the gradient waits on its stored keys and values...
+            assert all(leaf.grad is not None for layer in store.prefixes[prefix] for leaf in layer)
+            before = [p.grad.clone() for p in params]
+            store.backward()  # ...until the store sends it back, once, and lets its graph go
+            assert any(not torch.equal(a, p.grad) for a, p in zip(before, params)) and not store.prefixes
+        results[stored] = (torch.cat(logps).detach(), [p.grad.clone() for p in params])
+    terms = sum(_terms(b[0], b[2]) for b in batches)
+    assert_same_computation(results[True][0], results[False][0], terms=terms, what="logps")
+    assert_same_computation(results[True][1], results[False][1], terms=terms, what="LoRA gradients")

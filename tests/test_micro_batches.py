@@ -61,3 +61,58 @@ def test_equal_weights_stay_together_and_keep_their_sum():
     assert sorted(s.episode for chunk, _ in chunked for s in chunk) == list(range(9))
     with pytest.raises(ValueError, match="sample weights"):
         weighted_chunks(rows, weights[:3], 2, equal_within=False)
+
+
+def test_the_update_runs_a_shared_prefix_once_for_all_its_micro_batches(tiny_text_model, tmp_path, monkeypatch):
+    import torch
+    from datasets import Dataset
+
+    from trl_multiagent.agents import AgentSpec
+    from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.rollout import Experience
+    from trl_multiagent.teacher_forcing import PrefixStore
+    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    from .numerics import assert_same_computation
+    from .tiny import model_terms
+
+    built = []
+    build = PrefixStore.build.__func__
+
+    def spy(cls, *args, **kwargs):
+        store = build(cls, *args, **kwargs)
+        built.append((store, len(store.prefixes) if store else 0))
+        return store
+
+    monkeypatch.setattr(PrefixStore, "build", classmethod(spy))
+    grads = {}
+    for share in (True, False):
+        env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]}, lambda completions, **_: 0.0)  # noqa: E731
+        args = MultiAgentGRPOConfig(output_dir=str(tmp_path / str(share)), report_to=[], max_completion_length=4,
+                                    num_generations=2, save_strategy="no", disable_tqdm=True, model_dtype="float64",
+                                    per_device_train_batch_size=2, share_prompt_prefixes=share)
+        trainer = MultiAgentGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env, args,
+                                        Dataset.from_dict({"prompt": ["ab"] * 2}))
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for n, p in trainer.pool.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.3)
+        tok = trainer.pool.tokenizer_of("solo")
+        samples = []
+        for i, (question, completion, advantage) in enumerate([("one plus one", "two", 1.0), ("two plus two", "four", -1.0),
+                                                               ("one plus one", "2", 0.5), ("six minus one", "five", -0.5)]):
+            prompt = trainer.pool.encode_prompt("solo", "answer in one word please. " + question)
+            gen = Generation(list(prompt), tok(completion, add_special_tokens=False)["input_ids"], completion)
+            samples.append(Sample(agent="solo", policy="solo", episode=i, turn=0, node=i, joint_ids=[], generation=gen,
+                                  advantage=advantage))
+        trainer.pool.train()
+        trainer.pool.zero_grad()
+        trainer.update(trainer.pool, Experience(samples, [], {}))
+        grads[share] = [p.grad.clone() for p in trainer.pool.policy_parameters("solo")]
+        assert trainer.prefix_store is None  # never left behind
+    # with sharing: one store for the update's two micro-batches, holding the opening all three prompts share
+    ((store, prefixes),) = built
+    assert prefixes == 1 and not store.prefixes  # built, then sent back and let go
+    tokens = sum(len(s.generation.prompt_ids) + len(s.generation.completion_ids) for s in samples)
+    assert_same_computation(grads[True], grads[False], terms=model_terms(tokens), what="LoRA gradients")

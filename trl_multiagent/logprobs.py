@@ -21,12 +21,14 @@ from .teacher_forcing import completion_outputs, lm_forward
 
 def completion_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                      completion_mask: torch.Tensor, temperature: float, compute_entropy: bool = False,
-                     share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     share_prompts: bool = True, prefix_store=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logps, entropies)`` of the ``(B, T)`` completion tokens after their left-padded ``(B, P)`` prompts under
     ``model`` (a causal LM, or a callable forwarding to one), at sampling ``temperature``; ``entropies`` is ``None``
-    unless ``compute_entropy``. Shared prompts and prompt prefixes run once when ``share_prompts``."""
+    unless ``compute_entropy``. Shared prompts and prompt prefixes run once when ``share_prompts``; ``prefix_store``:
+    the prefixes an update's micro-batches share, already run
+    (:class:`~trl_multiagent.teacher_forcing.PrefixStore`)."""
     logits = completion_outputs(lm_forward(model), prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                share_prompts=share_prompts)
+                                share_prompts=share_prompts, prefix_store=prefix_store)
     return _logps_from_logits(logits, completion_ids, temperature, compute_entropy)
 
 

@@ -63,24 +63,36 @@ def _cache_of(out):
 
 def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                       share_prompts: bool = True) -> torch.Tensor:
+                       share_prompts: bool = True, prefix_store: PrefixStore | None = None) -> torch.Tensor:
     """``(B, T, D)``: for each of the ``(B, T)`` right-padded completion tokens after their left-padded ``(B, P)``
     prompts, ``forward``'s output at the position before it (the last prompt token for the first one).
 
     ``share_prompts``: run each distinct prompt, and each prefix shared by several prompts, once (the module's three
     stages); ``False``: one plain pass over every prompt + completion row. A model that keeps no KV cache (a
-    transformers model with activation checkpointing, in training mode) also gets the plain pass."""
-    t = completion_ids.size(1)
+    transformers model with activation checkpointing, in training mode) also gets the plain pass. ``prefix_store``:
+    prefixes already run for every micro-batch of an update (:class:`PrefixStore`); the prompts that begin with one
+    start from its keys and values, and stage 1 is skipped."""
     prompts = [prompt_ids[row][prompt_mask[row].bool()].tolist() for row in range(prompt_ids.size(0))]
     distinct: dict[tuple[int, ...], int] = {}
     owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     unique = [list(p) for p in distinct]
+    device = prompt_ids.device
+    stored = [prefix_store.longest_prefix(p) for p in unique] if share_prompts and prefix_store else []
+    if any(stored):  # 1. the stored prefixes (a prompt without one: an empty prefix)
+        keys = list(dict.fromkeys(stored))
+        group_of = [keys.index(k) for k in stored]
+        prefix_len = [len(k) if k else 0 for k in keys]
+        cache, mask = prefix_store.cache_of(keys)
+        group = torch.tensor(group_of, device=device)
+        cache.batch_select_indices(group)
+        mask = mask[group]
+        return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
+                                      prompt_mask, completion_ids, completion_mask)
     group_of, prefix_len = shared_prefixes(unique, [None] * len(unique))
     size = [group_of.count(g) for g in range(len(prefix_len))]
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
     if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
         return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    device = prompt_ids.device
 
     # 1. one pass per shared prefix (skipped when nothing is shared: every prefix is then empty)
     cache, mask = None, torch.zeros((len(unique), 0), dtype=torch.long, device=device)
@@ -97,6 +109,14 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
             return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
         cache.batch_select_indices(group)  # every distinct prompt gets its prefix's keys and values
         mask = mask[group]
+    return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids, prompt_mask,
+                                  completion_ids, completion_mask)
+
+
+def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
+                           prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per distinct prompt)."""
+    device, t = prompt_ids.device, completion_ids.size(1)
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
 
     # 2. the rest of each distinct prompt; its last position predicts the first completion token
@@ -130,3 +150,90 @@ def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
     """Positions of left-padded rows that continue after ``offset`` real tokens (an int or one per row)."""
     offset = torch.as_tensor(offset, device=mask.device).reshape(-1, 1)
     return offset + (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class PrefixStore:
+    """The keys and values of the prompt prefixes shared across an update's micro-batches, run once for all of them.
+
+    An update cuts a policy's samples into micro-batches; every prompt of an agent begins with the same system
+    message and worked examples, so each micro-batch would run that prefix again. :meth:`build` runs each prefix that
+    several of the update's prompts share (:func:`shared_prefixes` over all of them) once, with gradients, and keeps
+    its keys and values as leaf tensors; each micro-batch's :func:`completion_outputs` starts from them, the
+    gradients of all micro-batches gather on the leaves, and :meth:`backward` sends their sum through the prefix's
+    computation into the adapter once. By the chain rule this is the gradient of running the prefix in every
+    micro-batch, up to float summation order (``tests/test_logprobs.py``).
+    """
+
+    def __init__(self):
+        #: prefix tokens -> per layer (keys, values), each ``(1, heads, length, head_dim)``, leaf tensors
+        self.prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._sources: list[torch.Tensor] = []
+        self._leaves: list[torch.Tensor] = []
+
+    @classmethod
+    def build(cls, forward: Forward, prompts, device) -> PrefixStore | None:
+        """The shared prefixes of ``prompts`` (token lists), each run once by ``forward``; ``None`` when none is
+        shared or the model keeps no cache (activation checkpointing)."""
+        distinct = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts)]
+        group_of, prefix_len = shared_prefixes(distinct, [None] * len(distinct))
+        store = cls()
+        for g, length in enumerate(prefix_len):
+            members = [i for i, x in enumerate(group_of) if x == g]
+            if length < 1 or len(members) < 2:  # nobody shares it
+                continue
+            prefix = tuple(distinct[members[0]][:length])
+            ids = torch.tensor([prefix], device=device)
+            mask = torch.ones_like(ids)
+            _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
+            layers = getattr(cache, "layers", None)
+            if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+                return None
+            entry = []
+            for layer in layers:
+                pair = []
+                for source in (layer.keys, layer.values):
+                    leaf = source.detach().requires_grad_(source.requires_grad)
+                    if source.requires_grad:
+                        store._sources.append(source)
+                        store._leaves.append(leaf)
+                    pair.append(leaf)
+                entry.append((pair[0], pair[1]))
+            store.prefixes[prefix] = entry
+        return store if store.prefixes else None
+
+    def longest_prefix(self, prompt) -> tuple[int, ...] | None:
+        """The longest stored prefix that ``prompt`` begins with and goes beyond (``None``: none)."""
+        best = None
+        for prefix in self.prefixes:
+            if len(prefix) < len(prompt) and tuple(prompt[:len(prefix)]) == prefix and \
+                    (best is None or len(prefix) > len(best)):
+                best = prefix
+        return best
+
+    def cache_of(self, keys) -> tuple[object, torch.Tensor]:
+        """A KV cache with one row per entry of ``keys`` (stored prefixes, or ``None`` for an empty one), the
+        prefixes left-padded to the longest, and its ``(rows, length)`` attention mask."""
+        from transformers import DynamicCache
+
+        width = max(len(k) for k in keys if k)
+        some = next(iter(self.prefixes.values()))
+        device = some[0][0].device
+        mask = torch.tensor([[0] * (width - len(k or ())) + [1] * len(k or ()) for k in keys], device=device)
+        cache = DynamicCache()
+        for layer, (k0, v0) in enumerate(some):
+            rows_k, rows_v = [], []
+            for key in keys:
+                for rows, template, stored in ((rows_k, k0, 0), (rows_v, v0, 1)):
+                    pad = template.new_zeros(1, template.size(1), width - len(key or ()), template.size(3))
+                    rows.append(torch.cat([pad, self.prefixes[key][layer][stored]], dim=2) if key else
+                                template.new_zeros(1, template.size(1), width, template.size(3)))
+            cache.update(torch.cat(rows_k), torch.cat(rows_v), layer)
+        return cache, mask
+
+    def backward(self) -> None:
+        """Send the gradients gathered on the stored keys and values through the prefixes' computation (once), then
+        let the prefixes' graph go."""
+        pairs = [(s, leaf.grad) for s, leaf in zip(self._sources, self._leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+        self._sources, self._leaves, self.prefixes = [], [], {}

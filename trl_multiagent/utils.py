@@ -274,3 +274,23 @@ def cache_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "trl_multiagent"
+
+
+def configure_threads(num_threads: int | None) -> int | None:
+    """Set torch's CPU threads: ``num_threads``, or (None) the CPUs this process may run on divided among the
+    processes of this machine (``LOCAL_WORLD_SIZE``). Returns the number set; ``None`` when it leaves them as they are:
+    on CUDA, and when the user set ``OMP_NUM_THREADS`` themselves (``accelerate launch`` sets it to 1 on its own,
+    which is not taken as the user's choice)."""
+    import torch
+
+    if num_threads is None:
+        launched_by_accelerate = any(k.startswith("ACCELERATE_") for k in os.environ)
+        if torch.cuda.is_available() or ("OMP_NUM_THREADS" in os.environ and not launched_by_accelerate):
+            return None
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count() or 1
+        num_threads = max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    torch.set_num_threads(num_threads)
+    return num_threads

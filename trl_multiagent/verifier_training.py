@@ -378,7 +378,7 @@ class VerifierRun:
 
     def execute(self) -> Path:
         """Sample, balance, train, save, evaluate, write; returns the path of ``summary.json``."""
-        from .trainers.base import configure_threads
+        from .utils import configure_threads
 
         threads = configure_threads(self.config.num_threads)
         if threads:

@@ -46,7 +46,8 @@ from ..generation.prefixes import distinct_prefix_tokens
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
-from ..utils import release_freed_memory
+from ..teacher_forcing import PrefixStore, lm_forward
+from ..utils import configure_threads, release_freed_memory
 from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
@@ -400,37 +401,56 @@ class MultiAgentTrainer(TeamTrainerSurface):
             for i, p in enumerate(plan):
                 chunk_counts[p], global_tokens[p] = int(maxed[i, 0]), float(summed[i, 1])
         total_loss = torch.zeros((), device=self.accelerator.device)
-        with self.accelerator.no_sync(model) if sync_at_end else contextlib.nullcontext():
-            for policy in plan:
-                chunks = chunked[policy]
-                for c in range(chunk_counts[policy]):
-                    chunk, row_weights = chunks[c] if c < len(chunks) else (None, None)
-                    batch = self.collate(policy, chunk) if chunk else self.dummy_batch(policy)
-                    if response:
-                        w = torch.tensor(row_weights if chunk else [0.0], dtype=self.values_dtype)
-                        with self.timed("forward"):
-                            loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
-                    else:
-                        if chunk is None:
-                            weight = 0.0
-                        elif self.loss_type in ROW_MEAN_LOSSES:
-                            weight = sum(row_weights)  # equal weights within a chunk: row mean x chunk weight
-                        elif self.loss_type in TOKEN_MEAN_LOSSES:
-                            weight = loss_mask(batch).sum().item() / max(tokens[policy], 1)
-                        else:  # TOKEN_SUM_LOSSES normalise by the global token count themselves
-                            weight = 1.0
-                            batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
-                        with self.timed("forward"):
-                            loss = self.trl_loss(functools.partial(model, policy), batch) * weight
-                    extra = self.auxiliary_loss(model, policy, chunk, batch, experience) if chunk else None
-                    for term in (loss,) if extra is None else (loss, extra):
+        try:
+            with self.accelerator.no_sync(model) if sync_at_end else contextlib.nullcontext():
+                for policy in plan:
+                    chunks = chunked[policy]
+                    # the prefixes the micro-batches share run once (their gradient is sent back after the last one)
+                    with self.timed("forward"):
+                        self.prefix_store = self.build_prefix_store(model, policy, chunks)
+                    for c in range(chunk_counts[policy]):
+                        chunk, row_weights = chunks[c] if c < len(chunks) else (None, None)
+                        batch = self.collate(policy, chunk) if chunk else self.dummy_batch(policy)
+                        if response:
+                            w = torch.tensor(row_weights if chunk else [0.0], dtype=self.values_dtype)
+                            with self.timed("forward"):
+                                loss = self.response_loss(model, policy, batch, w.to(self.accelerator.device))
+                        else:
+                            if chunk is None:
+                                weight = 0.0
+                            elif self.loss_type in ROW_MEAN_LOSSES:
+                                weight = sum(row_weights)  # equal weights within a chunk: row mean x chunk weight
+                            elif self.loss_type in TOKEN_MEAN_LOSSES:
+                                weight = loss_mask(batch).sum().item() / max(tokens[policy], 1)
+                            else:  # TOKEN_SUM_LOSSES normalise by the global token count themselves
+                                weight = 1.0
+                                batch["num_items_in_batch"] = torch.tensor(float(global_tokens[policy]))
+                            with self.timed("forward"):
+                                loss = self.trl_loss(functools.partial(model, policy), batch) * weight
+                        extra = self.auxiliary_loss(model, policy, chunk, batch, experience) if chunk else None
+                        for term in (loss,) if extra is None else (loss, extra):
+                            with self.timed("backward"):
+                                self.accelerator.backward(term)
+                            total_loss = total_loss + term.detach()
+                    if self.prefix_store is not None:
                         with self.timed("backward"):
-                            self.accelerator.backward(term)
-                        total_loss = total_loss + term.detach()
-                release_freed_memory()
+                            self.prefix_store.backward()
+                        self.prefix_store = None
+                    release_freed_memory()
+        finally:  # a failed pass never leaves a store (and its graph) behind for later passes
+            self.prefix_store = None
         if sync_at_end:
             self.average_gradients_across_processes()
         return total_loss
+
+    def build_prefix_store(self, model, policy: str, chunks) -> PrefixStore | None:
+        """The prompt prefixes that ``policy``'s micro-batches share, run once for all of them
+        (:class:`~trl_multiagent.teacher_forcing.PrefixStore`); ``None`` with one micro-batch (it shares them
+        itself), without prefix sharing, and on CUDA (TRL's fused head computes the log-probs there)."""
+        if len(chunks) < 2 or not self.share_prompt_prefixes or self.accelerator.device.type == "cuda":
+            return None
+        prompts = [s.generation.prompt_ids for chunk, _ in chunks for s in chunk]
+        return PrefixStore.build(lm_forward(functools.partial(model, policy)), prompts, self.accelerator.device)
 
     def response_loss(self, model, policy: str, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
         """MAGRPO Eq. 2 on one micro-batch of ``policy``'s responses (``weights``: each response's share of the
@@ -566,21 +586,3 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def summary(self) -> dict[str, Any]:
         """What this trainer adds to ``summary.json`` beyond the common part: its own config fields."""
         return {"config": {k: getattr(self.args, k) for k in self.summary_fields}}
-
-
-def configure_threads(num_threads: int | None) -> int | None:
-    """Set torch's CPU threads: ``num_threads``, or (None) the CPUs this process may run on divided among the
-    processes of this machine (``LOCAL_WORLD_SIZE``). Returns the number set; ``None`` when it leaves them as they are:
-    on CUDA, and when the user set ``OMP_NUM_THREADS`` themselves (``accelerate launch`` sets it to 1 on its own,
-    which is not taken as the user's choice)."""
-    if num_threads is None:
-        launched_by_accelerate = any(k.startswith("ACCELERATE_") for k in os.environ)
-        if torch.cuda.is_available() or ("OMP_NUM_THREADS" in os.environ and not launched_by_accelerate):
-            return None
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count() or 1
-        num_threads = max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    torch.set_num_threads(num_threads)
-    return num_threads

@@ -169,7 +169,8 @@ class TeamTrainerSurface(GRPOTrainer):
                 self, model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=compute_entropy)
             return logps, entropies
         return completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, self.temperature,
-                                compute_entropy=compute_entropy, share_prompts=self.share_prompt_prefixes)
+                                compute_entropy=compute_entropy, share_prompts=self.share_prompt_prefixes,
+                                prefix_store=getattr(self, "prefix_store", None))
 
     @property
     def share_prompt_prefixes(self) -> bool:
