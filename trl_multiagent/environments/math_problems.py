@@ -203,24 +203,33 @@ def word_problems(num_tasks: int, seed: int = 0, split: str = "train", level: st
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level!r}")
-    templates = LEVELS[level]
     rng = random.Random(f"math-word-problems/{split}/{seed}" + ("" if level == "standard" else f"/{level}"))
+    prefix = "word" if level == "standard" else f"word-{level}"
+    return [{"task_id": f"{prefix}/{split}/{seed}/{i}", "question": question, "answer": format_answer(answer),
+             "template": template, "params": json.dumps(params)}
+            for i, (template, question, answer, params) in enumerate(_distinct_problems(
+                LEVELS[level], rng, num_tasks, split, 100, lambda template, question, params:
+                question_split(question) == split))]
+
+
+def _distinct_problems(templates, rng: random.Random, num_tasks: int, split: str, tries_per_task: int, keep):
+    """``num_tasks`` distinct problems ``(template, question, answer, params)`` drawn from ``templates`` (a template
+    chosen uniformly, then its own draw) that ``keep(template, question, params)`` accepts; at most
+    ``tries_per_task * num_tasks + 1000`` draws."""
     names = sorted(templates)
-    rows: list[dict[str, str]] = []
+    rows: list[tuple] = []
     seen: set[str] = set()
     attempts = 0
     while len(rows) < num_tasks:
         attempts += 1
-        if attempts > 100 * num_tasks + 1000:
+        if attempts > tries_per_task * num_tasks + 1000:
             raise RuntimeError(f"could only generate {len(rows)} distinct {split} problems of {num_tasks}")
         template = rng.choice(names)
         question, answer, params = templates[template](rng)
-        if question in seen or question_split(question) != split:
+        if question in seen or not keep(template, question, params):
             continue
         seen.add(question)
-        prefix = "word" if level == "standard" else f"word-{level}"
-        rows.append({"task_id": f"{prefix}/{split}/{seed}/{len(rows)}", "question": question,
-                     "answer": format_answer(answer), "template": template, "params": json.dumps(params)})
+        rows.append((template, question, answer, params))
     return rows
 
 
@@ -275,23 +284,15 @@ def generalisation_problems(num_tasks: int, seed: int = 0, split: str = "train")
     wanted = {"train": "train", "unseen_operands": "test", "unseen_form": None}[split]
     rng = random.Random(f"math-word-problems/generalisation/{split}/{seed}")
     makers = {kind: _one_operation(kind, forms) for kind in sorted(forms)}
-    rows: list[dict[str, str]] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(rows) < num_tasks:
-        attempts += 1
-        if attempts > 200 * num_tasks + 1000:
-            raise RuntimeError(f"could only generate {len(rows)} distinct {split} problems of {num_tasks}")
-        kind = rng.choice(sorted(forms))
-        question, answer, params = makers[kind](rng)
-        key = arithmetic_key(forms[kind][1], params["a"], params["b"])
-        if question in seen or (wanted is not None and arithmetic_split(key) != wanted):
-            continue
-        seen.add(question)
-        rows.append({"task_id": f"word-generalisation/{split}/{seed}/{len(rows)}", "question": question,
-                     "answer": format_answer(answer), "template": kind, "params": json.dumps(params),
-                     "arithmetic": key, "held_out_set": split})
-    return rows
+
+    def keep(kind, question, params) -> bool:
+        return wanted is None or arithmetic_split(arithmetic_key(forms[kind][1], params["a"], params["b"])) == wanted
+
+    return [{"task_id": f"word-generalisation/{split}/{seed}/{i}", "question": question,
+             "answer": format_answer(answer), "template": kind, "params": json.dumps(params),
+             "arithmetic": arithmetic_key(forms[kind][1], params["a"], params["b"]), "held_out_set": split}
+            for i, (kind, question, answer, params) in enumerate(_distinct_problems(makers, rng, num_tasks, split,
+                                                                                   200, keep))]
 
 
 # --------------------------------------------------------------------------------------------------- dataset rows
