@@ -20,6 +20,7 @@ from trl_multiagent.environments.math_problems import (
     format_answer,
     generalisation_problems,
     gsm8k_to_task,
+    operation_weights,
     polaris_to_task,
     question_split,
     word_problems,
@@ -248,6 +249,37 @@ def test_generalisation_held_out_problems_share_no_arithmetic_and_no_form_with_t
     MathToolGeneralisationEnv.validate_dataset_columns(data.column_names)
     with pytest.raises(ValueError, match="split"):
         MathToolGeneralisationEnv.make_dataset(num_tasks=4, split="eval")  # the runner then asks for "test"
+
+
+def test_generalisation_balanced_and_validation_splits_draw_each_operation_equally_from_training_arithmetic():
+    import collections
+    import operator
+
+    assert operation_weights(EASY_FORMS) == {"gain": 0.5, "together": 0.5, "loss": 1.0, "groups": 1.0}
+    assert operation_weights({"x": ("", operator.add), "y": ("", operator.sub)}) == {"x": 1.0, "y": 1.0}
+    train = generalisation_problems(600, 0, "train")
+    balanced = generalisation_problems(600, 0, "train_balanced")
+    validation = generalisation_problems(600, 0, "validation")
+
+    def share(rows):
+        counts = collections.Counter(r["arithmetic"].split(":")[0] for r in rows)
+        return {op: counts[op] / len(rows) for op in ("add", "sub", "mul")}
+
+    # a uniform choice among the four forms gives addition (two forms) about half of the problems; the balanced
+    # splits a third per operation (600 draws: a share's standard deviation is about 0.02)
+    assert share(train)["add"] > 0.45
+    for rows in (balanced, validation):
+        assert all(abs(v - 1 / 3) < 0.07 for v in share(rows).values()), share(rows)
+        assert all(arithmetic_split(r["arithmetic"]) == "train" for r in rows)  # training arithmetic only
+        assert {r["template"] for r in rows} == set(EASY_FORMS)
+    assert {r["held_out_set"] for r in validation} == {"validation"}
+    assert [r["question"] for r in validation] != [r["question"] for r in balanced]  # their own seed streams
+    # the training split itself is unchanged by the new splits: the problems of the recorded runs
+    assert train[:3] == generalisation_problems(3, 0, "train")
+    data = MathToolGeneralisationEnv.make_dataset(num_tasks=5, seed=1, split="validation")
+    assert data["question"] == [r["question"] for r in generalisation_problems(5, 1, "validation")]
+    with pytest.raises(ValueError, match="train_balanced"):
+        MathToolGeneralisationEnv.make_dataset(num_tasks=4, split="dev")
 
 
 def test_gsm8k_and_polaris_transforms():

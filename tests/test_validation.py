@@ -222,6 +222,41 @@ def test_held_out_tasks_of_hub_and_file_datasets_need_a_named_split(tmp_path, mo
     assert held_out_tasks(recipe, config, 4)["question"] == ["What is 4 + 1?", "What is 5 + 1?"]
 
 
+def test_a_generated_dataset_trains_and_evaluates_on_the_splits_a_recipe_names(tmp_path):
+    from trl_multiagent.environments.math_problems import generalisation_problems
+
+    base = ["--environment", "math_tool_generalisation", "--num_tasks", "6", "--seed", "2",
+            "--output_dir", str(tmp_path)]
+    recipe, config = load_recipe(base)
+    env_cls = resolve_environment("math_tool_generalisation")
+    questions = lambda rows: [r["question"] for r in rows]  # noqa: E731
+    # defaults: the environment's training split and its held-out split ("eval" refused, so "test")
+    assert build_dataset(recipe, env_cls, config)["question"] == questions(generalisation_problems(6, 2, "train"))
+    assert held_out_tasks(recipe, config, 4)["question"] == questions(generalisation_problems(4, 2, "test"))
+    # named generated splits: that split and no other
+    recipe, config = load_recipe(base + ["--dataset_split", "train_balanced", "--eval_dataset_split", "validation"])
+    assert build_dataset(recipe, env_cls, config)["question"] == \
+        questions(generalisation_problems(6, 2, "train_balanced"))
+    assert held_out_tasks(recipe, config, 4)["question"] == questions(generalisation_problems(4, 2, "validation"))
+    recipe.eval_dataset_split = "dev"
+    with pytest.raises(RecipeError, match="eval_dataset_split 'dev'.*refused it.*split must be one of"):
+        held_out_tasks(recipe, config, 4)
+    recipe.dataset_split = "dev"
+    with pytest.raises(RecipeError, match="make_dataset: split must be one of"):
+        build_dataset(recipe, env_cls, config)
+    # a data file as the held-out tasks of a generated dataset
+    eval_file = tmp_path / "held.jsonl"
+    eval_file.write_text(json.dumps({"question": "Ann has 3 pens. Bo gives Ann 2 more. How many pens now?",
+                                     "answer": "5"}) + "\n")
+    recipe.eval_dataset_split = str(eval_file)
+    assert held_out_tasks(recipe, config, 4)["answer"] == ["5"]
+    # an environment whose make_dataset has no splits cannot be asked for one
+    recipe, config = load_recipe(["--environment", "matrix_game", "--dataset_split", "train_balanced",
+                                  "--output_dir", str(tmp_path)])
+    with pytest.raises(RecipeError, match="dataset_split 'train_balanced'.*generates no splits"):
+        build_dataset(recipe, resolve_environment("matrix_game"), config)
+
+
 @pytest.mark.parametrize("script,config", [
     ("at_grpo", "gsm8k_at_grpo"), ("actor_critic", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
     ("mhgpo", "hotpotqa_mhgpo_rr")])

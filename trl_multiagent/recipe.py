@@ -79,11 +79,14 @@ class RecipeArguments:
     dataset: str = field(default="generated", metadata=_help(
         "'generated' (the environment generates num_tasks tasks), a local .json/.jsonl/.csv/.parquet file, or a hub "
         "dataset id (needs a reachable hub)."))
-    dataset_split: str = field(default="train", metadata=_help("Split of a hub dataset to train on."))
+    dataset_split: str = field(default="train", metadata=_help(
+        "Split to train on: of a hub dataset, or of a generated one (an environment whose make_dataset has splits, "
+        "e.g. math_tool_generalisation's 'train_balanced')."))
     eval_dataset_split: str | None = field(default=None, metadata=_help(
-        "Held-out tasks of the evaluation: a split of the hub dataset ('test', 'validation'), another data file for "
-        "a file dataset, or 'generated' for the environment's generated held-out split. Generated datasets always "
-        "use the environment's held-out split."))
+        "Held-out tasks of the evaluation: a split of the hub dataset ('test', 'validation'), a data file, or "
+        "'generated' for the environment's generated held-out split. With dataset 'generated', empty means the "
+        "environment's held-out split and another name one of its generated splits (e.g. 'validation', to choose a "
+        "configuration on training data)."))
     dataset_config: str | None = field(default=None, metadata=_help("Configuration (subset) of a hub dataset."))
     dataset_transform: str | None = field(default=None, metadata=_help(
         "Optional 'module:function' or 'path/to/file.py:function' mapped over the dataset's rows (e.g. to give "
@@ -375,8 +378,14 @@ def build_dataset(recipe: RecipeArguments, env_cls, config):
 
     if recipe.dataset == "generated":
         make = getattr(env_cls, "make_dataset", None)
+        named = recipe.dataset_split != "train"  # a generated split other than the environment's default one
+        if named and (make is None or not _takes_keyword(make, "split")):
+            raise RecipeError(f"dataset_split {recipe.dataset_split!r}: {env_cls.__name__} generates no splits (its "
+                              f"make_dataset takes no split argument); leave dataset_split at 'train'")
         if make is not None:
             try:
+                if named:
+                    return make(num_tasks=recipe.num_tasks, seed=config.seed, split=recipe.dataset_split)
                 return make(num_tasks=recipe.num_tasks, seed=config.seed)
             except ValueError as exc:
                 raise RecipeError(f"{env_cls.__name__}.make_dataset: {exc}") from exc
@@ -449,7 +458,9 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
     its own held-out split and the recipe names none) they are the environment's generated held-out split:
     ``make_dataset(num_tasks=num_tasks, seed=config.seed, split="eval")``, or ``split="test"`` where ``"eval"`` raises
     ``ValueError``; each environment draws it from a seed stream that never yields a training task (tested per
-    environment). For a hub or file dataset they are the rows of ``eval_dataset_split``, loaded and transformed like
+    environment). A generated dataset's ``eval_dataset_split`` may name another of its generated splits (only that
+    one is tried; ``"validation"`` of ``math_tool_generalisation`` chooses a configuration on training arithmetic) or
+    a data file. For a hub or file dataset they are the rows of ``eval_dataset_split``, loaded and transformed like
     the training data; the field is required there, so that a hub-trained team is never silently scored on something
     else. Called before the trainer is built: a missing or unavailable held-out split is reported before any model
     loads.
@@ -459,8 +470,11 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
     in the means; both log a warning that says so (:func:`warn_about_held_out_tasks`).
     """
     env_cls = resolve_environment(recipe.environment)
-    if recipe.dataset == "generated" or recipe.eval_dataset_split == "generated" or \
-            (generated and not recipe.eval_dataset_split):
+    from .datafiles import DATA_FILE_SUFFIXES
+
+    named = recipe.eval_dataset_split
+    a_file = bool(named) and Path(named).suffix in DATA_FILE_SUFFIXES
+    if (recipe.dataset == "generated" and not a_file) or named == "generated" or (generated and not named):
         make = getattr(env_cls, "make_dataset", None)
         if make is None:
             raise RecipeError(f"{env_cls.__name__} has no make_dataset, so it has no generated held-out tasks")
@@ -468,8 +482,11 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
             raise RecipeError(f"{env_cls.__name__}.make_dataset takes no split argument, so it has no held-out split: "
                               f"give it one (make_dataset(cls, num_tasks, seed=0, split='train'), with 'eval' for the "
                               f"held-out tasks), or set --evaluator none")
+        # a generated dataset's eval_dataset_split may name one of its generated splits (e.g. 'validation', to choose a
+        # configuration without touching the held-out problems): that split and no other
+        splits = (named,) if recipe.dataset == "generated" and named and named != "generated" else HELD_OUT_SPLITS
         refusals = []
-        for split in HELD_OUT_SPLITS:
+        for split in splits:
             try:
                 data = make(num_tasks=num_tasks, seed=config.seed, split=split)
             except ValueError as exc:
@@ -479,15 +496,16 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
                         num_tasks, config.seed, split, len(data))
             warn_about_held_out_tasks(data, num_tasks, f"the generated split {split!r} of {env_cls.__name__}")
             return data
+        if len(splits) == 1:
+            raise RecipeError(f"eval_dataset_split {named!r}: {env_cls.__name__}.make_dataset refused it "
+                              f"({refusals[0].split(': ', 1)[1]})")
         raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS} "
                           f"({'; '.join(refusals)})")
     if not recipe.eval_dataset_split:
         raise RecipeError(f"dataset {recipe.dataset!r} needs eval_dataset_split: its held-out split (e.g. 'test' or "
                           "'validation'), or 'generated' for the environment's generated held-out tasks (or "
                           "--evaluator none to train without evaluating)")
-    from .datafiles import DATA_FILE_SUFFIXES
-
-    if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:  # a file has no splits: the held-out tasks are another file
+    if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES or recipe.dataset == "generated":  # a file has no splits: the held-out tasks are another file
         if Path(recipe.eval_dataset_split).suffix not in DATA_FILE_SUFFIXES:
             raise RecipeError(f"dataset {recipe.dataset!r} is a file: eval_dataset_split must be another data file "
                               f"({', '.join(DATA_FILE_SUFFIXES)}) or 'generated', got {recipe.eval_dataset_split!r}")

@@ -212,11 +212,13 @@ def word_problems(num_tasks: int, seed: int = 0, split: str = "train", level: st
                 question_split(question) == split))]
 
 
-def _distinct_problems(templates, rng: random.Random, num_tasks: int, split: str, tries_per_task: int, keep):
+def _distinct_problems(templates, rng: random.Random, num_tasks: int, split: str, tries_per_task: int, keep,
+                       weights: Mapping[str, float] | None = None):
     """``num_tasks`` distinct problems ``(template, question, answer, params)`` drawn from ``templates`` (a template
-    chosen uniformly, then its own draw) that ``keep(template, question, params)`` accepts; at most
-    ``tries_per_task * num_tasks + 1000`` draws."""
+    chosen uniformly, or with ``weights[template]`` when given, then its own draw) that
+    ``keep(template, question, params)`` accepts; at most ``tries_per_task * num_tasks + 1000`` draws."""
     names = sorted(templates)
+    chances = None if weights is None else [weights[name] for name in names]
     rows: list[tuple] = []
     seen: set[str] = set()
     attempts = 0
@@ -224,7 +226,7 @@ def _distinct_problems(templates, rng: random.Random, num_tasks: int, split: str
         attempts += 1
         if attempts > tries_per_task * num_tasks + 1000:
             raise RuntimeError(f"could only generate {len(rows)} distinct {split} problems of {num_tasks}")
-        template = rng.choice(names)
+        template = rng.choice(names) if chances is None else rng.choices(names, chances)[0]
         question, answer, params = templates[template](rng)
         if question in seen or not keep(template, question, params):
             continue
@@ -242,6 +244,10 @@ HELD_OUT_FORMS: dict[str, tuple[str, Callable[[int, int], int]]] = {
 }
 #: The held-out sets of :func:`generalisation_problems`, reported separately (column ``held_out_set``).
 HELD_OUT_SETS = ("unseen_operands", "unseen_form")
+#: The splits of :func:`generalisation_problems` drawn from the training arithmetic: the training problems as the
+#: forms come (``"train"``), the training problems with each operation equally often (``"train_balanced"``), and
+#: problems of the training arithmetic for choosing a configuration (``"validation"``, operations balanced).
+TRAINING_SPLITS = ("train", "train_balanced", "validation")
 _OPERATION_NAMES = {operator.add: "add", operator.sub: "sub", operator.mul: "mul"}
 
 
@@ -259,11 +265,31 @@ def arithmetic_split(key: str, test_fraction: int = 4) -> str:
     return "test" if bucket == 0 else "train"
 
 
+def operation_weights(forms: Mapping[str, tuple[str, Callable[[int, int], int]]]) -> dict[str, float]:
+    """Form -> drawing weight such that every operation of ``forms`` is drawn equally often: each form gets one over
+    the number of forms sharing its operation (:data:`EASY_FORMS`: gain and together 1/2 each, loss 1, groups 1,
+    so addition, subtraction and multiplication each come a third of the time, where a uniform choice of form gives
+    addition half)."""
+    sharing = {}
+    for _, operation in forms.values():
+        sharing[operation] = sharing.get(operation, 0) + 1
+    return {kind: 1.0 / sharing[operation] for kind, (_, operation) in forms.items()}
+
+
 def generalisation_problems(num_tasks: int, seed: int = 0, split: str = "train") -> list[dict[str, str]]:
     """One-operation word problems (the ``"easy"`` level's numbers) whose held-out problems test generalisation.
 
-    * ``"train"``: the :data:`EASY_FORMS` (gain, loss, together, groups) on the arithmetic of the training buckets
-      (:func:`arithmetic_split` of :func:`arithmetic_key`);
+    Drawn from the training arithmetic (the keys :func:`arithmetic_split` puts in ``"train"``), with the
+    :data:`EASY_FORMS` (gain, loss, together, groups):
+
+    * ``"train"``: a form chosen uniformly per problem, so addition (two forms) comes about half the time;
+    * ``"train_balanced"``: each operation equally often (:func:`operation_weights`);
+    * ``"validation"``: as ``"train_balanced"`` from a seed stream of its own, for choosing a configuration on the
+      training arithmetic without touching a held-out problem (it shares its arithmetic with the training problems
+      by design: it measures how well the training distribution is learned, per operation).
+
+    Held out:
+
     * ``"unseen_operands"``: the same forms on the arithmetic of the test bucket: no problem shares its operation
       and operands with any training problem (about a quarter of the ~110 distinct arithmetic keys);
     * ``"unseen_form"``: the :data:`HELD_OUT_FORMS` (never in training), any operands;
@@ -271,17 +297,18 @@ def generalisation_problems(num_tasks: int, seed: int = 0, split: str = "train")
       unseen form (``num_tasks=120``: 80 and 40).
 
     Rows: ``task_id``, ``question``, ``answer``, ``template`` (the form), ``params`` (JSON), ``arithmetic`` (the key)
-    and ``held_out_set`` (``"train"`` or one of :data:`HELD_OUT_SETS`). Each split draws from its own seed stream;
-    the same arguments always give the same problems.
+    and ``held_out_set`` (the split's name). Each split draws from its own seed stream; the same arguments always
+    give the same problems.
     """
     if split == "test":
         first = -(-2 * num_tasks // 3)
         return generalisation_problems(first, seed, "unseen_operands") + \
             generalisation_problems(num_tasks - first, seed, "unseen_form")
-    if split not in ("train", *HELD_OUT_SETS):
-        raise ValueError(f"split must be 'train', 'test' or one of {HELD_OUT_SETS}, got {split!r}")
+    if split not in (*TRAINING_SPLITS, *HELD_OUT_SETS):
+        raise ValueError(f"split must be one of {(*TRAINING_SPLITS, 'test', *HELD_OUT_SETS)}, got {split!r}")
     forms = HELD_OUT_FORMS if split == "unseen_form" else EASY_FORMS
-    wanted = {"train": "train", "unseen_operands": "test", "unseen_form": None}[split]
+    wanted = None if split == "unseen_form" else "test" if split == "unseen_operands" else "train"
+    weights = operation_weights(forms) if split in ("train_balanced", "validation") else None
     rng = random.Random(f"math-word-problems/generalisation/{split}/{seed}")
     makers = {kind: _one_operation(kind, forms) for kind in sorted(forms)}
 
@@ -292,7 +319,7 @@ def generalisation_problems(num_tasks: int, seed: int = 0, split: str = "train")
              "answer": format_answer(answer), "template": kind, "params": json.dumps(params),
              "arithmetic": arithmetic_key(forms[kind][1], params["a"], params["b"]), "held_out_set": split}
             for i, (kind, question, answer, params) in enumerate(_distinct_problems(makers, rng, num_tasks, split,
-                                                                                   200, keep))]
+                                                                                   200, keep, weights))]
 
 
 # --------------------------------------------------------------------------------------------------- dataset rows

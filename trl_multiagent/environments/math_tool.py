@@ -59,7 +59,14 @@ from .base import Environment, StepResult, chat_with_examples, merge_weights, re
 from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
 from .coder_tester import masked_convex_combination
 from .coding import extract_code
-from .math_problems import HELD_OUT_SETS, generalisation_problems, gsm8k_to_task, polaris_to_task, word_problems
+from .math_problems import (
+    HELD_OUT_SETS,
+    TRAINING_SPLITS,
+    generalisation_problems,
+    gsm8k_to_task,
+    polaris_to_task,
+    word_problems,
+)
 from .math_prompts import (
     EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
@@ -323,11 +330,14 @@ class MathToolGeneralisationEnv(MathToolEasyEnv):
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):
-        """``split``: ``"train"``, ``"test"`` (both held-out sets) or one of them (``"unseen_operands"``,
-        ``"unseen_form"``)."""
+        """``split``: one of the training splits (``"train"``, ``"train_balanced"``: each operation equally often,
+        ``"validation"``: for choosing a configuration), ``"test"`` (both held-out sets) or one of them
+        (``"unseen_operands"``, ``"unseen_form"``); see
+        :func:`~trl_multiagent.environments.math_problems.generalisation_problems`. A recipe picks the training
+        split with ``dataset_split`` and the evaluated split with ``eval_dataset_split``."""
         from datasets import Dataset
 
         need_tasks(num_tasks)
-        if split not in ("train", "test", *HELD_OUT_SETS):
-            raise ValueError(f"split must be 'train', 'test' or one of {HELD_OUT_SETS}, got {split!r}")
+        if split not in (*TRAINING_SPLITS, "test", *HELD_OUT_SETS):
+            raise ValueError(f"split must be one of {(*TRAINING_SPLITS, 'test', *HELD_OUT_SETS)}, got {split!r}")
         return Dataset.from_list(generalisation_problems(num_tasks or 256, seed, split))
