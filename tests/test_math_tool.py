@@ -282,6 +282,34 @@ def test_generalisation_balanced_and_validation_splits_draw_each_operation_equal
         MathToolGeneralisationEnv.make_dataset(num_tasks=4, split="dev")
 
 
+def test_generalisation_worked_examples_each_operation_show_training_arithmetic_only():
+    import operator
+    import re
+
+    from trl_multiagent.environments.math_prompts import EACH_OPERATION_EXAMPLES, EASY_EXAMPLES
+
+    symbols = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+    keys = []
+    for request, reasoner, tool in EACH_OPERATION_EXAMPLES:
+        a, sign, b, result = re.match(r"(\d+) ([-+*]) (\d+) = (\d+)\.", reasoner).groups()
+        assert symbols[sign](int(a), int(b)) == int(result) and f"print({a} {sign} {b})" in tool
+        keys.append(arithmetic_key(symbols[sign], int(a), int(b)))
+    assert [k.split(":")[0] for k in keys] == ["add", "sub", "mul"]  # one per operation of the training forms
+    assert all(arithmetic_split(k) == "train" for k in keys), keys
+    # the default examples' product is held-out arithmetic: the reason "each_operation" picks its own
+    assert arithmetic_split(arithmetic_key(operator.mul, 3, 4)) == "test" and "3 * 4 = 12" in EASY_EXAMPLES[1][1]
+    task = generalisation_problems(1, 0, "train")[0]
+    for choice, examples in (("add_mul", EASY_EXAMPLES), ("each_operation", EACH_OPERATION_EXAMPLES)):
+        env = MathToolGeneralisationEnv(worked_examples=choice)
+        env.reset(task)
+        for agent, reply in (("reasoner", 1), ("tool", 2)):
+            messages = env.first_prompt(agent)
+            assert [m["content"] for m in messages[1:-1]] == [x for e in examples for x in (e[0], e[reply])]
+            assert messages[-1]["content"] == f"Problem: {task['question']}"
+    with pytest.raises(ValueError, match="worked_examples must be one of"):
+        MathToolGeneralisationEnv(worked_examples="three")
+
+
 def test_gsm8k_and_polaris_transforms():
     row = {"question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in total? ",
            "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nIn total she sold 48+24 = <<48+24=72>>72 clips."

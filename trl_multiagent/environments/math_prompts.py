@@ -61,6 +61,19 @@ EASY_EXAMPLES = (
      "3 * 4 = 12. The answer is \\boxed{12}.", "```python\nprint(3 * 4)\n```"),
 )
 
+#: Worked examples with one per operation of the training forms (gain, loss, groups), for
+#: ``math_tool_generalisation(worked_examples="each_operation")``: each on arithmetic of the training bucket (5 + 2,
+#: 9 - 4, 3 * 5; :func:`~.math_problems.arithmetic_split`, tested), so no prompt shows the arithmetic of a held-out
+#: problem (:data:`EASY_EXAMPLES`' 3 * 4 is a held-out key of ``unseen_operands``), and objects the generator never
+#: uses (pens, cups), so no example is a task.
+EACH_OPERATION_EXAMPLES = (
+    EASY_EXAMPLES[0],
+    ("Problem: Mia has 9 cups and gives 4 of them to Leo. How many cups does Mia have left?",
+     "9 - 4 = 5. The answer is \\boxed{5}.", "```python\nprint(9 - 4)\n```"),
+    ("Problem: Ben has 3 bags with 5 cups in each bag. How many cups does Ben have in all?",
+     "3 * 5 = 15. The answer is \\boxed{15}.", "```python\nprint(3 * 5)\n```"),
+)
+
 #: The instructions (system message) of the easy level's chat prompts; the task follows as ``Problem: {question}``.
 EASY_ANSWER_RULE = "Write the calculation with the numbers from the problem, then the final answer as \\boxed{answer}."
 EASY_REASONER_SYSTEM = (

@@ -68,6 +68,7 @@ from .math_problems import (
     word_problems,
 )
 from .math_prompts import (
+    EACH_OPERATION_EXAMPLES,
     EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
     EASY_REASONER_SYSTEM,
@@ -317,8 +318,13 @@ class MathToolEasyEnv(MathToolEnv):
         if not self.examples_as_turns:
             return super().first_prompt(agent)
         system, reply = (EASY_REASONER_SYSTEM, 1) if agent == "reasoner" else (EASY_TOOL_SYSTEM, 2)
-        return chat_with_examples(system, [(example[0], example[reply]) for example in EASY_EXAMPLES],
+        return chat_with_examples(system, [(example[0], example[reply]) for example in self.examples],
                                   f"Problem: {self.question}")
+
+    @property
+    def examples(self) -> tuple:
+        """The worked examples shown as earlier chat turns: ``(request, reasoner reply, tool reply)``."""
+        return EASY_EXAMPLES
 
 
 class MathToolGeneralisationEnv(MathToolEasyEnv):
@@ -326,7 +332,27 @@ class MathToolGeneralisationEnv(MathToolEasyEnv):
     (:func:`~trl_multiagent.environments.math_problems.generalisation_problems`): no held-out problem shares its
     operation and operands with a training problem (set ``unseen_operands``), and a second set asks a question form
     no training problem uses (set ``unseen_form``). The held-out split (``"test"``) holds both, each row naming its
-    set in ``held_out_set``, and the run's summary reports them separately as well as together."""
+    set in ``held_out_set``, and the run's summary reports them separately as well as together.
+
+    Args:
+        worked_examples: ``"add_mul"`` (default): :data:`EASY_EXAMPLES`, an addition and a product, as in
+            ``math_tool_easy``; ``"each_operation"``: :data:`EACH_OPERATION_EXAMPLES`, one example per operation of
+            the training forms, each on training arithmetic (``"add_mul"``'s product 3 * 4 is held-out arithmetic).
+        **kwargs: the arguments of :class:`MathToolEasyEnv`.
+    """
+
+    #: ``worked_examples`` -> the examples it shows.
+    WORKED_EXAMPLES = {"add_mul": EASY_EXAMPLES, "each_operation": EACH_OPERATION_EXAMPLES}
+
+    def __init__(self, *args: Any, worked_examples: str = "add_mul", **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if worked_examples not in self.WORKED_EXAMPLES:
+            raise ValueError(f"worked_examples must be one of {sorted(self.WORKED_EXAMPLES)}, got {worked_examples!r}")
+        self.worked_examples = worked_examples
+
+    @property
+    def examples(self) -> tuple:
+        return self.WORKED_EXAMPLES[self.worked_examples]
 
     @classmethod
     def make_dataset(cls, num_tasks: int | None = 256, seed: int = 0, split: str = "train"):

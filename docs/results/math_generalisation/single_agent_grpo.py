@@ -8,7 +8,8 @@ What is matched to the team run named by ``--team`` (its ``summary.json``): the 
 all linear layers, no dropout), the sampling (temperature, top-p, K = ``num_generations`` completions per prompt, at
 most ``max_completion_length`` new tokens), the learning rate and its schedule, the seed, and the number of
 generated training tokens: training stops at the first step after the single agent's completions reach the team's
-``generated_samples.completion_tokens``. The single agent is the team's reasoner (its first-turn prompt: the system
+``generated_samples.completion_tokens``; the training problems are the team's (its ``dataset_split``, seed and
+``num_tasks``). The single agent is the team's reasoner (its first-turn prompt: the system
 message, the worked examples as chat turns, the problem) and is rewarded as the reasoner is at its first turn
 (AT-GRPO Eq. 3 with B.1's rewards: ``alpha * team + local``, the team's answer being its own). Everything else is
 TRL's default (its loss, advantage scaling, beta 0).
@@ -95,7 +96,8 @@ def train(team: dict, work: Path, model_override: str | None, max_steps: int):
     env_kwargs = dict(recipe.get("env_kwargs") or {})
     model_path = resolve_model(model_override or recipe.get("model") or "smollm2-135m-instruct")
     seed = int(config["seed"])
-    rows = env_cls.make_dataset(num_tasks=int(recipe.get("num_tasks", 256)), seed=seed, split="train").to_list()
+    rows = env_cls.make_dataset(num_tasks=int(recipe.get("num_tasks", 256)), seed=seed,
+                                split=recipe.get("dataset_split", "train")).to_list()
     env = env_cls(**env_kwargs)
     data = []
     for row in rows:

@@ -10,17 +10,28 @@
 #   natural      the training problems as the forms come (addition about half of them), 12 steps
 #   balanced     the training problems with each operation a third (dataset_split train_balanced), 12 steps
 #   balanced_24  as balanced, 24 steps
+#   balanced_lr1e-4_24  as balanced, learning rate 1e-4 (not 3e-4), 24 steps
+#   each_op      as natural, with a worked example per operation (worked_examples each_operation: the recipe's two
+#                examples show an addition and a product only, and the untrained team subtracts right on 0.11 of the
+#                validation subtractions)
+#   each_op_balanced  as each_op, on train_balanced
+# Only natural and each_op evaluate the untrained team as well ("before"): the same model on the same validation
+# problems for every candidate with the same prompts.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 BIN=.venv/bin
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-if [ $# -eq 0 ]; then set -- natural balanced balanced_24; fi
+EACH_OP='{"max_turns": 2, "max_feedback_chars": 300, "worked_examples": "each_operation"}'
+if [ $# -eq 0 ]; then set -- natural balanced balanced_24 balanced_lr1e-4_24 each_op each_op_balanced; fi
 runs=()
 for name in "$@"; do
   case $name in
     natural) extra=() ;;
-    balanced) extra=(--dataset_split train_balanced) ;;
-    balanced_24) extra=(--dataset_split train_balanced --max_steps 24) ;;
+    balanced) extra=(--dataset_split train_balanced --eval_stages after) ;;
+    balanced_24) extra=(--dataset_split train_balanced --max_steps 24 --eval_stages after) ;;
+    balanced_lr1e-4_24) extra=(--dataset_split train_balanced --max_steps 24 --learning_rate 1e-4 --eval_stages after) ;;
+    each_op) extra=(--env_kwargs "$EACH_OP") ;;
+    each_op_balanced) extra=(--env_kwargs "$EACH_OP" --dataset_split train_balanced --eval_stages after) ;;
     *) echo "unknown candidate: $name" >&2; exit 2 ;;
   esac
   echo "== $(date -u +%H:%M:%S) candidate $name" >&2
