@@ -41,19 +41,22 @@ def run_table(run: Path) -> dict:
         table.setdefault(f"{stage}/{method}", {})[part] = {"accuracy": sum(values) / len(values), "tasks": len(values)}
     for cells in table.values():
         cells["macro"] = sum(cells[op]["accuracy"] for op in OPERATIONS if op in cells) / len(OPERATIONS)
-    return {"run": str(run), "dataset_split": recipe.get("dataset_split", "train"),
-            "max_steps": recipe.get("max_steps"), "seed": seed, "cells": table}
+    settings = {"dataset_split": recipe.get("dataset_split", "train"), "max_steps": recipe.get("max_steps"),
+                "learning_rate": recipe.get("learning_rate"),
+                "worked_examples": (recipe.get("env_kwargs") or {}).get("worked_examples", "add_mul")}
+    return {"run": str(run), **settings, "seed": seed, "cells": table}
 
 
 def main(runs: list[str]) -> None:
     tables = [run_table(Path(r)) for r in runs]
-    lines = ["| run | training split | steps | stage/method | all | add | sub | mul | macro |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | examples | training split | steps | lr | stage/method | all | add | sub | mul | macro |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in tables:
         for name, cells in t["cells"].items():
             parts = [f"{cells[p]['accuracy']:.3f} ({cells[p]['tasks']})" if p in cells else "-"
                      for p in ("all", *OPERATIONS)]
-            lines.append(f"| {Path(t['run']).name} | {t['dataset_split']} | {t['max_steps']} | {name} | "
+            lines.append(f"| {Path(t['run']).name} | {t['worked_examples']} | {t['dataset_split']} | {t['max_steps']} "
+                         f"| {t['learning_rate']:g} | {name} | "
                          + " | ".join(parts) + f" | {cells['macro']:.3f} |")
     (HERE / "table.md").write_text("\n".join(lines) + "\n")
     (HERE / "table.json").write_text(json.dumps(tables, indent=1) + "\n")
