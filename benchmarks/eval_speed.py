@@ -2,7 +2,7 @@
 
     python benchmarks/eval_speed.py [--problems 10] [--samples 4] [--no-share-draws] [--out FILE]
 
-The pool, prompts, decoding and batch bound are the demo's (recipes/configs/demo.yaml): two QLoRA adapters on one
+The pool, prompts, decoding and batch bound are the demo's (recipes/configs/tldr_magrpo.yaml): two QLoRA adapters on one
 4-bit SmolLM2-135M, 48 new tokens, temperature 0.8, top-p 0.95, at most 256 sequences per batch; the baselines run
 with the adapters off. Prints (and writes to ``--out``, as JSON) the seconds, generated sequences and tokens, the
 prompt tokens prefilled, and a 2048^3 matmul timed in the same run, so that runs on different code can be compared

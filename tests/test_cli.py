@@ -258,8 +258,8 @@ def test_help_lists_every_field_with_its_help(cli):
     assert "--overwrite_output_dir true" in result.stdout  # the overwrite rule
     debate = cli(["train", "--trainer", "debate_ppo", "--help"])
     assert debate.returncode == 0 and "--reward_mode" in debate.stdout and "--reward_mode" not in result.stdout
-    with_recipe = cli(["train", "--config", "recipes/configs/demo.yaml", "--help"])
-    assert "(default: outputs/demo)" in with_recipe.stdout  # the recipe's values are the defaults shown
+    with_recipe = cli(["train", "--config", "recipes/configs/tldr_magrpo.yaml", "--help"])
+    assert "(default: outputs/tldr_magrpo)" in with_recipe.stdout  # the recipe's values are the defaults shown
     assert cli(["--help"]).returncode == 0
 
 

@@ -76,7 +76,7 @@ def outcome(argv, snapshot=None, yaml_text=None):
 
 @pytest.mark.parametrize("argv", [
     ["--help"],
-    ["--config", "recipes/configs/demo.yaml", "--help"],
+    ["--config", "recipes/configs/tldr_magrpo.yaml", "--help"],
     ["--config", "recipes/configs/no_such_recipe.yaml", "--help"],
     *[["--trainer", name, "--help"] for name in sorted(TRAINERS)],
     ["--config", "recipes/configs/math_easy_at_grpo.yaml", "-h"],

@@ -137,7 +137,7 @@ def test_defaults_are_the_papers_or_say_why_not(tmp_path):
     ("coop_humaneval.yaml", 0.7, 0.9, 1e-6),  # the paper's one-turn coding settings, App. C
     ("mbpp.yaml", 0.7, 0.9, 1e-6),
     ("coding.yaml", 0.7, 0.9, None),  # the embedded 135M model: its own rate
-    ("demo.yaml", 0.8, 0.95, None),  # writing (TLDR)
+    ("tldr_magrpo.yaml", 0.8, 0.95, None),  # writing (TLDR)
 ])
 def test_recipes_carry_the_papers_per_task_sampling(name, temperature, top_p, learning_rate):
     recipe = yaml.safe_load((RECIPES / name).read_text())

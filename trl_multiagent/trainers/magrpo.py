@@ -64,7 +64,7 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
             names the group size G without a value).
         temperature (`float`, defaults to `1.0`):
             TRL's default, not a paper value: the paper samples at 0.8 (writing) and 0.7 (coding), a per-task
-            setting that the recipes carry (`demo.yaml` 0.8; `coding*.yaml`, `coop_humaneval.yaml`, `mbpp.yaml` 0.7).
+            setting that the recipes carry (`tldr_magrpo.yaml` 0.8; `coding*.yaml`, `coop_humaneval.yaml`, `mbpp.yaml` 0.7).
         top_p (`float`, defaults to `1.0`):
             TRL's default (no nucleus truncation), not a paper value: the paper uses 0.95 (writing) and 0.9
             (coding), set in the recipes as `temperature` is.
