@@ -15,6 +15,7 @@ from trl_multiagent.environments.math_problems import (
     EASY_FORMS,
     HELD_OUT_FORMS,
     TEMPLATES,
+    THINGS,
     arithmetic_key,
     arithmetic_split,
     format_answer,
@@ -293,6 +294,8 @@ def test_generalisation_worked_examples_each_operation_show_training_arithmetic_
     for request, reasoner, tool in EACH_OPERATION_EXAMPLES:
         a, sign, b, result = re.match(r"(\d+) ([-+*]) (\d+) = (\d+)\.", reasoner).groups()
         assert symbols[sign](int(a), int(b)) == int(result) and f"print({a} {sign} {b})" in tool
+        assert f" {a} " in request and f" {b} " in request  # the calculation uses the request's own numbers
+        assert not any(thing in request for thing in THINGS)  # objects the generator never uses: not a task
         keys.append(arithmetic_key(symbols[sign], int(a), int(b)))
     assert [k.split(":")[0] for k in keys] == ["add", "sub", "mul"]  # one per operation of the training forms
     assert all(arithmetic_split(k) == "train" for k in keys), keys
