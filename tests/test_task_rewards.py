@@ -108,7 +108,7 @@ def test_every_recipe_of_a_writing_or_coding_task_names_its_reward_in_rewards():
             file, _, name = spec.rpartition(":")
             assert (ROOT / file).is_file() and callable(import_object(f"{ROOT / file}:{name}")), path.name
             named[path.stem] = spec
-    assert named["demo"] == "rewards/writing.py:tldr_reward"
+    assert named["tldr_magrpo"] == "rewards/writing.py:tldr_reward"
     assert named["arxiv_cc"] == "rewards/writing.py:arxiv_reward"
     assert named["coding"] == "rewards/coding.py:cooperative_code_reward"
 
