@@ -383,10 +383,9 @@ def build_dataset(recipe: RecipeArguments, env_cls, config):
             raise RecipeError(f"dataset_split {recipe.dataset_split!r}: {env_cls.__name__} generates no splits (its "
                               f"make_dataset takes no split argument); leave dataset_split at 'train'")
         if make is not None:
+            split = {"split": recipe.dataset_split} if named else {}
             try:
-                if named:
-                    return make(num_tasks=recipe.num_tasks, seed=config.seed, split=recipe.dataset_split)
-                return make(num_tasks=recipe.num_tasks, seed=config.seed)
+                return make(num_tasks=recipe.num_tasks, seed=config.seed, **split)
             except ValueError as exc:
                 raise RecipeError(f"{env_cls.__name__}.make_dataset: {exc}") from exc
         return Dataset.from_dict({"task_id": list(range(recipe.num_tasks))})
@@ -485,12 +484,12 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
         # a generated dataset's eval_dataset_split may name one of its generated splits (e.g. 'validation', to choose a
         # configuration without touching the held-out problems): that split and no other
         splits = (named,) if recipe.dataset == "generated" and named and named != "generated" else HELD_OUT_SPLITS
-        refusals = []
+        refusals = {}
         for split in splits:
             try:
                 data = make(num_tasks=num_tasks, seed=config.seed, split=split)
             except ValueError as exc:
-                refusals.append(f"split={split!r}: {exc}")
+                refusals[split] = exc
                 continue
             logger.info("Held-out tasks: %s.make_dataset(num_tasks=%s, seed=%s, split=%r), %d rows", env_cls.__name__,
                         num_tasks, config.seed, split, len(data))
@@ -498,9 +497,9 @@ def held_out_tasks(recipe: RecipeArguments, config, num_tasks: int | None, gener
             return data
         if len(splits) == 1:
             raise RecipeError(f"eval_dataset_split {named!r}: {env_cls.__name__}.make_dataset refused it "
-                              f"({refusals[0].split(': ', 1)[1]})")
+                              f"({refusals[named]})")
         raise RecipeError(f"{env_cls.__name__}.make_dataset accepts none of the held-out splits {HELD_OUT_SPLITS} "
-                          f"({'; '.join(refusals)})")
+                          f"({'; '.join(f'split={k!r}: {v}' for k, v in refusals.items())})")
     if not recipe.eval_dataset_split:
         raise RecipeError(f"dataset {recipe.dataset!r} needs eval_dataset_split: its held-out split (e.g. 'test' or "
                           "'validation'), or 'generated' for the environment's generated held-out tasks (or "
