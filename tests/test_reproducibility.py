@@ -87,3 +87,17 @@ def test_same_recipe_and_seed_give_the_same_summary_whatever_memory_is_free(tiny
     assert machine["cpu"] and machine["aten_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "NO AVX")
     assert machine["torch_threads"] >= 1 and machine["versions"]["torch"].startswith("2.")
     assert low == high
+
+
+def test_kernel_record_names_every_variable_that_caps_an_instruction_set(monkeypatch):
+    """summary.json's machine record keeps the variables that cap ATen's, oneDNN's and MKL's instruction sets (each
+    changes the order in which the kernels sum), and leaves out variables that were not set."""
+    from trl_multiagent.provenance import kernel_record
+
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_CBWR": "COMPATIBLE"}
+    for name in ("DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in caps.items():
+        monkeypatch.setenv(name, value)
+    assert kernel_record()["env"] == caps

@@ -23,7 +23,8 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "b
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile",
              "amx_bf16")
 #: Environment variables that override the kernels' choice of instruction set or their threads.
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+              "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def cpu_model() -> str:
