@@ -8,9 +8,9 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
 * ``agents`` (this file, ``python benchmarks/targets.py agents``): seconds per generated token of the team-level
   generation with 4 agents (4 adapters) on one base against 1 agent, the same 8 prompts x 4 samples, every row
   forced to the same length -> ``per_token_4_agents_vs_1``.
-* ``demo step``: the TL;DR writing job (recipes/configs/tldr_magrpo.yaml: the main job when issue 40 set this target;
-  make demo now trains the math team) for a few steps without evaluation; the
-  mean ``step_time`` of the steps after the first -> ``demo_step_s``; and the loss's forward plus backward seconds
+* ``demo step``: the main job, make demo's math team (:data:`MAIN_JOB`: AT-GRPO, reasoner and tool agent, two turns)
+  for a few steps without evaluation; the mean ``step_time`` of the steps after the first -> ``demo_step_s`` (until
+  2026-11-27 this measured the TL;DR writing job, the main job when issue 40 set the target); and the loss's forward plus backward seconds
   against their FLOPs at the matmul rate measured around the run -> ``train_pass_vs_matmul``
   (:func:`train_pass_bound`).
 * ``decode``: ``benchmarks/decode_step.py``: one decoding step at 1, 16 and 64 rows against
@@ -113,12 +113,16 @@ def train_pass_bound(records: list[dict], flops: dict[str, float], matmul_flops_
             "matmul_gflops": matmul_flops_per_s / 1e9}
 
 
-def measure_demo_step(tmp: Path, log, steps: int = 4) -> dict:
+#: make demo's recipe (the Makefile's ``demo`` target)
+MAIN_JOB = "recipes/configs/math_generalisation_at_grpo.yaml"
+
+
+def measure_demo_step(tmp: Path, log, steps: int = 5) -> dict:
     from measure import matmul_flops
 
     out = tmp / "demo"
     rate_before = matmul_flops()
-    wall = _run([sys.executable, "-m", "trl_multiagent", "train", "--config", "recipes/configs/tldr_magrpo.yaml",
+    wall = _run([sys.executable, "-m", "trl_multiagent", "train", "--config", MAIN_JOB,
                  "--max_steps", str(steps), "--evaluator", "none", "--output_dir", str(out), "--disable_tqdm",
                  "true"], log)
     rate = (rate_before + matmul_flops()) / 2
@@ -128,7 +132,7 @@ def measure_demo_step(tmp: Path, log, steps: int = 4) -> dict:
     parts = {k: statistics.fmean(r[k] for r in records[1:len(times)] if k in r)
              for k in ("time/generation", "time/forward", "time/backward", "time/optimizer", "time/environment")
              if any(k in r for r in records[1:len(times)])}
-    return {"command": f"python -m trl_multiagent train --config recipes/configs/tldr_magrpo.yaml --max_steps {steps} "
+    return {"command": f"python -m trl_multiagent train --config {MAIN_JOB} --max_steps {steps} "
                        "--evaluator none", "step_time_s": times, "mean_step_s_after_first": statistics.fmean(times[1:]),
             "mean_parts_after_first_s": parts, "wall_s": wall,
             "train_pass": train_pass_bound(records, linear_flops_per_token(model), rate)}

@@ -6,8 +6,10 @@ The tiny model runs in float64 and the paths are compared with a tolerance deriv
 
 import functools
 
+import pytest
 import torch
 
+from trl_multiagent import teacher_forcing
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.critics import CriticSpec
 from trl_multiagent.logprobs import completion_logps
@@ -87,25 +89,33 @@ PREFIX_PROMPTS = [OPENING + "what is one plus one", OPENING + "hi", OPENING + "w
 PREFIX_COMPLETIONS = ["two.", "hello there", "2", "it is 7", "ok"]
 
 
-def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny_text_model, monkeypatch):
+@pytest.mark.parametrize("call_cost", [None, 0, 16])
+def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny_text_model, monkeypatch, call_cost):
+    """``call_cost`` 0: every distinct rest length and completion length runs in a call of its own (no padding); 16:
+    two calls per stage; the default: one."""
+    if call_cost is not None:
+        monkeypatch.setattr(teacher_forcing, "CALL_COST_POSITIONS", call_cost)
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], dtype="float64")
     _randomise_lora(pool)
     prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
                                                                                   PREFIX_COMPLETIONS)
-    calls = []
+    calls, computed = [], []
 
     def model(**inputs):
         calls.append(int(inputs["attention_mask"][:, -inputs["input_ids"].size(1):].sum()))  # tokens run this call
+        computed.append((inputs["input_ids"].numel(), calls[-1]))  # positions computed (padding included), real ones
         return pool("aux", **inputs)
 
     results = {}
     for share in (True, False):
         pool.zero_grad()
         calls.clear()
+        computed.clear()
         logps, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
                                     share_prompts=share)
         (logps * completion_mask).sum().backward()
-        results[share] = (logps.detach(), [p.grad.clone() for p in pool.policy_parameters("aux")], sum(calls))
+        results[share] = (logps.detach(), [p.grad.clone() for p in pool.policy_parameters("aux")], sum(calls),
+                          list(computed))
     shared, separate = results[True], results[False]
     mask = completion_mask.bool()
     terms = _terms(prompt_ids, completion_ids)
@@ -121,6 +131,18 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny
     assert separate[2] == sum(len(e) + len(c) for e, c in zip(enc, comp))
     distinct = list(dict.fromkeys(tuple(e) for e in enc))
     assert shared[2] == sum(len(p) for p in distinct) - 2 * _common(distinct[:3]) + sum(map(len, comp))
+    # the calls after the prefixes' one: the rests of the 4 distinct prompts (20, 2, 12 tokens after the opening; the
+    # prompt without it, alone in its group, keeps its last token: 1) and the 5 completions, grouped by length
+    rests = [len(p) - _common(distinct[:3]) for p in distinct[:3]] + [1]
+    assert (rests, [len(c) for c in comp]) == ([20, 2, 12, 1], [4, 11, 1, 7, 2])
+    if call_cost == 0:  # no cost per call: each length alone, not one padded position
+        assert shared[3][1:] == [(1, 1), (2, 2), (12, 12), (20, 20), (1, 1), (2, 2), (4, 4), (7, 7), (11, 11)]
+    elif call_cost == 16:  # rests {1, 2} {12, 20} (2x2 + 2x20 + 2x16 = 76 against 4x20 + 16 = 96 in one call),
+        # completions {1, 2, 4} {7, 11} (3x4 + 2x11 + 32 = 66 against 5x11 + 16 = 71)
+        assert shared[3][1:] == [(4, 3), (40, 32), (12, 7), (22, 18)]
+    else:  # the default, 40 per call: one call per stage (rests 4x20 + 40 = 120 against 124 for {1, 2} {12, 20};
+        # completions 5x11 + 40 = 95 against 114 for {1, 2, 4} {7, 11})
+        assert shared[3][1:] == [(80, 35), (55, 25)]
 
 
 def _common(rows):

@@ -18,9 +18,11 @@ summation order). Padding between the stages is masked and positions count real 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .generation.prefixes import shared_prefixes
@@ -115,26 +117,111 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
 
 def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
                            prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per distinct prompt)."""
+    """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per distinct prompt), each
+    stage in :func:`length_buckets` of similar lengths (a batch padded to its longest row computes every padded
+    position: a second-turn prompt is several times as long as a first-turn one)."""
     device, t = prompt_ids.device, completion_ids.size(1)
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
 
     # 2. the rest of each distinct prompt; its last position predicts the first completion token
-    rests, rest_mask = left_pad([p[prefix_len[g]:] for p, g in zip(unique, group_of)], dtype=prompt_ids.dtype,
-                                device=device)
-    mask = torch.cat([mask, rest_mask], dim=1)
-    last, cache = forward(rests, mask, _positions(rest_mask, done), cache, True, 1)
-    if cache is None:
-        return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    done = done + rest_mask.sum(-1)
+    rests = [p[prefix_len[g]:] for p, g in zip(unique, group_of)]
+    pieces = []  # (distinct prompts, last outputs, cache, mask) of each bucket
+    for bucket in length_buckets([len(r) for r in rests]):
+        index = torch.tensor(bucket, device=device)
+        ids, rest_mask = left_pad([rests[i] for i in bucket], dtype=prompt_ids.dtype, device=device)
+        sub_mask = torch.cat([mask[index], rest_mask], dim=1)
+        sub = None if cache is None else _cache_rows(cache, index)
+        last, sub = forward(ids, sub_mask, _positions(rest_mask, done[index]), sub, True, 1)
+        if sub is None:
+            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        pieces.append((bucket, last, sub, sub_mask))
+    cache, mask, row_of = _merge_caches(pieces, len(unique))
+    last = torch.cat([last for _, last, _, _ in pieces])
+    done = done + torch.tensor([len(r) for r in rests], device=device)
 
     # 3. every row's completion, on its prompt's cache rows
-    index = torch.tensor(owner, device=device)
-    cache.batch_select_indices(index)
-    mask = torch.cat([mask[index], completion_mask.long()], dim=1)
-    positions = done[index].unsqueeze(1) + torch.arange(t, device=device)
-    out, _ = forward(completion_ids, mask, positions, cache, True, t)
-    return torch.cat([last[index], out[:, :-1]], dim=1)
+    lengths = completion_mask.sum(-1).tolist()
+    outs, order = [], []
+    for bucket in length_buckets(lengths):
+        width = max(1, max(lengths[r] for r in bucket))
+        index = torch.tensor([row_of[owner[r]] for r in bucket], device=device)
+        rows = torch.tensor(bucket, device=device)
+        cached = mask[index]
+        start = int(cached.any(0).long().argmax()) if cached.size(1) else 0  # columns no row of the bucket reads
+        sub_mask = torch.cat([cached[:, start:], completion_mask[rows, :width].long()], dim=1)
+        positions = done[torch.tensor([owner[r] for r in bucket], device=device)].unsqueeze(1) + \
+            torch.arange(width, device=device)
+        out, _ = forward(completion_ids[rows, :width], sub_mask, positions, _cache_rows(cache, index, start), True,
+                         width)
+        out = torch.cat([last[index], out[:, :-1]], dim=1)
+        outs.append(F.pad(out, (0, 0, 0, t - out.size(1))) if out.size(1) < t else out[:, :t])
+        order.extend(bucket)
+    inverse = torch.empty(len(order), dtype=torch.long, device=device)
+    inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+    return torch.cat(outs)[inverse]
+
+
+#: What one more model call costs in :func:`length_buckets`, in positions: a call of few rows still reads every weight,
+#: forward and backward. Measured on the 2-core AMD EPYC for the main job's base (``benchmarks/call_cost.py`` ->
+#: ``docs/results/teacher_forcing/call_cost.json``: 0.22 s per call, 5.8 ms per position, 39 positions).
+CALL_COST_POSITIONS = 40
+
+
+def length_buckets(lengths: Sequence[int], call_cost: int | None = None) -> list[list[int]]:
+    """The indices of ``lengths`` in groups of similar length, each padded to its longest: the grouping (of the
+    indices sorted by length, in consecutive runs) with the fewest ``positions computed + call_cost x groups``,
+    found exactly by dynamic programming over the sorted lengths. ``[1, 9, 2, 10]`` with ``call_cost`` 4:
+    ``[[0, 2], [1, 3]]`` (4 + 20 positions and 2 calls, against 40 positions and 1 call). ``call_cost`` defaults to
+    :data:`CALL_COST_POSITIONS`."""
+    call_cost = CALL_COST_POSITIONS if call_cost is None else call_cost
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    n = len(order)
+    best = [0] + [None] * n  # best[j]: least cost of the first j sorted indices
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            cost = best[i] + (j - i) * longest + call_cost
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def _cache_rows(cache, index: torch.Tensor, start: int = 0):
+    """A copy of ``cache`` (same class, same layer classes) holding its rows ``index`` from column ``start`` on,
+    gathered differentiably (the gradient of a row read twice is the sum of both reads')."""
+    out = copy.copy(cache)
+    out.layers = []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        new.keys = layer.keys.index_select(0, index)[:, :, start:]
+        new.values = layer.values.index_select(0, index)[:, :, start:]
+        out.layers.append(new)
+    return out
+
+
+def _merge_caches(pieces, rows: int):
+    """One cache of the buckets' caches, each left-padded (zeros, masked) to the longest: ``(cache, mask, row_of)``,
+    ``row_of[i]`` the merged row of distinct prompt ``i``."""
+    width = max(m.size(1) for _, _, _, m in pieces)
+    row_of = [0] * rows
+    for n, i in enumerate(i for bucket, _, _, _ in pieces for i in bucket):
+        row_of[i] = n
+    masks = [F.pad(m, (width - m.size(1), 0)) for _, _, _, m in pieces]
+    first = pieces[0][2]
+    out = copy.copy(first)
+    out.layers = []
+    for layer, parts in zip(first.layers, zip(*(c.layers for _, _, c, _ in pieces))):
+        new = copy.copy(layer)
+        for name in ("keys", "values"):
+            setattr(new, name, torch.cat([F.pad(getattr(p, name), (0, 0, width - getattr(p, name).size(2), 0))
+                                          for p in parts]))
+        out.layers.append(new)
+    return out, torch.cat(masks), row_of
 
 
 def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:

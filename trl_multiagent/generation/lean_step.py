@@ -13,8 +13,9 @@ read (``benchmarks/decode_step.py``). :class:`LeanStep` computes the same step w
    its columns of the output;
 4. the rotary embedding of q and k, from a table of cos / sin that the model's own rotary module computes;
 5. the new key and value written in place into the preallocated cache (:mod:`.kv_cache`);
-6. attention of each row's query over its cache, ``scaled_dot_product_attention`` with the padding mask; the query
-   heads that share a key/value head are grouped (as transformers does for a single query);
+6. attention of each row's query over its cache with the padding mask, ``scaled_dot_product_attention`` for few rows,
+   two batched matmuls and a softmax from :data:`MATMUL_ATTENTION_MIN_ROWS` on; the query heads that share a
+   key/value head are grouped (as transformers does for a single query);
 7. o_proj (+ LoRA) and the residual; RMSNorm; ONE matmul for gate and up (+ LoRA); act(gate) x up; down (+ LoRA);
    the residual;
 
@@ -66,6 +67,13 @@ PACKED_MIN_ROWS = 4
 #: 2-core machine (benchmarks/decode_step.py --threads 2), where a step has a few hundred operations; MKL splits even
 #: the LoRA matmuls of one row. (2^21 multiply-adds take about 25 us on one core.)
 ONE_THREAD = 1 << 21
+
+#: From this many rows on, a layer's attention is two batched matmuls and a softmax instead of
+#: ``scaled_dot_product_attention``, whose CPU kernel for a few queries per head is slower there (the 2-core AMD EPYC,
+#: 2 threads, 204 cached positions, microseconds per layer, kernel against matmuls: 8 rows 167 / 130, 16 rows 293 /
+#: 224, 64 rows 1969 / 1547; 1 row 29 / 33, 4 rows 70 / 69; ``benchmarks/decode_attention.py`` ->
+#: ``docs/results/generation/decode_attention.json``).
+MATMUL_ATTENTION_MIN_ROWS = 8
 
 _ATTN = ("q_proj", "k_proj", "v_proj")
 _MLP = ("gate_proj", "up_proj")
@@ -370,7 +378,11 @@ class LeanStep:
             if small_attention:
                 torch.set_num_threads(1)
             try:
-                a = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=attend, scale=self.scaling)
+                if rows >= MATMUL_ATTENTION_MIN_ROWS:
+                    scores = torch.matmul(q, kv.keys.transpose(-1, -2)).mul_(self.scaling).add_(attend)
+                    a = torch.matmul(torch.softmax(scores, dim=-1), kv.values)
+                else:
+                    a = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=attend, scale=self.scaling)
             finally:
                 if small_attention:
                     torch.set_num_threads(threads)
