@@ -37,10 +37,10 @@ def main(argv=None) -> int:
         mask = torch.zeros(rows, 1, 1, cached)
         mask[0, ..., :10] = -float("inf")
 
-        def kernel():
+        def kernel(q=q, keys=keys, values=values, mask=mask):
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.125)
 
-        def matmuls():
+        def matmuls(q=q, keys=keys, values=values, mask=mask):
             scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(0.125).add_(mask)
             return torch.matmul(torch.softmax(scores, -1), values)
 
