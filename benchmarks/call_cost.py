@@ -9,6 +9,10 @@ backward through the LM head's log-sum-exp, as one micro-batch's call of stage 3
 ``--repeats`` times (the median kept), the shapes alternating. A least-squares line ``seconds = a + b x positions``
 over the shapes gives the fixed cost of a call ``a`` (at few rows every weight is still read, forward and backward)
 and the cost of a position ``b``; ``a / b`` is the call's cost in positions.
+
+Then the largest shape with the model's attention switched between transformers' ``sdpa`` (each key/value head
+copied for its query heads) and the library's ``grouped_sdpa`` (trl_multiagent/grouped_attention.py), alternately,
+``--repeats`` times each: ``sdpa_over_grouped`` is the median of the paired ratios.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from measure import matmul_flops, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
+from trl_multiagent.grouped_attention import GROUPED_SDPA
 from trl_multiagent.provenance import cpu_model
 from trl_multiagent.teacher_forcing import CALL_COST_POSITIONS, lm_forward
 
@@ -68,13 +73,25 @@ def main(argv=None) -> int:
     mx, my = statistics.fmean(x), statistics.fmean(y)
     b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sum((xi - mx) ** 2 for xi in x)
     a = my - b * mx
+    base = next(iter(pool.bases.values())).get_base_model()
+    assert base.config._attn_implementation == GROUPED_SDPA
+    attention = {"sdpa": [], GROUPED_SDPA: []}
+    for _ in range(args.repeats):
+        for name in attention:
+            base.set_attn_implementation(name)
+            attention[name].append(call(*SHAPES[-1]))
+    base.set_attn_implementation(GROUPED_SDPA)
     result = {"command": "python benchmarks/call_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "cached_positions": args.cached,
               "matmul_gflops": rate / 1e9,
               "shapes": [{"rows": r, "length": n, "positions": r * n, "seconds_median": s,
                           "seconds": [round(t, 4) for t in times[(r, n)]]} for (r, n), s in zip(SHAPES, y)],
               "fixed_seconds_per_call": a, "seconds_per_position": b, "call_cost_positions": a / b,
-              "CALL_COST_POSITIONS": CALL_COST_POSITIONS}
+              "CALL_COST_POSITIONS": CALL_COST_POSITIONS,
+              "attention": {"shape": list(SHAPES[-1]), **{f"{k}_seconds": [round(t, 4) for t in v]
+                                                          for k, v in attention.items()},
+                            "sdpa_over_grouped": statistics.median(
+                                s / g for s, g in zip(attention["sdpa"], attention[GROUPED_SDPA]))}}
     write_result(args.out, result)
     return 0
 

@@ -47,6 +47,7 @@ from .embedded_models import (
     embedded_checkpoint_dir,
     ensure_embedded_checkpoint,
 )
+from .grouped_attention import use_grouped_attention
 
 if TYPE_CHECKING:  # imported lazily at run time: transformers is slow to import
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -302,7 +303,8 @@ def load_base_model(
             ``"bfloat16"``.
 
     Returns:
-        The model, in eval mode as ``from_pretrained`` leaves it. Unquantized models stay on the CPU.
+        The model, in eval mode as ``from_pretrained`` leaves it. Unquantized models stay on the CPU. A model on the
+        CPU with grouped-query attention computes it with :func:`~trl_multiagent.grouped_attention.grouped_sdpa`.
 
     Raises:
         ValueError: unknown ``quantization`` or ``dtype``.
@@ -326,6 +328,8 @@ def load_base_model(
         _quiet_int8_cast_warning()
     if quant_config is not None:
         _detach_from_checkpoint_file(model)
+    if all(p.device.type == "cpu" for p in model.parameters()):
+        use_grouped_attention(model)  # grouped-query attention without copying the keys and values
     logger.debug("Loaded %s (%s, quantization=%s)", resolved, torch_dtype, quantization)
     return model
 

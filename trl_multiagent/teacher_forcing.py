@@ -163,7 +163,7 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
 
 #: What one more model call costs in :func:`length_buckets`, in positions: a call of few rows still reads every weight,
 #: forward and backward. Measured on the 2-core AMD EPYC for the main job's base (``benchmarks/call_cost.py`` ->
-#: ``docs/results/teacher_forcing/call_cost.json``: 0.22 s per call, 5.8 ms per position, 39 positions).
+#: ``docs/results/teacher_forcing/call_cost.json``: 0.17 s per call, 4.6 ms per position, 36 positions).
 CALL_COST_POSITIONS = 40
 
 
