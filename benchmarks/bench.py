@@ -255,8 +255,12 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
 
     log.info("Building TRL GRPOTrainer (%s base + LoRA r=%d)", quantization or dtype, r)
     t0 = time.perf_counter()
+    trl_model = load_base_model(model_path, dtype=dtype, quantization=quantization)
+    # TRL's side as a TRL user gets it: transformers' own attention (the library's loader switches a CPU model to its
+    # grouped_sdpa, which the teacher-forced pass gains from: trl_multiagent/grouped_attention.py)
+    trl_model.set_attn_implementation(settings["trl_attention"])
     trl_trainer = GRPOTrainer(
-        model=load_base_model(model_path, dtype=dtype, quantization=quantization), reward_funcs=bench_reward,
+        model=trl_model, reward_funcs=bench_reward,
         args=GRPOConfig(output_dir=str(workdir / "trl"), **common), train_dataset=data,
         processing_class=load_tokenizer(model_path),
         peft_config=LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=0.0,
@@ -652,7 +656,8 @@ def write_markdown(report: dict, path: Path) -> None:
             f"SmolLM2-135M-Instruct (float32) + LoRA r={s['lora_r']} (all linear layers), K={s['num_generations']}, "
             f"{s['max_completion_length']} completion tokens forced on both sides (min_new_tokens = "
             f"max_completion_length), one prompt per step, beta=0, no gradient checkpointing, bf16 off, "
-            f"{sp['torch_threads']} torch thread(s). {s['steps']} steps per trainer, alternating TRL / ours in blocks "
+            f"attention: TRL's model {s.get('trl_attention', 'grouped_sdpa (as ours)')} (as transformers loads it), "
+            f"ours the library's grouped_sdpa, {sp['torch_threads']} torch thread(s). {s['steps']} steps per trainer, alternating TRL / ours in blocks "
             f"of {s['block_steps']} step(s) in one process; the first {s['warmup_steps']} step(s) of each dropped as "
             "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step).",
             "",
@@ -753,6 +758,7 @@ def main(argv=None) -> int:
         "memory_repeat_single": False,
         "profile": args.profile,
         "profile_steps": 2,
+        "trl_attention": "sdpa",
     }
     if settings["steps"] % settings["block_steps"]:
         parser.error("--steps must be a multiple of --block-steps")

@@ -366,6 +366,65 @@ def test_packed_frozen_linears_give_the_same_answers_as_f_linear(tiny_text_model
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
 
 
+def test_packed_frozen_linear_computes_x_wt_and_the_input_gradient_g_w():
+    from trl_multiagent.generation import frozen_weights
+
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        pytest.skip("this torch build has no oneDNN linear op")
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40).requires_grad_(False)
+    x = torch.randn(2, 3, 24, requires_grad=True)
+    g = torch.randn(2, 3, 40)
+    packed = frozen_weights.packed_weight(layer, [layer.weight])
+    y = frozen_weights._PackedFrozenLinear.apply(x, packed, layer.bias,
+                                                lambda: frozen_weights.packed_transposed(layer, layer.weight))
+    y.backward(g)
+    w, b = layer.weight.double(), layer.bias.double()
+    assert_same_computation(y, x.double() @ w.T + b, terms=24, what="x W^T + b")
+    assert_same_computation(x.grad, g.double() @ w, terms=40, what="g W")
+    # the transposed copy is kept on the layer and made again only when the weight changes
+    first = frozen_weights.packed_transposed(layer, layer.weight)
+    assert frozen_weights.packed_transposed(layer, layer.weight) is first
+    layer.weight.mul_(2)
+    assert frozen_weights.packed_transposed(layer, layer.weight) is not first
+
+
+def test_packed_training_gives_the_loss_and_lora_gradients_of_f_linear(tiny_text_model, monkeypatch):
+    from trl_multiagent.generation import frozen_weights
+
+    monkeypatch.setattr(frozen_weights, "PACK_MIN_WEIGHTS", 0)  # the tiny model's layers are all small
+    pool = _pool(tiny_text_model)
+    (key,) = pool.bases
+    if not frozen_weights.packing_available(pool.bases[key]):
+        pytest.skip("this torch build has no oneDNN linear op")
+    assert pool.packs_training(key)
+    model = pool.bases[key].get_base_model()
+    frozen = [m for m in model.modules() if frozen_weights.PackedFrozenLinears.frozen_weight(m) is not None]
+    transposed = []
+    original = frozen_weights.packed_transposed
+    monkeypatch.setattr(frozen_weights, "packed_transposed",
+                        lambda module, weight: transposed.append(module) or original(module, weight))
+    ids = torch.tensor([pool.encode_prompt("aux", "what is two plus two"), pool.encode_prompt("aux", "hi there, ab cd efgh")])
+    results = {}
+    for packs in (False, True):
+        pool._packed_training[key] = packs
+        pool.zero_grad()
+        loss = pool("aux", input_ids=ids, labels=ids).loss
+        loss.backward()
+        results[packs] = (loss.detach(), [p.grad.clone() for p in pool.policy_parameters("aux")])
+    terms = model_terms(ids.numel())
+    assert_same_computation(results[True][0], results[False][0], terms=terms, what="loss")
+    assert_same_computation(results[True][1], results[False][1], terms=terms, what="LoRA gradients")
+    assert any(g.abs().sum() > 0 for g in results[True][1])
+    # the backward ran through the packed transposed copies: every frozen linear but layer 0's q, k and v, whose
+    # input (the normalised embeddings) needs no gradient
+    layer0 = model.model.layers[0].self_attn
+    inputs_without_gradient = {id(getattr(layer0, n).base_layer) for n in ("q_proj", "k_proj", "v_proj")}
+    assert {id(m) for m in transposed} == {id(m) for m in frozen} - inputs_without_gradient
+    # and the layers compute with their own forward again afterwards
+    assert all("forward" not in m.__dict__ for m in frozen)
+
+
 def test_prefill_buckets_minimise_padded_positions_exactly():
     from itertools import combinations
 

@@ -40,6 +40,7 @@ from .critics import CriticSpec, ValueHead, select_head
 from .generation import (  # noqa: F401  (Generation and GenerationRequest are re-exported)
     Generation,
     GenerationRequest,
+    PackedFrozenLinears,
     Prompt,
     dense_weight_bytes,
     generate_team,
@@ -122,6 +123,7 @@ class AgentPool(nn.Module):
         self.dense_copy, self.packed_weights, self.lean_decode = dense_copy, packed_weights, lean_decode
         self._dense: dict[str, bool] = {}
         self._packed: dict[str, bool] = {}
+        self._packed_training: dict[str, bool] = {}
         self._lean: dict[str, bool] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
@@ -309,8 +311,9 @@ class AgentPool(nn.Module):
         shared prompts and prompt prefixes run once
         (:func:`~trl_multiagent.teacher_forcing.completion_outputs`)."""
         base = self.activate(critic)
-        hidden = completion_outputs(hidden_forward(base.get_base_model().base_model), prompt_ids, prompt_mask,
-                                    completion_ids, completion_mask, share_prompts=share_prompts)
+        with self._training_linears(critic):
+            hidden = completion_outputs(hidden_forward(base.get_base_model().base_model), prompt_ids, prompt_mask,
+                                        completion_ids, completion_mask, share_prompts=share_prompts)
         return select_head(self.value_heads[critic](hidden), head)
 
     @contextlib.contextmanager
@@ -345,8 +348,29 @@ class AgentPool(nn.Module):
             base.enable_input_require_grads()
 
     def forward(self, policy: str, **inputs: Any):
-        """Run ``policy``'s base with its adapter active (``inputs`` go to the model's forward)."""
-        return self.activate(policy)(**inputs)
+        """Run ``policy``'s base with its adapter active (``inputs`` go to the model's forward); on a base that
+        :meth:`packs_training`, its frozen linears compute with oneDNN-packed weights, forward and backward."""
+        base = self.activate(policy)
+        with self._training_linears(policy):
+            return base(**inputs)
+
+    def _training_linears(self, adapter: str):
+        """The context a teacher-forced pass of ``adapter`` (a policy or a critic) runs in: its base's frozen
+        linears packed, differentiably, where :meth:`packs_training` says so."""
+        if adapter in self.critics:
+            adapter = self.critics[adapter].adapter
+        key = self._adapter_base[adapter]
+        if not self.packs_training(key):
+            return contextlib.nullcontext()
+        return PackedFrozenLinears(self.bases[key].get_base_model(), differentiable=True)
+
+    def packs_training(self, base_key: str) -> bool:
+        """Whether the forward passes through :meth:`forward` (the teacher-forced passes of the losses, behaviour
+        log-probs) compute base ``base_key``'s frozen linears with oneDNN-packed weights, the input's gradient with
+        packed transposed weights (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`,
+        ``differentiable``): where generation packs them and three copies take at most a quarter of the machine's
+        memory (``packed_weights`` 'auto'; 'always' and 'never' decide both)."""
+        return self._packed_training.get(base_key, False)
 
     # ----------------------------------------------------------------------------------------------- prompts
     def encode_prompt(self, agent: str, prompt: Prompt) -> list[int]:
@@ -449,10 +473,16 @@ class AgentPool(nn.Module):
         self._dense[base_key] = decision
         packed = packed_weight_bytes(model)
         self._packed[base_key] = _decide_copy(self.packed_weights, packed, total)
+        # the teacher-forced passes: packed copies of the layers generation packs in concatenations, and of every
+        # transposed weight (the input's gradient), besides generation's: up to three copies in all
+        self._packed_training[base_key] = self._packed[base_key] and _decide_copy(self.packed_weights, 3 * packed,
+                                                                                   total)
         if packed:
-            logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB)", base_key,
+            logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB); its teacher-forced "
+                        "passes compute %s", base_key,
                         "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
-                        packed / 2**20)
+                        packed / 2**20, "with packed weights (up to three copies)" if self._packed_training[base_key]
+                        else "with F.linear")
 
     def _decide_lean(self, base_key: str) -> None:
         model = self.bases[base_key].get_base_model()

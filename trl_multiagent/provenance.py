@@ -90,6 +90,7 @@ def pool_paths(pool) -> dict[str, dict[str, Any]]:
             "dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
             "dense_copy": pool.dense_copy_of(key),
             "packed_weights": pool.packs_weights(key),
+            "packed_training": pool.packs_training(key),
             "lean_decode": pool.lean_decodes(key),
             "generation": "vllm" if pool.generation_backend is not None else "pool",
         }
