@@ -258,7 +258,7 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     trl_model = load_base_model(model_path, dtype=dtype, quantization=quantization)
     # TRL's side as a TRL user gets it: transformers' own attention (the library's loader switches a CPU model to its
     # grouped_sdpa, which the teacher-forced pass gains from: trl_multiagent/grouped_attention.py)
-    trl_model.set_attn_implementation(settings["trl_attention"])
+    trl_model.set_attn_implementation(settings.get("trl_attention", "sdpa"))
     trl_trainer = GRPOTrainer(
         model=trl_model, reward_funcs=bench_reward,
         args=GRPOConfig(output_dir=str(workdir / "trl"), **common), train_dataset=data,

@@ -12,7 +12,9 @@ and the cost of a position ``b``; ``a / b`` is the call's cost in positions.
 
 Then the largest shape with the model's attention switched between transformers' ``sdpa`` (each key/value head
 copied for its query heads) and the library's ``grouped_sdpa`` (trl_multiagent/grouped_attention.py), alternately,
-``--repeats`` times each: ``sdpa_over_grouped`` is the median of the paired ratios.
+``--repeats`` times each: ``sdpa_over_grouped`` is the median of the paired ratios. Last, three shapes with the
+frozen linears through ``F.linear`` and through oneDNN-packed weights (the pool's ``packs_training``, switched for
+the base between calls), alternately: ``f_linear_over_packed`` per shape, the median of the paired ratios.
 """
 
 from __future__ import annotations
@@ -81,6 +83,19 @@ def main(argv=None) -> int:
             base.set_attn_implementation(name)
             attention[name].append(call(*SHAPES[-1]))
     base.set_attn_implementation(GROUPED_SDPA)
+    key = next(iter(pool.bases))
+    assert pool.packs_training(key)
+    packing = {}
+    for shape in SHAPES[:1] + SHAPES[2:3] + SHAPES[-1:]:
+        runs = {True: [], False: []}
+        for _ in range(args.repeats):
+            for packs in (True, False):
+                pool._packed_training[key] = packs  # the pool's decision for this base, switched for the comparison
+                runs[packs].append(call(*shape))
+        pool._packed_training[key] = True
+        packing[f"{shape[0]}x{shape[1]}"] = {
+            "packed_seconds": [round(t, 4) for t in runs[True]], "f_linear_seconds": [round(t, 4) for t in runs[False]],
+            "f_linear_over_packed": statistics.median(f / p for f, p in zip(runs[False], runs[True]))}
     result = {"command": "python benchmarks/call_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "cached_positions": args.cached,
               "matmul_gflops": rate / 1e9,
@@ -91,7 +106,8 @@ def main(argv=None) -> int:
               "attention": {"shape": list(SHAPES[-1]), **{f"{k}_seconds": [round(t, 4) for t in v]
                                                           for k, v in attention.items()},
                             "sdpa_over_grouped": statistics.median(
-                                s / g for s, g in zip(attention["sdpa"], attention[GROUPED_SDPA]))}}
+                                s / g for s, g in zip(attention["sdpa"], attention[GROUPED_SDPA]))},
+              "packed_training": packing}
     write_result(args.out, result)
     return 0
 

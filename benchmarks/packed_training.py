@@ -51,12 +51,12 @@ def main(argv=None) -> int:
         g = {n: torch.randn(rows, n) for n in {w.size(0) for w in weights}}
         gflop = 2 * rows * sum(w.numel() for w in weights) / 1e9
         times = {
-            "forward_f_linear_ms": best_ms(lambda: [torch.nn.functional.linear(x[w.size(1)], w) for w in weights],
+            "forward_f_linear_ms": best_ms(lambda x=x: [torch.nn.functional.linear(x[w.size(1)], w) for w in weights],
                                            args.repeats),
-            "forward_packed_ms": best_ms(lambda: [linear(x[w.size(1)], p, None, "none", [], "")
+            "forward_packed_ms": best_ms(lambda x=x: [linear(x[w.size(1)], p, None, "none", [], "")
                                                   for w, p in zip(weights, packed)], args.repeats),
-            "backward_mm_ms": best_ms(lambda: [g[w.size(0)].mm(w) for w in weights], args.repeats),
-            "backward_packed_ms": best_ms(lambda: [linear(g[w.size(0)], p, None, "none", [], "")
+            "backward_mm_ms": best_ms(lambda g=g: [g[w.size(0)].mm(w) for w in weights], args.repeats),
+            "backward_packed_ms": best_ms(lambda g=g: [linear(g[w.size(0)], p, None, "none", [], "")
                                                    for w, p in zip(weights, packed_t)], args.repeats),
         }
         entry = {"rows": rows, "gflop": gflop, **times,

@@ -31,16 +31,23 @@ def test_distinct_prefix_tokens_counts_trie_nodes():
     assert distinct_prefix_tokens([[5], [6], [5, 6]]) == 3 and distinct_prefix_tokens([]) == 0
 
 
-def test_length_buckets_pad_least_for_their_cost_per_call():
+def test_length_buckets_pad_least_for_their_cost_per_call(monkeypatch):
+    """The teacher-forced pass groups rows with generation's prefill grouping, one row a group allowed."""
+    from trl_multiagent import teacher_forcing
+
+    def buckets(lengths, cost):
+        monkeypatch.setattr(teacher_forcing, "CALL_COST_POSITIONS", cost)
+        return length_buckets(lengths)
+
     # [1, 9, 2, 10], 4 per call: {1, 2} {9, 10} computes 2x2 + 2x10 + 8 = 32 positions' worth, one call 4x10 + 4 = 44
-    assert length_buckets([1, 9, 2, 10], call_cost=4) == [[0, 2], [1, 3]]
-    # 100 per call: one call (44 + ... < 2 calls at least 200)
-    assert length_buckets([1, 9, 2, 10], call_cost=100) == [[0, 2, 1, 3]]
+    assert buckets([1, 9, 2, 10], 4) == [[0, 2], [1, 3]]
+    # 100 per call: one call, in the rows' order (44 + ... < 2 calls at least 200)
+    assert buckets([1, 9, 2, 10], 100) == [[0, 1, 2, 3]]
     # [3, 3, 5], 1 per call: {3, 3} {5} = 6 + 5 + 2 = 13; alone 3 + 3 + 5 + 3 = 14; together 15 + 1 = 16
-    assert length_buckets([3, 3, 5], call_cost=1) == [[0, 1], [2]]
+    assert buckets([3, 3, 5], 1) == [[0, 1], [2]]
     # no cost per call: every length alone; equal lengths together (a tie, 1 + 4 + 4 either way: the fewer calls)
-    assert length_buckets([4, 1, 4], call_cost=0) == [[1], [0, 2]]
-    assert length_buckets([], call_cost=4) == [] and length_buckets([7], call_cost=4) == [[0]]
+    assert buckets([4, 1, 4], 0) == [[1], [0, 2]]
+    assert buckets([7], 4) == [[0]]
 
 
 def test_samples_of_one_prompt_share_a_micro_batch_longest_completion_first():

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from .generation.decoding import prefill_buckets
 from .generation.prefixes import shared_prefixes
 from .padding import left_pad
 
@@ -161,34 +162,17 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     return torch.cat(outs)[inverse]
 
 
-#: What one more model call costs in :func:`length_buckets`, in positions: a call of few rows still reads every weight,
-#: forward and backward. Measured on the 2-core AMD EPYC for the main job's base (``benchmarks/call_cost.py`` ->
-#: ``docs/results/teacher_forcing/call_cost.json``: 0.17 s per call, 4.6 ms per position, 36 positions).
+#: What one more model call costs in :func:`length_buckets`, in positions (``prefill_buckets``' ``overhead``): a
+#: call of few rows still reads every weight, forward and backward. Measured on the 2-core AMD EPYC for the main job's
+#: base (``benchmarks/call_cost.py`` -> ``docs/results/teacher_forcing/call_cost.json``).
 CALL_COST_POSITIONS = 40
 
 
-def length_buckets(lengths: Sequence[int], call_cost: int | None = None) -> list[list[int]]:
-    """The indices of ``lengths`` in groups of similar length, each padded to its longest: the grouping (of the
-    indices sorted by length, in consecutive runs) with the fewest ``positions computed + call_cost x groups``,
-    found exactly by dynamic programming over the sorted lengths. ``[1, 9, 2, 10]`` with ``call_cost`` 4:
-    ``[[0, 2], [1, 3]]`` (4 + 20 positions and 2 calls, against 40 positions and 1 call). ``call_cost`` defaults to
-    :data:`CALL_COST_POSITIONS`."""
-    call_cost = CALL_COST_POSITIONS if call_cost is None else call_cost
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    n = len(order)
-    best = [0] + [None] * n  # best[j]: least cost of the first j sorted indices
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        longest = lengths[order[j - 1]]
-        for i in range(j):
-            cost = best[i] + (j - i) * longest + call_cost
-            if best[j] is None or cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], n
-    while j > 0:
-        groups.append(order[cut[j]:j])
-        j = cut[j]
-    return groups[::-1]
+def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
+    """The indices of ``lengths`` in groups of similar length, each computed padded to its longest: generation's
+    prefill grouping (:func:`~trl_multiagent.generation.decoding.prefill_buckets`, exact dynamic programming over the
+    sorted lengths), any number of rows a group, :data:`CALL_COST_POSITIONS` per call."""
+    return [rows for rows, _ in prefill_buckets(lengths, min_rows=1, overhead=CALL_COST_POSITIONS)]
 
 
 def _cache_rows(cache, index: torch.Tensor, start: int = 0):

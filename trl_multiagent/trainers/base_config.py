@@ -83,8 +83,10 @@ class MultiAgentConfig(GRPOConfig):
     packed_weights: str = field(default="auto", metadata={
         "help": "Generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies of their "
                 "weights (faster decoding; the sums run in another order, so tokens can differ from F.linear's at "
-                "near-ties): 'always', 'never', or 'auto' (when the copy takes at most a quarter of the machine's "
-                "total memory). summary.json records the path taken (machine.paths)."})
+                "near-ties), and so do the teacher-forced passes of the losses, forward and backward, where three "
+                "copies fit: 'always', 'never', or 'auto' (when the copy, for the passes three copies, takes at most "
+                "a quarter of the machine's total memory). summary.json records the paths taken (machine.paths: "
+                "packed_weights, packed_training)."})
     lean_decode: str = field(default="auto", metadata={
         "help": "Generation computes the one-token decoding steps of Llama-architecture bases with the library's lean "
                 "step (trl_multiagent/generation/lean_step.py: few operations per layer, the same numbers as "
