@@ -1,8 +1,11 @@
-"""Helpers shared by the benchmark scripts: the matmul rate of this run, and writing a result file."""
+"""Helpers shared by the benchmark scripts: the matmul rate of this run, writing a result file, and keeping the
+latest bench record of each kind of CPU."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -27,3 +30,19 @@ def write_result(path: str | Path | None, result: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text + "\n")
+
+
+def cpu_slug(cpu: str) -> str:
+    """A file name for a CPU model: ``"AMD EPYC"`` -> ``amd_epyc``, ``"Intel(R) Xeon(R) Platinum 8488C"`` ->
+    ``intel_r_xeon_r_platinum_8488c``."""
+    return re.sub(r"[^a-z0-9]+", "_", cpu.lower()).strip("_") or "unknown_cpu"
+
+
+def keep_cpu_record(out: Path, cpu: str) -> Path:
+    """Copy ``out``'s bench.json and bench.md to ``out/bench_by_cpu/<cpu_slug>.{json,md}``: the latest record of
+    each kind of CPU a bench ran on stays beside the latest record of all (issue 40: targets hold on every CPU)."""
+    folder = out / "bench_by_cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix in ("json", "md"):
+        shutil.copyfile(out / f"bench.{suffix}", folder / f"{cpu_slug(cpu)}.{suffix}")
+    return folder / f"{cpu_slug(cpu)}.json"

@@ -45,3 +45,18 @@ def test_the_issue_40_targets():
     assert TARGETS["step_vs_trl"] == (0.5, "le") and TARGETS["train_pass_vs_matmul"] == (1.5, "le")
     assert all(TARGETS[f"decode_vs_bound_{n}"] == (2.0, "le") for n in (1, 16, 64))
     assert target("train_pass_vs_matmul", 1.49)["met"] and not target("train_pass_vs_matmul", 1.51)["met"]
+
+
+def test_each_kind_of_cpu_keeps_its_latest_bench_record(tmp_path):
+    from measure import cpu_slug, keep_cpu_record
+
+    assert cpu_slug("AMD EPYC") == "amd_epyc"
+    assert cpu_slug("Intel(R) Xeon(R) Platinum 8488C") == "intel_r_xeon_r_platinum_8488c"
+    for cpu, text in (("AMD EPYC", "first"), ("Intel(R) Xeon(R) CPU", "second"), ("AMD EPYC", "third")):
+        (tmp_path / "bench.json").write_text(f'{{"run": "{text}"}}')
+        (tmp_path / "bench.md").write_text(f"# {text}")
+        keep_cpu_record(tmp_path, cpu)
+    kept = sorted(p.name for p in (tmp_path / "bench_by_cpu").iterdir())
+    assert kept == ["amd_epyc.json", "amd_epyc.md", "intel_r_xeon_r_cpu.json", "intel_r_xeon_r_cpu.md"]
+    assert (tmp_path / "bench_by_cpu" / "amd_epyc.md").read_text() == "# third"  # the latest run of that CPU
+    assert (tmp_path / "bench_by_cpu" / "intel_r_xeon_r_cpu.json").read_text() == '{"run": "second"}'

@@ -145,6 +145,33 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_logps_and_gradients(tiny
         assert shared[3][1:] == [(80, 35), (55, 25)]
 
 
+def test_the_samples_of_one_prompt_run_it_once_in_one_call(tiny_text_model):
+    """K samples of one prompt (no second prompt to share a prefix with): the prompt in one call, the completions in
+    another, and the log-probs and gradients of separate passes."""
+    pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], dtype="float64")
+    _randomise_lora(pool)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(
+        pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
+    calls = []
+
+    def model(**inputs):
+        calls.append(tuple(inputs["input_ids"].shape))
+        return pool("aux", **inputs)
+
+    logps, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7)
+    (logps * completion_mask).sum().backward()
+    grads = [p.grad.clone() for p in pool.policy_parameters("aux")]
+    assert calls == [(1, len(enc[0])), (3, max(map(len, comp)))]
+    pool.zero_grad()
+    plain, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                share_prompts=False)
+    (plain * completion_mask).sum().backward()
+    mask = completion_mask.bool()
+    terms = _terms(prompt_ids, completion_ids)
+    assert_same_computation(logps.detach()[mask], plain.detach()[mask], terms=terms, what="logps")
+    assert_same_computation(grads, [p.grad for p in pool.policy_parameters("aux")], terms=terms, what="gradients")
+
+
 def _common(rows):
     """The common leading tokens of ``rows`` (all longer than it)."""
     n = 0

@@ -13,7 +13,8 @@ after 377 cached positions, forward and backward) takes 1.23x as long with them 
 query positions, ``(batch, kv_heads, g x queries, dim)``, and the mask repeated ``g`` times along its query rows (as
 transformers' ``pack_gqa`` does for a single query): each query row meets exactly the keys, values and mask entries
 of the ungrouped computation, so the numbers are those of ``sdpa`` up to the order of float sums
-(``tests/test_grouped_attention.py``). Without a mask, or without grouping, it is transformers' ``sdpa`` itself.
+(``tests/test_grouped_attention.py``). Without a mask, without grouping, or off the CPU (a model loaded on the CPU
+and moved to a GPU: measured on the CPU only), it is transformers' ``sdpa`` itself.
 
 :func:`use_grouped_attention` registers it (with ``sdpa``'s mask function) as :data:`GROUPED_SDPA` and switches a
 model that uses ``sdpa`` to it; :func:`~trl_multiagent.models.load_base_model` does so for models on the CPU.
@@ -36,7 +37,8 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups == 1 or attention_mask is None or attention_mask.dim() != 4 or kwargs.get("position_bias") is not None \
+    if groups == 1 or query.device.type != "cpu" or attention_mask is None or attention_mask.dim() != 4 \
+            or kwargs.get("position_bias") is not None \
             or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -96,6 +96,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
     if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
         return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if all(n == 1 for n in size):  # no two distinct prompts share a prefix: each runs whole in stage 2, one call less
+        prefix_len = [0] * len(prefix_len)
 
     # 1. one pass per shared prefix (skipped when nothing is shared: every prefix is then empty)
     cache, mask = None, torch.zeros((len(unique), 0), dtype=torch.long, device=device)

@@ -146,8 +146,8 @@ class PackedFrozenLinears:
     gradient with a second packed copy, of the transposed weight (made at the first backward). The teacher-forced
     passes run so (:meth:`~trl_multiagent.agents.AgentPool.forward`): measured on the 2-core machine
     (``benchmarks/packed_training.py`` -> ``docs/results/teacher_forcing/packed_training.json``), the frozen matmuls
-    of SmolLM2-135M take 2.7x (4 rows), 1.7x (40), 1.35x (160) and 1.17x (480) less time packed than through
-    ``F.linear`` (which re-packs the weight at every call), the backward's ``grad @ W`` 2.4x to 1.16x. The packed weights are kept on the module and made again when the weight changes (its storage or
+    of SmolLM2-135M take 2.7x (4 rows), 1.6x (40), 1.3x (160) and 1.17x (480) less time packed than through
+    ``F.linear`` (which re-packs the weight at every call), the backward's ``grad @ W`` 2.6x to 1.15x. The packed weights are kept on the module and made again when the weight changes (its storage or
     version): one more copy of the frozen weights for generation, two or three for training, which
     :meth:`AgentPool` allows where memory does.
 

@@ -70,8 +70,8 @@ ONE_THREAD = 1 << 21
 
 #: From this many rows on, a layer's attention is two batched matmuls and a softmax instead of
 #: ``scaled_dot_product_attention``, whose CPU kernel for a few queries per head is slower there (the 2-core AMD EPYC,
-#: 2 threads, 204 cached positions, microseconds per layer, kernel against matmuls: 8 rows 167 / 130, 16 rows 293 /
-#: 224, 64 rows 1969 / 1547; 1 row 29 / 33, 4 rows 70 / 69; ``benchmarks/decode_attention.py`` ->
+#: 2 threads, 204 cached positions, microseconds per layer, kernel against matmuls: 8 rows 135 / 111, 16 rows 259 /
+#: 201, 64 rows 1454 / 1158; 1 row 27 / 36, 4 rows 70 / 65; ``benchmarks/decode_attention.py`` ->
 #: ``docs/results/generation/decode_attention.json``).
 MATMUL_ATTENTION_MIN_ROWS = 8
 
