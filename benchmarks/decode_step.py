@@ -26,6 +26,9 @@ Clock: with ``--threads 1`` every time (steps, copy, matmul rate) is the thread'
 (``time.thread_time``): on a machine shared with other work, time spent descheduled does not count, so the numbers
 are those of the code, not of the load. With more threads it is wall-clock time (a descheduled thread stalls the
 others at every parallel region, which on a loaded machine dominates small steps). ``uptime``'s load is recorded.
+
+Per batch size also where the lean step's time goes: each operator's share of the self CPU time of 3 steps under
+torch's profiler (``lean_profile_share``, the 8 largest).
 """
 
 from __future__ import annotations
@@ -81,6 +84,15 @@ def step_counts(model, rows: int, cached: int) -> dict[str, float]:
     kv = rows * config.num_hidden_layers * 2 * config.num_key_value_heads * cached * head_dim * 4
     return {"frozen_weights": frozen, "lora_weights": lora, "weight_bytes": 4 * weights, "kv_cache_bytes": kv,
             "flops": 2 * rows * weights + attention}
+
+
+def profile_shares(model, cache, batch, step, tokens, mask, prompt: int, clock, top: int = 8) -> dict[str, float]:
+    """Where the lean step's time goes: each operator's share of the self CPU time of 3 steps (the ``top`` largest)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_steps(model, cache, batch, "lean", step, tokens, mask, prompt, 3, clock)
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    shares = {e.key: round(e.self_cpu_time_total / total, 4) for e in prof.key_averages()}
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1])[:top])
 
 
 def run_steps(model, cache, batch, path: str, step: LeanStep, tokens, mask, prompt: int, count: int, clock):
@@ -147,6 +159,7 @@ def main(argv=None) -> int:
                 rates.append((copy_bandwidth(clock, repeats=2), matmul_flops(repeats=2, clock=clock)))
                 times["lean"].append(run_steps(model, cache, batch, "lean", step, tokens, mask, prompt, args.steps,
                                                clock))
+            profile = profile_shares(model, cache, batch, step, tokens, mask, prompt, clock)
             cache.set_length(prompt)
             logits = step(tokens, mask[:, :prompt + 1], torch.full((rows,), prompt), cache)
         sampler = []
@@ -181,7 +194,7 @@ def main(argv=None) -> int:
                  "forward_over_bound": statistics.median(t / b for t, b in zip(times["forward"], bounds)),
                  "lean_over_bound": statistics.median(t / b for t, b in zip(times["lean"], bounds)),
                  "lean_over_bound_with_kv_cache": statistics.median(t / b for t, b in zip(times["lean"], bounds_kv)),
-                 "lean_step_made_in_s": made_s,
+                 "lean_step_made_in_s": made_s, "lean_profile_share": profile,
                  "sampler_ms": {"greedy": sampler[0], "top_p_0.9": sampler[1]}, **counts}
         results.append(entry)
         summary[str(rows)] = {k: round(entry[k], 2) for k in ("forward_ms_median", "lean_ms_median",
@@ -189,21 +202,13 @@ def main(argv=None) -> int:
                                                               "forward_over_bound", "lean_over_bound",
                                                               "lean_over_bound_with_kv_cache")}
         print(summary[str(rows)], flush=True)
-    # where the lean step's time goes at the largest batch (self CPU time per operator)
-    with torch.no_grad(), MultiAdapterBatch(model, adapters) as batch:
-        step = LeanStep(model, batch, packed=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            run_steps(model, cache, batch, "lean", step, tokens, mask, prompt, 3, clock)
-    total = sum(e.self_cpu_time_total for e in prof.key_averages())
-    shares = {e.key: round(e.self_cpu_time_total / total, 4) for e in prof.key_averages()}
-    top = dict(sorted(shares.items(), key=lambda kv: -kv[1])[:8])
     result = {"command": "python benchmarks/decode_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "cpu": cpu_model(), "threads": threads,
               "clock": "thread CPU time" if clock is time.thread_time else "wall clock",
               "load_before": load_before, "load_after": load(),
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
               "summary": summary, "steps": results,
-              f"lean_profile_share_{results[-1]['rows']}_rows": top}
+              f"lean_profile_share_{results[-1]['rows']}_rows": results[-1]["lean_profile_share"]}
     write_result(args.out, result)
     return 0
 
