@@ -6,11 +6,13 @@ the teacher-forced pass (``idle/``, commit 40db7ac) and after it (``issue40/``).
 Per step: seconds of the whole step, of generation, and of the loss's forward and backward passes (metrics.jsonl's
 ``step_time``, ``time/generation``, ``time/forward``, ``time/backward``), and the positions the loss needs at least
 (``tokens/loss_needed``: each distinct prompt prefix once, every completion token), which both runs share when
-their rollouts are the same; then the sums over the steps and their ratios.
+their rollouts are the same; then the sums over the steps and their ratios; and, for the run after, the largest
+relative difference of a logged training number from the recorded seed 0 (``../reruns/compare.py``'s measure).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -36,6 +38,11 @@ def main() -> None:
     sums = {k: (sum(r[k] for r in before), sum(r[k] for r in after)) for k in KEYS}
     lines.append("| all | " + f"{sum(r['tokens/loss_needed'] for r in before):.0f} | " +
                  " | ".join(f"**{b:.1f} / {a:.1f}** ({a / b:.2f})" for b, a in sums.values()) + " |")
+    spec = importlib.util.spec_from_file_location("compare", HERE.parent / "reruns" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    lines += ["", "Largest relative difference of a logged training number (losses, rewards, gradient norms; not "
+              f"times) of the run after from the recorded seed 0: {compare.largest_metric_difference(HERE / 'issue40'):.1e}."]
     text = "\n".join(lines) + "\n"
     (HERE / "steps.md").write_text(text)
     print(text)
