@@ -103,7 +103,8 @@ class AgentPool(nn.Module):
             ``"always"``, ``"never"``, or ``"auto"``: when the copy takes at most a quarter of the device's total
             memory (:meth:`dense_copy_of`).
         packed_weights: whether generation on CPU float32 bases computes the frozen linears with oneDNN-packed copies
-            of their weights (:data:`PACKED_WEIGHTS`; same rule as ``dense_copy``; :meth:`packs_weights`).
+            of their weights (:data:`PACKED_WEIGHTS`; same rule as ``dense_copy``; :meth:`packs_weights`), and the
+            teacher-forced passes too, forward and backward, where three copies fit (:meth:`packs_training`).
         lean_decode: whether generation computes the one-token decoding steps with the lean step
             (:class:`~trl_multiagent.generation.lean_step.LeanStep`) instead of transformers' forward
             (:data:`LEAN_DECODE`): ``"auto"``: on every base it supports (Llama architecture; the others fall back,
