@@ -48,7 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from measure import keep_cpu_record  # noqa: E402 - benchmarks/ is the script's own folder
 from targets import TARGETS  # noqa: E402
 
-from trl_multiagent.provenance import cpu_model, versions  # noqa: E402 - after the environment above
+from trl_multiagent.provenance import cpu_model, kernel_record, versions  # noqa: E402 - after the environment above
 
 log = logging.getLogger("bench")
 
@@ -628,7 +628,8 @@ def write_markdown(report: dict, path: Path) -> None:
         "",
         f"Machine: {report['environment']['cpu_model']}, {report['environment']['cpu_count']} CPUs "
         f"(affinity {report['environment']['cpu_affinity']}), torch {v['torch']}, trl {v['trl']}, "
-        f"transformers {v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}.",
+        f"transformers {v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}."
+        + _kernels_line(report["environment"].get("kernels")),
         "Raw measurements: `docs/results/bench.json`.",
         "",
         "| Benchmark | Measured | Ratio | Target | Result |",
@@ -716,6 +717,15 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def _kernels_line(kernels: dict | None) -> str:
+    """The instruction set of a bench record, for bench.md (records before it was kept have none)."""
+    if not kernels:
+        return ""
+    caps = ", ".join(f"{k}={v}" for k, v in kernels.get("env", {}).items())
+    return (f" Instruction set: ATen kernels {kernels['aten_cpu_capability']}, CPU flags "
+            f"{' '.join(kernels.get('cpu_flags', [])) or 'unknown'}" + (f", capped by {caps}" if caps else "") + ".")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke version: fewer steps and memory configurations")
@@ -773,7 +783,9 @@ def main(argv=None) -> int:
         "environment": {"versions": versions(), "cpu_count": os.cpu_count(),
                         "cpu_affinity": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
                         "torch_default_threads": torch.get_num_threads(), "platform": platform.platform(),
-                        "total_memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30},
+                        "total_memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+                        # the instruction set the kernels use (CPU flags, ATen's capability, variables that cap it)
+                        "kernels": kernel_record()},
     }
     log.info("settings: %s", settings)
     if not args.skip_memory:  # first, while this process is small (children inherit its ru_maxrss)
