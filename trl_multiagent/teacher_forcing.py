@@ -177,17 +177,22 @@ def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
     return [rows for rows, _ in prefill_buckets(lengths, min_rows=1, overhead=CALL_COST_POSITIONS)]
 
 
-def _cache_rows(cache, index: torch.Tensor, start: int = 0):
-    """A copy of ``cache`` (same class, same layer classes) holding its rows ``index`` from column ``start`` on,
-    gathered differentiably (the gradient of a row read twice is the sum of both reads')."""
-    out = copy.copy(cache)
+def _cache_like(template, layers):
+    """A copy of the KV cache ``template`` (same class, same layer classes) holding ``layers``' ``(keys, values)``."""
+    out = copy.copy(template)
     out.layers = []
-    for layer in cache.layers:
+    for layer, (keys, values) in zip(template.layers, layers):
         new = copy.copy(layer)
-        new.keys = layer.keys.index_select(0, index)[:, :, start:]
-        new.values = layer.values.index_select(0, index)[:, :, start:]
+        new.keys, new.values = keys, values
         out.layers.append(new)
     return out
+
+
+def _cache_rows(cache, index: torch.Tensor, start: int = 0):
+    """``cache``'s rows ``index`` from column ``start`` on, gathered differentiably (the gradient of a row read twice
+    is the sum of both reads')."""
+    return _cache_like(cache, [(layer.keys.index_select(0, index)[:, :, start:],
+                                layer.values.index_select(0, index)[:, :, start:]) for layer in cache.layers])
 
 
 def _merge_caches(pieces, rows: int):
@@ -197,17 +202,14 @@ def _merge_caches(pieces, rows: int):
     row_of = [0] * rows
     for n, i in enumerate(i for bucket, _, _, _ in pieces for i in bucket):
         row_of[i] = n
+
+    def padded(tensors):
+        return torch.cat([F.pad(t, (0, 0, width - t.size(2), 0)) for t in tensors])
+
+    layers = [(padded([p.keys for p in parts]), padded([p.values for p in parts]))
+              for parts in zip(*(c.layers for _, _, c, _ in pieces))]
     masks = [F.pad(m, (width - m.size(1), 0)) for _, _, _, m in pieces]
-    first = pieces[0][2]
-    out = copy.copy(first)
-    out.layers = []
-    for layer, parts in zip(first.layers, zip(*(c.layers for _, _, c, _ in pieces))):
-        new = copy.copy(layer)
-        for name in ("keys", "values"):
-            setattr(new, name, torch.cat([F.pad(getattr(p, name), (0, 0, width - getattr(p, name).size(2), 0))
-                                          for p in parts]))
-        out.layers.append(new)
-    return out, torch.cat(masks), row_of
+    return _cache_like(pieces[0][2], layers), torch.cat(masks), row_of
 
 
 def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:

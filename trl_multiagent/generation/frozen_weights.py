@@ -80,18 +80,28 @@ def packing_available(model: torch.nn.Module) -> bool:
 PACK_MIN_WEIGHTS = 1 << 16
 
 
-def packed_weight(module: torch.nn.Module, weights: list[torch.Tensor], name: str = "_trl_multiagent_packed"):
+def packed_weight(module: torch.nn.Module, weights: list[torch.Tensor], name: str = "_trl_multiagent_packed",
+                  transposed: bool = False):
     """The frozen ``weights`` (``(out, in)`` each, one ``in``), stacked along ``out`` and reordered into oneDNN's
     blocked layout for ``torch.ops.mkldnn._linear_pointwise``: kept on ``module`` (attribute ``name``) and made
     again when a weight changes (its storage, version or shape). One weight is reordered as it is; several are
-    concatenated first (the concatenation is dropped once reordered, so the packed copy is the only extra memory)."""
+    concatenated first (the concatenation is dropped once reordered, so the packed copy is the only extra memory).
+    ``transposed``: the stack transposed before it is reordered (``_linear_pointwise(g, it)`` is then ``g @ W``)."""
     key = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
     cached = module.__dict__.get(name)
     if cached is None or cached[0] != key:
         whole = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
-        cached = (key, torch.ops.mkldnn._reorder_linear_weight(whole, 64))
+        cached = (key, torch.ops.mkldnn._reorder_linear_weight(whole.t().contiguous() if transposed else whole, 64))
         module.__dict__[name] = cached
     return cached[1]
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W^T + b`` over ``x``'s last dimension, ``W`` from its packed copy (:func:`packed_weight`)."""
+    flat = x.reshape(-1, x.size(-1))
+    y = torch.ops.mkldnn._linear_pointwise(flat if flat.is_contiguous() else flat.contiguous(), packed, bias, "none",
+                                            [], "")
+    return y.view(*x.shape[:-1], y.size(-1))
 
 
 def _is_sharded(weight: torch.Tensor) -> bool:
@@ -104,14 +114,9 @@ def _is_sharded(weight: torch.Tensor) -> bool:
 
 
 def packed_transposed(module: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (``(out, in)``) transposed and reordered for oneDNN, so that ``_linear_pointwise(g, it)`` is
-    ``g @ weight``: kept on ``module`` like :func:`packed_weight`'s copy, and made again when ``weight`` changes."""
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-    cached = module.__dict__.get("_trl_multiagent_packed_t")
-    if cached is None or cached[0] != key:
-        cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().t().contiguous(), 64))
-        module.__dict__["_trl_multiagent_packed_t"] = cached
-    return cached[1]
+    """``weight`` (``(out, in)``) transposed and packed (:func:`packed_weight`), so that ``packed_linear(g, it, None)``
+    is ``g @ weight``: kept on ``module`` beside the forward's copy."""
+    return packed_weight(module, [weight], "_trl_multiagent_packed_t", transposed=True)
 
 
 class _PackedFrozenLinear(torch.autograd.Function):
@@ -120,18 +125,12 @@ class _PackedFrozenLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, packed, bias, transposed):
-        ctx.transposed, ctx.shape = transposed, x.shape
-        flat = x.reshape(-1, x.size(-1))
-        y = torch.ops.mkldnn._linear_pointwise(flat if flat.is_contiguous() else flat.contiguous(), packed, bias,
-                                                "none", [], "")
-        return y.view(*x.shape[:-1], y.size(-1))
+        ctx.transposed = transposed
+        return packed_linear(x, packed, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        flat = grad.reshape(-1, grad.size(-1))
-        gx = torch.ops.mkldnn._linear_pointwise(flat if flat.is_contiguous() else flat.contiguous(), ctx.transposed(),
-                                                None, "none", [], "")
-        return gx.view(ctx.shape), None, None, None
+        return packed_linear(grad, ctx.transposed(), None), None, None, None
 
 
 class PackedFrozenLinears:
@@ -147,8 +146,8 @@ class PackedFrozenLinears:
     passes run so (:meth:`~trl_multiagent.agents.AgentPool.forward`): measured on the 2-core machine
     (``benchmarks/packed_training.py`` -> ``docs/results/teacher_forcing/packed_training.json``), the frozen matmuls
     of SmolLM2-135M take 2.7x (4 rows), 1.6x (40), 1.3x (160) and 1.17x (480) less time packed than through
-    ``F.linear`` (which re-packs the weight at every call), the backward's ``grad @ W`` 2.6x to 1.15x. The packed weights are kept on the module and made again when the weight changes (its storage or
-    version): one more copy of the frozen weights for generation, two or three for training, which
+    ``F.linear`` (which re-packs the weight at every call), the backward's ``grad @ W`` 2.6x to 1.15x. The packed
+    weights are kept on the module and made again when the weight changes (its storage or version): one more copy of the frozen weights for generation, two or three for training, which
     :meth:`AgentPool` allows where memory does.
 
     ``skip``: layers left as they are. The lean decoding step (:mod:`.lean_step`) packs q/k/v and gate/up of every
@@ -210,10 +209,7 @@ class PackedFrozenLinears:
                 return unpacked(x, *args, **kwargs)
             if torch.is_grad_enabled() and x.requires_grad:
                 return _PackedFrozenLinear.apply(x, packed, bias, lambda: packed_transposed(module, weight))
-            flat = x.reshape(-1, x.size(-1))
-            y = torch.ops.mkldnn._linear_pointwise(flat if flat.is_contiguous() else flat.contiguous(), packed, bias,
-                                                    "none", [], "")
-            return y.view(*x.shape[:-1], y.size(-1))
+            return packed_linear(x, packed, bias)
 
         module.forward = forward
         self._patched.append((module, previous))
