@@ -194,6 +194,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
 
     from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.provenance import pool_paths
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     names = [f"agent{i + 1}" for i in range(n_agents)]
@@ -222,6 +223,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     peak = memory.peak()
     logs = [h for h in trainer.state.log_history if "rollout_tokens_per_s" in h]
     n_bases = len(trainer.pool.bases)
+    paths = pool_paths(trainer.pool)  # which numerical path each base took (de-quantised copy, packed, lean step)
     trainable = sum(p.numel() for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol))
     del trainer
     free_memory(s["device"])
@@ -229,7 +231,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     tokens_per_step = n_agents * K * L  # every completion is forced to L tokens (min_new_tokens = L)
     step_s = bench.median(timer.times[warm:])
     return {
-        "agents": n_agents, "bases": n_bases, "trainable_params": trainable, "steps": len(timer.times),
+        "agents": n_agents, "bases": n_bases, "paths": paths, "trainable_params": trainable, "steps": len(timer.times),
         "build_s": build_s, "step_s": timer.times, "median_step_s": step_s,
         "generated_tokens_per_step": tokens_per_step,
         "generate_tokens_per_s": bench.median([h["rollout_tokens_per_s"] for h in logs][warm:]),

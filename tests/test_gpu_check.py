@@ -36,6 +36,9 @@ def check_base(slot: dict, device: str) -> None:
     assert sorted(runs) == [1, 2, 4]
     for n, r in runs.items():
         assert r["bases"] == 1  # one shared base, one adapter per agent
+        (path,) = r["paths"].values()  # the pool's record of the numerical path that base took
+        assert path["quantization"] == slot["quantization"] and path["generation"] == "pool"
+        assert path["dense_copy"] is (slot["quantization"] == "4bit")  # auto: a copy of a tiny model always fits
         assert r["steps"] == 2 and len(r["step_s"]) == 2 and all(positive(t) for t in r["step_s"])
         for key in ("build_s", "median_step_s", "generate_tokens_per_s", "step_tokens_per_s", "peak_memory_mib",
                     "memory_before_mib", "memory_after_build_mib"):
