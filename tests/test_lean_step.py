@@ -74,6 +74,13 @@ CASES = {
     "mixed adapters, left padding": (["a", "hello there", "what is two plus two", "x y", "abc", "longer prompt here",
                                       "z", "the last one"], ["aux", "main", "third", None, "third", "aux", None,
                                                              "main"]),
+    # every row with an adapter: the block form (one block per adapter, rows gathered into blocks of 3, 3 and 2)
+    "mixed adapters, every row one": (["a", "hello there", "what is two plus two", "x y", "abc", "longer prompt here",
+                                       "z", "the last one"], ["aux", "main", "third", "main", "third", "aux", "aux",
+                                                              "main"]),
+    # rows already in blocks (sorted by adapter, as many each): the block form on views of the rows
+    "rows in adapter blocks": (["a", "hello there", "what is two", "x y", "abc", "longer prompt"],
+                               ["aux", "aux", "main", "main", "third", "third"]),
 }
 
 

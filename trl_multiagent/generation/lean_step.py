@@ -7,10 +7,14 @@ read (``benchmarks/decode_step.py``). :class:`LeanStep` computes the same step w
 
 1. RMSNorm (``F.rms_norm``);
 2. ONE matmul for q, k and v, against their frozen weights concatenated (reordered for oneDNN on the CPU);
-3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`): one matmul with the A matrices
-   of q, k and v of every adapter stacked, a per-row scale that keeps only each row's own adapter (its LoRA scale on
-   its adapter's columns, zeros elsewhere), then per projection one matmul with its adapters' B matrices, added into
-   its columns of the output;
+3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`). Where every row has an
+   adapter, in the block form (:func:`~.lora_batch.add_block_lora`): the rows as one block per adapter (gathered, or
+   viewed where they already are blocks), one batched matmul with each adapter's A matrices of q, k and v side by
+   side and one with its scaled B matrices (block-diagonal over the projections; per projection where the rows are
+   viewed), the results added into their rows: each row computes its own adapter only. Otherwise (a row on the
+   plain base) in the masked form: one matmul with the A matrices of q, k and v of every adapter stacked, a per-row
+   scale that keeps only each row's own adapter (its LoRA scale on its adapter's columns, zeros elsewhere), then per
+   projection one matmul with its adapters' B matrices, added into its columns of the output;
 4. the rotary embedding of q and k, from a table of cos / sin that the model's own rotary module computes;
 5. the new key and value written in place into the preallocated cache (:mod:`.kv_cache`);
 6. attention of each row's query over its cache with the padding mask, ``scaled_dot_product_attention`` for few rows,
@@ -34,7 +38,8 @@ What it reads, and when:
   of a generation), from the parameters as they are then; nothing of them is kept from one call to the next, so a
   step of the optimizer between two generations, a fused one included (it does not bump a tensor's version
   counter, so no version check could see it), is always seen;
-* the scales of the rows: made again whenever the batch's rows change (``MultiAdapterBatch.row_index``).
+* the scales of the rows (masked form) and their blocks (block form): made again whenever the batch's rows change
+  (``MultiAdapterBatch.row_index``, ``MultiAdapterBatch.blocks``).
 
 Small matters of speed, measured on the 2-core machine (``benchmarks/decode_step.py``,
 ``docs/results/generation/README.md``): with packed weights a step of fewer than :data:`PACKED_MIN_ROWS` rows computes
@@ -55,6 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from .frozen_weights import packed_weight
+from .lora_batch import AdapterBlocks, add_block_lora
 
 #: With packed weights, a step of fewer rows computes its matmuls on this many (zero rows added): oneDNN's kernel for
 #: one row reads the weights more slowly than its kernel for a few (measured on the 2-core AMD EPYC, one thread:
@@ -179,26 +185,31 @@ class _Lora:
         a_parts, columns = [], []
         #: per projection: (output offset, output size, its columns of h, B_p^T (columns, output size))
         self.projections = []
+        #: per projection with LoRA, for the block form: (output offset, output size, {adapter index: (A, s B^T)})
+        by_adapter = []
         offset = 0
         for module in modules:
             size = frozen_linear(module)[1].size(0)
             if isinstance(module, lora) and not module.disable_adapters:
                 first = sum(r for _, r, _ in columns)
-                b_parts = []
+                b_parts, mine = [], {}
                 for index, adapter in enumerate(adapters):
                     if adapter in module.lora_A:
                         a = module.lora_A[adapter].weight.detach()
                         a_parts.append(a)
                         b_parts.append(module.lora_B[adapter].weight.detach().t())
                         columns.append((index, a.size(0), float(module.scaling[adapter])))
+                        mine[index] = (a, b_parts[-1] * columns[-1][2])
                 if b_parts:
                     last = sum(r for _, r, _ in columns)
                     self.projections.append((offset, size, slice(first, last), torch.cat(b_parts).contiguous()))
+                    by_adapter.append((offset, size, mine))
             offset += size
         self.width = offset
         self.a = torch.cat(a_parts) if a_parts else None  # (columns, in)
         if self.a is None:
             return
+        self._blocks_form(by_adapter, len(adapters))
         #: multiply-adds per row: x A^T, then each projection's h B_p^T
         self.row_work = self.a.numel() + sum(bt.numel() for *_, bt in self.projections)
         #: what the scales of the rows depend on (groups with the same key share them)
@@ -208,16 +219,41 @@ class _Lora:
         self.column_scale = torch.cat([torch.full((r,), s, dtype=self.a.dtype) for _, r, s in columns]).to(
             self.a.device)
 
+    def _blocks_form(self, by_adapter: list, adapters: int) -> None:
+        """The matrices of :func:`~.lora_batch.add_block_lora`: per adapter its A^T of every projection side by side
+        ``(adapters, in, R)`` and its scaled B^T block-diagonal ``(adapters, R, width)`` (zeros where an adapter
+        lacks a projection), and each projection's own block of the latter."""
+        ranks = [max(a.size(0) for a, _ in mine.values()) for *_, mine in by_adapter]
+        total = sum(ranks)
+        self.a_blocks = self.a.new_zeros((adapters, self.a.size(1), total))
+        self.b_blocks = self.a.new_zeros((adapters, total, self.width))
+        self.parts = []
+        first = 0
+        for (offset, size, mine), rank in zip(by_adapter, ranks):
+            for index, (a, sbt) in mine.items():
+                self.a_blocks[index, :, first:first + a.size(0)] = a.t()
+                self.b_blocks[index, first:first + a.size(0), offset:offset + size] = sbt
+            self.parts.append((offset, size, slice(first, first + rank),
+                               self.b_blocks[:, first:first + rank, offset:offset + size].contiguous()))
+            first += rank
+
     def scales(self, row_index: torch.Tensor) -> torch.Tensor:
         """``S`` for rows whose adapters are ``row_index`` (indices into the batch's adapters, -1 for none)."""
         return (row_index[:, None] == self.column_adapter[None, :]).to(self.a.dtype) * self.column_scale
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, scales: torch.Tensor, threads: int) -> None:
-        """``y += `` the rows' LoRA deltas (on one thread when they are small: :data:`ONE_THREAD`)."""
+    def add(self, y: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, threads: int,
+            blocks: AdapterBlocks | None = None) -> None:
+        """``y += `` the rows' LoRA deltas: by blocks of rows per adapter where ``blocks`` is given
+        (:func:`~.lora_batch.add_block_lora`), else masked by the rows' ``scales``; on one thread when they are
+        small (:data:`ONE_THREAD`)."""
         one = threads > 1 and x.size(0) * self.row_work < ONE_THREAD
         if one:
             torch.set_num_threads(1)
         try:
+            if blocks is not None:
+                add_block_lora(y, x if x.dtype == self.a.dtype else x.to(self.a.dtype), blocks, self.a_blocks,
+                               self.b_blocks, self.parts if len(self.parts) > 1 else None)
+                return
             h = F.linear(x if x.dtype == self.a.dtype else x.to(self.a.dtype), self.a)
             h.mul_(scales)
             for offset, size, columns, bt in self.projections:
@@ -354,8 +390,10 @@ class LeanStep:
         threads = torch.get_num_threads()
         small_attention = threads > 1 and 2 * rows * heads * (length + 1) * dim < ONE_THREAD
         padded = PACKED_MIN_ROWS if self.packed and rows < PACKED_MIN_ROWS else rows
+        blocks = None
         if self.batch is not None:
             self._check_rows(rows)
+            blocks = self.batch.blocks  # every row has an adapter: each row computes only its own (block form)
         x = F.embedding(tokens, self.embed)
         padding = None
         if padded > rows:  # zero rows after the real ones, through the frozen matmuls only (not the LoRA ones)
@@ -366,7 +404,7 @@ class LeanStep:
             h = self._norm(x, layer.norm1)
             y = layer.qkv(h)
             if lora_qkv is not None:
-                lora_qkv.add(y[:rows], h[:rows], self._scales_of(lora_qkv), threads)
+                lora_qkv.add(y[:rows], h[:rows], None if blocks else self._scales_of(lora_qkv), threads, blocks)
             qk = y[:rows, :qk_width].view(rows, heads + kv_heads, dim)
             qk = torch.addcmul(qk * cos, qk.roll(dim // 2, -1), sin)
             kv._k[:, :, length].copy_(qk[:, heads:])
@@ -391,17 +429,17 @@ class LeanStep:
                 a = torch.cat([a, padding])
             o = layer.o(a)
             if lora_o is not None:
-                lora_o.add(o[:rows], a[:rows], self._scales_of(lora_o), threads)
+                lora_o.add(o[:rows], a[:rows], None if blocks else self._scales_of(lora_o), threads, blocks)
             x = o.add_(x)
             h = self._norm(x, layer.norm2)
             gu = layer.gate_up(h)
             if lora_gate_up is not None:
-                lora_gate_up.add(gu[:rows], h[:rows], self._scales_of(lora_gate_up), threads)
+                lora_gate_up.add(gu[:rows], h[:rows], None if blocks else self._scales_of(lora_gate_up), threads, blocks)
             gate, up = gu[:, :layer.intermediate], gu[:, layer.intermediate:]
             m = (F.silu(gate) if self.silu else layer.act(gate)).mul_(up)
             d = layer.down(m)
             if lora_down is not None:
-                lora_down.add(d[:rows], m[:rows], self._scales_of(lora_down), threads)
+                lora_down.add(d[:rows], m[:rows], None if blocks else self._scales_of(lora_down), threads, blocks)
             x = d.add_(x)
         logits = self.head(self._norm(x, self.norm))
         return logits[:rows] if padded > rows else logits

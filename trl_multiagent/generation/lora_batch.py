@@ -8,7 +8,9 @@ Agents on one base differ only by their LoRA adapters, so their rows can share e
 for a mixed batch, where ``A_cat`` / ``B_cat`` stack the adapters' LoRA matrices and ``s_row`` holds, for each row,
 its adapter's LoRA scale on that adapter's columns and zeros elsewhere (a row with no adapter, the untrained base of
 the baselines, has all zeros). That is two small matmuls per linear whatever the number of adapters, instead of one
-pass per adapter.
+pass per adapter; but each row pays the FLOPs of every adapter's columns. Where every row has an adapter, the rows are
+laid out instead as one block per adapter (:class:`AdapterBlocks`) and each block multiplies only its own adapter's
+matrices, in batched matmuls (:func:`add_block_lora`): the same number of operations, each row one adapter's FLOPs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,87 @@ from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
+
+
+#: Whether batches whose rows all have an adapter compute their LoRA deltas in the block form (:class:`AdapterBlocks`);
+#: ``False`` keeps the masked form for every batch (``benchmarks/lora_blocks.py`` times the two against each other).
+BLOCK_FORM = True
+
+
+class AdapterBlocks:
+    """The rows of a mixed batch laid out as one block per adapter, for batched LoRA matmuls (``torch.bmm``).
+
+    Every block has ``size`` slots (the most rows any adapter has); a shorter block's spare slots read row 0 and their
+    results are dropped. ``source`` (adapters x size,) gives each slot the row it reads, ``slot`` (rows,) each row
+    the slot it takes its result from. ``in_place``: the rows already are the blocks (sorted by adapter, equally many
+    each), so the rows are viewed as blocks and neither index is used. Made by :meth:`of`, which returns ``None``
+    where a row has no adapter (index -1: the untrained base of a baseline), or under ``BLOCK_FORM = False``: such a
+    batch keeps the masked form."""
+
+    def __init__(self, row_index: torch.Tensor, adapters: int):
+        index = row_index.to("cpu", torch.long)
+        counts = torch.bincount(index, minlength=adapters)
+        self.adapters, self.size = adapters, int(counts.max())
+        order = torch.argsort(index, stable=True)  # rows by adapter, each adapter's rows in their order
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(index)
+        rank[order] = torch.arange(index.numel()) - starts[index[order]]  # a row's place among its adapter's rows
+        self.slot = index * self.size + rank
+        self.source = torch.zeros(adapters * self.size, dtype=torch.long)
+        self.source[self.slot] = torch.arange(index.numel())
+        #: every adapter has ``size`` rows: no spare slots, so the results go back by one ``index_add_``
+        self.full = bool((counts == self.size).all())
+        self.in_place = self.full and bool(torch.equal(order, torch.arange(index.numel())))
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def of(cls, row_index: torch.Tensor, adapters: int) -> AdapterBlocks | None:
+        if not BLOCK_FORM or adapters == 0 or row_index.numel() == 0 or bool((row_index < 0).any()):
+            return None
+        return cls(row_index, adapters)
+
+    def indices(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(source, slot)`` on ``device`` (copied there once)."""
+        found = self._on.get(device)
+        if found is None:
+            found = self._on[device] = (self.source.to(device), self.slot.to(device))
+        return found
+
+
+def add_block_lora(y: torch.Tensor, x: torch.Tensor, blocks: AdapterBlocks, a: torch.Tensor, b: torch.Tensor,
+                   parts: list[tuple[int, int, slice, torch.Tensor]] | None = None) -> None:
+    """``y += `` every row's LoRA delta by its own adapter only: ``(x A_i^T)(s_i B_i)^T`` for a row of adapter ``i``.
+
+    ``x`` ``(rows, ..., in)``, ``y`` ``(rows, ..., out)`` (contiguous); ``a`` ``(adapters, in, R)``: each adapter's
+    ``A^T``; ``b`` ``(adapters, R, out)``: its ``s B^T`` (the LoRA scale folded in; for a group of projections that
+    read one input, block-diagonal: projection ``p``'s columns of ``R`` feed only its outputs). ``parts``, for such a
+    group, gives per projection ``(output offset, output size, its columns of R, its (adapters, r, size) block of
+    b)``: where the rows already are the blocks, each projection then multiplies only its own block.
+
+    Operations: where the rows are the blocks, one ``bmm`` for ``A`` and one ``baddbmm_`` into ``y`` per part (or
+    one for the whole ``b``); otherwise a gather of the rows into blocks, two ``bmm`` and an ``index_add_`` of the
+    results into their rows (where a block has spare slots: a gather of the results into row order and one add)."""
+    adapters, width = a.size(0), y.size(-1)
+    if blocks.in_place and y.dtype == a.dtype:
+        h = torch.bmm(x.reshape(adapters, -1, x.size(-1)), a)
+        out = y.view(adapters, -1, width)
+        if parts is None:
+            out.baddbmm_(h, b)
+        else:
+            for offset, size, columns, block in parts:
+                out[..., offset:offset + size].baddbmm_(h[..., columns], block)
+        return
+    source, slot = blocks.indices(x.device)
+    xs = x.index_select(0, source) if not blocks.in_place else x
+    h = torch.bmm(xs.reshape(adapters, -1, x.size(-1)), a)
+    delta = torch.bmm(h, b).view(adapters * blocks.size, *y.shape[1:])
+    delta = delta if delta.dtype == y.dtype else delta.to(y.dtype)
+    if blocks.in_place:
+        y.add_(delta)
+    elif blocks.full:  # every slot is a row: add each slot's result into its row
+        y.index_add_(0, source, delta)
+    else:
+        y.add_(delta.index_select(0, slot))
 
 
 class MultiAdapterBatch:
@@ -35,6 +118,8 @@ class MultiAdapterBatch:
         #: rows change (:meth:`select`, :meth:`rows`), so that a reader can tell (the lean decoding step).
         self.row_index = torch.tensor([self.adapters.index(a) if a is not None else -1 for a in row_adapters],
                                       dtype=torch.long)
+        #: The current rows as blocks per adapter (``None``: a row without adapter; the masked form then)
+        self.blocks = AdapterBlocks.of(self.row_index, len(self.adapters))
 
     def __enter__(self) -> MultiAdapterBatch:
         from peft.tuners.lora.layer import LoraLayer
@@ -70,6 +155,14 @@ class MultiAdapterBatch:
             return
         a_cat = torch.cat([layer.lora_A[a].weight for a in present], dim=0)  # (R, in)
         b_cat = torch.cat([layer.lora_B[a].weight for a in present], dim=1)  # (out, R)
+        # the block form (add_block_lora): per batch adapter its A^T and s B^T, zeros for one this layer lacks
+        rank = max(layer.lora_A[a].weight.shape[0] for a in present)
+        a_blocks = a_cat.new_zeros((len(self.adapters), a_cat.size(1), rank))
+        b_blocks = a_cat.new_zeros((len(self.adapters), rank, b_cat.size(0)))
+        for a in present:
+            i, r = self.adapters.index(a), layer.lora_A[a].weight.shape[0]
+            a_blocks[i, :, :r] = layer.lora_A[a].weight.t()
+            b_blocks[i, :r] = layer.lora_B[a].weight.t() * float(layer.scaling[a])
         columns: dict[str, slice] = {}
         start = 0
         for a in present:
@@ -85,6 +178,9 @@ class MultiAdapterBatch:
 
         def forward(x, *args, **kwargs):
             result = base(x)
+            if self.blocks is not None:
+                add_block_lora(result, x.to(a_cat.dtype), self.blocks, a_blocks, b_blocks)
+                return result
             h = F.linear(x.to(a_cat.dtype), a_cat)
             h = h * self._scales[key].unsqueeze(1) if h.dim() == 3 else h * self._scales[key]
             return result + F.linear(h, b_cat).to(result.dtype)
@@ -95,16 +191,18 @@ class MultiAdapterBatch:
     @contextlib.contextmanager
     def rows(self, rows: slice) -> Iterator[None]:
         """Within ``with``, the batch is the rows ``rows`` of the current one (a bucket of the prefill)."""
-        whole, index = self._scales, self.row_index
+        whole, index, blocks = self._scales, self.row_index, self.blocks
         self._scales = {key: scales[rows] for key, scales in whole.items()}
         self.row_index = index[rows]
+        self.blocks = AdapterBlocks.of(self.row_index, len(self.adapters))
         try:
             yield
         finally:
-            self._scales, self.row_index = whole, index
+            self._scales, self.row_index, self.blocks = whole, index, blocks
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` (indices into the current batch) from now on."""
         for key, scales in self._scales.items():
             self._scales[key] = scales.index_select(0, keep)
         self.row_index = self.row_index.index_select(0, keep.to(self.row_index.device))
+        self.blocks = AdapterBlocks.of(self.row_index, len(self.adapters))
