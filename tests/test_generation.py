@@ -25,6 +25,7 @@ from trl_multiagent.generation import (
     sample_next,
     shared_prefixes,
 )
+from trl_multiagent.generation.decoding import sampling_order
 
 from .numerics import assert_same_computation, assert_same_greedy
 from .tiny import model_terms
@@ -491,3 +492,54 @@ def test_the_decoding_loop_refuses_a_transformers_older_than_its_pin(monkeypatch
     monkeypatch.setattr(transformers, "__version__", "5.19.0")
     with pytest.raises(RuntimeError, match="decoding loop needs transformers"):
         generate_team(None, [], GenerationConfig(max_new_tokens=1))  # refused before anything is encoded
+
+
+def test_sampling_order_puts_rows_back_in_their_original_order():
+    assert sampling_order(torch.tensor([0, 1, 5])) is None
+    assert sampling_order(torch.tensor([3])) is None
+    assert sampling_order(torch.tensor([2, 0, 3, 1])).tolist() == [1, 3, 0, 2]  # rows holding 0, 1, 2, 3
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_rows_of_several_adapters_decode_sorted_by_adapter_and_sample_in_their_order(tiny_text_model, monkeypatch,
+                                                                                      lean):
+    """Rows of two adapters in mixed order (as many each) decode sorted by adapter, each adapter's rows one block the
+    LoRA deltas view in place; the sampler still sees them in their original order: a stand-in sampler that answers
+    each row with its place in the sampler's batch gives row r the token 3 + r."""
+    import trl_multiagent.generation.decoding as decoding
+
+    pool = _pool(tiny_text_model)
+    model = pool.bases["base0"].get_base_model()
+    tok = pool.tokenizer_of("aux")
+    adapters = ["aux", "main", "main", "aux", "aux", "main"]
+    prompts = [pool.encode_prompt(a, p) for a, p in zip(adapters, ("a", "bb", "ccc d", "efg hij", "k", "lm"))]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    seen_blocks = []
+    monkeypatch.setattr(decoding, "sample_next",
+                        lambda logits, *a, **k: 3 + torch.arange(logits.size(0)))
+    step_call = LeanStep.__call__
+
+    def spy(self, *args, **kwargs):
+        seen_blocks.append((self.batch.row_index.tolist(), self.batch.blocks.in_place))
+        return step_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(LeanStep, "__call__", spy)
+    with MultiAdapterBatch(model, adapters) as batch:
+        out = decode(model, ids, mask, GenerationConfig(max_new_tokens=3, do_sample=True), eos_ids=[], batch=batch,
+                     lean_step=LeanStep(model, batch) if lean else None)
+    assert out == [[3 + r] * 3 for r in range(6)]
+    if lean:  # the steps ran on the rows sorted by adapter: blocks viewed in place
+        assert seen_blocks == [([0, 0, 0, 1, 1, 1], True)] * 2
+
+
+def test_mixed_order_rows_of_several_adapters_give_each_agents_greedy_answer(tiny_text_model):
+    """Every row with an adapter, agents in mixed order (the rows sorted by adapter for the decoding steps, the
+    prefill's LoRA in blocks gathered by index): each answer is its agent's own."""
+    pool = _pool(tiny_text_model, agents=("aux", "main", "third"))
+    prompts = ["abc", "hello there", "x", "what is two plus two"]
+    requests = [GenerationRequest(a, p) for p in prompts for a in ("main", "third", "aux")]
+    out = pool.generate_many(requests, GenerationConfig(max_new_tokens=8, do_sample=False))
+    for req, gens in zip(requests, out):
+        _assert_greedy(pool, req, gens[0].completion_ids, _hf_greedy(pool, req.agent, req.prompt, 8), 8)

@@ -74,11 +74,12 @@ CASES = {
     "mixed adapters, left padding": (["a", "hello there", "what is two plus two", "x y", "abc", "longer prompt here",
                                       "z", "the last one"], ["aux", "main", "third", None, "third", "aux", None,
                                                              "main"]),
-    # every row with an adapter: the block form (one block per adapter, rows gathered into blocks of 3, 3 and 2)
+    # every row with an adapter, in mixed order: the prefill in the block form (rows gathered into blocks of 3, 3
+    # and 2), the lean step in the masked form
     "mixed adapters, every row one": (["a", "hello there", "what is two plus two", "x y", "abc", "longer prompt here",
                                        "z", "the last one"], ["aux", "main", "third", "main", "third", "aux", "aux",
                                                               "main"]),
-    # rows already in blocks (sorted by adapter, as many each): the block form on views of the rows
+    # rows already in blocks (sorted by adapter, as many each): the block form on views of the rows, in both
     "rows in adapter blocks": (["a", "hello there", "what is two", "x y", "abc", "longer prompt"],
                                ["aux", "aux", "main", "main", "third", "third"]),
 }

@@ -175,6 +175,17 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
                                                                                  position_ids))
         rows = int(expand.numel())
     live = torch.arange(rows, device=device)  # original row of each live row
+    blocks = batch.blocks if batch is not None else None
+    if blocks is not None and blocks.full and not blocks.in_place:
+        # rows of several adapters, as many each: sorted by adapter, so that each adapter's rows are one block that
+        # the LoRA deltas view in place (lora_batch.AdapterBlocks); the sampler still sees them in their original
+        # order (sampling_order), so the draws are the same
+        live = torch.argsort(batch.row_index, stable=True).to(device)
+        cache.batch_select_indices(live)
+        batch.select(live)
+        logits, input_ids, attention_mask, position_ids = (t[live] for t in (logits, input_ids, attention_mask,
+                                                                             position_ids))
+    order = sampling_order(live)
     completions: list[list[int]] = [[] for _ in range(rows)]
     need_seen = config.repetition_penalty not in (None, 1.0)
     # the ids a repetition penalty looks at; padding repeats the row's last prompt token (a repeat changes nothing)
@@ -183,7 +194,12 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     mask = attention_mask
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     for step in range(max_new):
-        tokens = sample_next(logits, config, seen, step, eos_ids)
+        if order is None:
+            tokens = sample_next(logits, config, seen, step, eos_ids)
+        else:  # drawn in the rows' original order, put back in the batch's
+            tokens = torch.empty_like(live)
+            tokens[order] = sample_next(logits[order], config, seen[order] if seen is not None else None, step,
+                                        eos_ids)
         for row, token in zip(live.tolist(), tokens.tolist()):
             completions[row].append(token)
         if eos is not None:
@@ -197,6 +213,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
             keep = (~finished).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             live, tokens, mask, next_pos, finished = live[keep], tokens[keep], mask[keep], next_pos[keep], finished[keep]
+            order = sampling_order(live)
             seen = seen[keep] if seen is not None else None
             if batch is not None:
                 batch.select(keep)
@@ -210,6 +227,14 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         next_pos = next_pos + 1
     eos_set = set(eos_ids)
     return [through_first_eos(comp, eos_set) for comp in completions]
+
+
+def sampling_order(live: torch.Tensor) -> torch.Tensor | None:
+    """The batch's rows in their original order (``live``: each row's original index), for the sampler; ``None``
+    where they already are."""
+    if live.numel() < 2 or bool((live[1:] > live[:-1]).all()):
+        return None
+    return torch.argsort(live)
 
 
 def through_first_eos(ids: list[int], eos_ids: set[int]) -> list[int]:

@@ -7,14 +7,15 @@ read (``benchmarks/decode_step.py``). :class:`LeanStep` computes the same step w
 
 1. RMSNorm (``F.rms_norm``);
 2. ONE matmul for q, k and v, against their frozen weights concatenated (reordered for oneDNN on the CPU);
-3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`). Where every row has an
-   adapter, in the block form (:func:`~.lora_batch.add_block_lora`): the rows as one block per adapter (gathered, or
-   viewed where they already are blocks), one batched matmul with each adapter's A matrices of q, k and v side by
-   side and one with its scaled B matrices (block-diagonal over the projections; per projection where the rows are
-   viewed), the results added into their rows: each row computes its own adapter only. Otherwise (a row on the
-   plain base) in the masked form: one matmul with the A matrices of q, k and v of every adapter stacked, a per-row
-   scale that keeps only each row's own adapter (its LoRA scale on its adapter's columns, zeros elsewhere), then per
-   projection one matmul with its adapters' B matrices, added into its columns of the output;
+3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`). Where the rows already are
+   one block per adapter (one agent's rows; :class:`~.lora_batch.AdapterBlocks` ``in_place``), in the block form
+   (:func:`~.lora_batch.add_block_lora`): the rows viewed as blocks, one batched matmul with each adapter's A
+   matrices of q, k and v side by side, then per projection one with its scaled B matrices, added into its columns:
+   each row computes its own adapter only. Otherwise in the masked form (at a decoding step's few rows, gathering
+   rows of several adapters into blocks costs more than it saves: ``benchmarks/lora_blocks.py``): one matmul with
+   the A matrices of q, k and v of every adapter stacked, a per-row scale that keeps only each row's own adapter (its
+   LoRA scale on its adapter's columns, zeros elsewhere), then per projection one matmul with its adapters' B
+   matrices, added into its columns of the output;
 4. the rotary embedding of q and k, from a table of cos / sin that the model's own rotary module computes;
 5. the new key and value written in place into the preallocated cache (:mod:`.kv_cache`);
 6. attention of each row's query over its cache with the padding mask, ``scaled_dot_product_attention`` for few rows,
@@ -393,7 +394,11 @@ class LeanStep:
         blocks = None
         if self.batch is not None:
             self._check_rows(rows)
-            blocks = self.batch.blocks  # every row has an adapter: each row computes only its own (block form)
+            # the block form where the rows already are blocks (one agent's rows; rows sorted by adapter); rows of
+            # several adapters in mixed order keep the masked form: at a decoding step's few rows, gathering them
+            # into blocks and the block-diagonal B cost more than the other adapters' columns
+            # (benchmarks/lora_blocks.py, "decode_layer")
+            blocks = self.batch.blocks if self.batch.blocks is not None and self.batch.blocks.in_place else None
         x = F.embedding(tokens, self.embed)
         padding = None
         if padded > rows:  # zero rows after the real ones, through the frozen matmuls only (not the LoRA ones)

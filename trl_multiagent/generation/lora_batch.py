@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-
 #: Whether batches whose rows all have an adapter compute their LoRA deltas in the block form (:class:`AdapterBlocks`);
 #: ``False`` keeps the masked form for every batch (``benchmarks/lora_blocks.py`` times the two against each other).
 BLOCK_FORM = True
