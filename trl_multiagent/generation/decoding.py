@@ -7,7 +7,10 @@ buckets, :func:`prefill_buckets`), then one token per step with a preallocated K
 as they accumulate; the next token comes from the sampler (:func:`~trl_multiagent.generation.sampling.sample_next`).
 The one-token steps run through the model's forward, or, for a Llama-architecture base, through the lean step
 (:class:`~trl_multiagent.generation.lean_step.LeanStep`, ``lean_step``), which computes them with few operations.
-A mixed batch of LoRA adapters (:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`) follows the rows.
+A mixed batch of LoRA adapters (:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`) follows the rows;
+where several adapters have as many rows each, the decoding steps run on the rows sorted by adapter (each adapter's
+rows one block, :class:`~trl_multiagent.generation.lora_batch.AdapterBlocks`), and the sampler draws in the rows'
+original order (:func:`sampling_order`), so the samples do not depend on the sort.
 
 :data:`SUPPORTED_OPTIONS` are the GenerationConfig options the loop implements (:func:`unsupported_options`).
 """
