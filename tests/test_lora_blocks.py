@@ -88,3 +88,22 @@ def test_a_group_of_projections_adds_each_projections_delta_into_its_columns(row
         got = y.clone()
         add_block_lora(got, x, blocks, a, b, parts if use_parts else None)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_in_blocks_add_into_an_output_that_is_not_contiguous():
+    """An output that is columns of a wider tensor (as the lean step's groups add into their projections' columns):
+    the deltas land in that memory, and only there."""
+    torch.manual_seed(2)
+    row_index = torch.tensor([0, 0, 1, 1])
+    a_list = [torch.randn(2, 3, dtype=torch.float64) for _ in range(2)]
+    b_list = [torch.randn(4, 2, dtype=torch.float64) for _ in range(2)]
+    a = torch.stack([m.t() for m in a_list])
+    b = torch.stack([m.t() for m in b_list])
+    x = torch.randn(4, 3, dtype=torch.float64)
+    wide = torch.randn(4, 6, dtype=torch.float64)
+    expected = _expected(wide[:, 1:5], x, row_index, a_list, b_list, [1.0, 1.0])
+    outside = wide[:, [0, 5]].clone()
+    add_block_lora(wide[:, 1:5], x, AdapterBlocks.of(row_index, 2), a, b)
+    torch.testing.assert_close(wide[:, 1:5], expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(wide[:, [0, 5]], outside)
+

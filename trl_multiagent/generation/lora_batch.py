@@ -70,7 +70,7 @@ def add_block_lora(y: torch.Tensor, x: torch.Tensor, blocks: AdapterBlocks, a: t
                    parts: list[tuple[int, int, slice, torch.Tensor]] | None = None) -> None:
     """``y += `` every row's LoRA delta by its own adapter only: ``(x A_i^T)(s_i B_i)^T`` for a row of adapter ``i``.
 
-    ``x`` ``(rows, ..., in)``, ``y`` ``(rows, ..., out)`` (contiguous); ``a`` ``(adapters, in, R)``: each adapter's
+    ``x`` ``(rows, ..., in)``, ``y`` ``(rows, ..., out)``; ``a`` ``(adapters, in, R)``: each adapter's
     ``A^T``; ``b`` ``(adapters, R, out)``: its ``s B^T`` (the LoRA scale folded in; for a group of projections that
     read one input, block-diagonal: projection ``p``'s columns of ``R`` feed only its outputs). ``parts``, for such a
     group, gives per projection ``(output offset, output size, its columns of R, its (adapters, r, size) block of
@@ -80,7 +80,7 @@ def add_block_lora(y: torch.Tensor, x: torch.Tensor, blocks: AdapterBlocks, a: t
     one for the whole ``b``); otherwise a gather of the rows into blocks, two ``bmm`` and an ``index_add_`` of the
     results into their rows (where a block has spare slots: a gather of the results into row order and one add)."""
     adapters, width = a.size(0), y.size(-1)
-    if blocks.in_place and y.dtype == a.dtype:
+    if blocks.in_place and y.dtype == a.dtype and y.is_contiguous():  # y viewed as blocks, added into in place
         h = torch.bmm(x.reshape(adapters, -1, x.size(-1)), a)
         out = y.view(adapters, -1, width)
         if parts is None:
