@@ -526,12 +526,18 @@ def test_rows_of_several_adapters_decode_sorted_by_adapter_and_sample_in_their_o
         return step_call(self, *args, **kwargs)
 
     monkeypatch.setattr(LeanStep, "__call__", spy)
+    import trl_multiagent.generation.lean_step as lean_step
+
+    block_calls = []
+    add_block_lora = lean_step.add_block_lora
+    monkeypatch.setattr(lean_step, "add_block_lora", lambda *a, **k: block_calls.append(1) or add_block_lora(*a, **k))
     with MultiAdapterBatch(model, adapters) as batch:
         out = decode(model, ids, mask, GenerationConfig(max_new_tokens=3, do_sample=True), eos_ids=[], batch=batch,
                      lean_step=LeanStep(model, batch) if lean else None)
     assert out == [[3 + r] * 3 for r in range(6)]
-    if lean:  # the steps ran on the rows sorted by adapter: blocks viewed in place
+    if lean:  # the steps ran on the rows sorted by adapter, their LoRA in blocks viewed in place (2 steps x 4 groups x each layer)
         assert seen_blocks == [([0, 0, 0, 1, 1, 1], True)] * 2
+        assert len(block_calls) == 2 * 4 * model.config.num_hidden_layers
 
 
 def test_mixed_order_rows_of_several_adapters_give_each_agents_greedy_answer(tiny_text_model):

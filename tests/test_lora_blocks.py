@@ -47,19 +47,20 @@ def test_block_lora_is_each_rows_own_adapter(row_index, middle):
     scale = [0.5, 2.0, 1.5]
     a = torch.stack([m.t() for m in a_list])
     b = torch.stack([s * m.t() for s, m in zip(scale, b_list)])
+    parts = [(0, d_out, slice(0, rank), b)]
     x = torch.randn(len(row_index), *middle, d_in, dtype=torch.float64)
     y = torch.randn(len(row_index), *middle, d_out, dtype=torch.float64)
     expected = _expected(y, x, row_index, a_list, b_list, scale)
     got = y.clone()
     blocks = AdapterBlocks.of(row_index, n)
-    add_block_lora(got, x, blocks, a, b)
+    add_block_lora(got, x, blocks, a, parts)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("row_index", [[0, 0, 1, 1], [1, 0, 0, 1, 1]])
+@pytest.mark.parametrize("row_index", [[0, 0, 1, 1], [1, 0, 0, 1, 1], [1, 0, 1, 0]])
 def test_a_group_of_projections_adds_each_projections_delta_into_its_columns(row_index):
-    """q (4 outputs, rank 2) and v (3 outputs, rank 1) read one input: A side by side, B block-diagonal; the parts
-    (each projection's own block) serve rows that are already blocks."""
+    """q (4 outputs, rank 2) and v (3 outputs, rank 1) read one input: their A side by side, each its own B block
+    (rows already blocks; rows gathered with spare slots; rows gathered, every slot a row)."""
     torch.manual_seed(1)
     row_index = torch.tensor(row_index)
     n, d_in = 2, 5
@@ -69,13 +70,12 @@ def test_a_group_of_projections_adds_each_projections_delta_into_its_columns(row
     scale = [3.0, 0.25]
     width, total = sum(o for o, _ in shapes), sum(r for _, r in shapes)
     a = torch.zeros(n, d_in, total, dtype=torch.float64)
-    b = torch.zeros(n, total, width, dtype=torch.float64)
     parts, first, offset = [], 0, 0
     for p, (o, r) in enumerate(shapes):
+        block = torch.stack([scale[i] * b_q[p][i].t() for i in range(n)])
         for i in range(n):
             a[i, :, first:first + r] = a_q[p][i].t()
-            b[i, first:first + r, offset:offset + o] = scale[i] * b_q[p][i].t()
-        parts.append((offset, o, slice(first, first + r), b[:, first:first + r, offset:offset + o].contiguous()))
+        parts.append((offset, o, slice(first, first + r), block))
         first, offset = first + r, offset + o
     x = torch.randn(len(row_index), d_in, dtype=torch.float64)
     y = torch.randn(len(row_index), width, dtype=torch.float64)
@@ -83,11 +83,9 @@ def test_a_group_of_projections_adds_each_projections_delta_into_its_columns(row
     for r, i in enumerate(row_index.tolist()):
         expected[r, :4] += scale[i] * (x[r] @ a_q[0][i].t()) @ b_q[0][i].t()
         expected[r, 4:] += scale[i] * (x[r] @ a_q[1][i].t()) @ b_q[1][i].t()
-    blocks = AdapterBlocks.of(row_index, n)
-    for use_parts in (True, False):
-        got = y.clone()
-        add_block_lora(got, x, blocks, a, b, parts if use_parts else None)
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    got = y.clone()
+    add_block_lora(got, x, AdapterBlocks.of(row_index, n), a, parts)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_rows_in_blocks_add_into_an_output_that_is_not_contiguous():
@@ -98,12 +96,12 @@ def test_rows_in_blocks_add_into_an_output_that_is_not_contiguous():
     a_list = [torch.randn(2, 3, dtype=torch.float64) for _ in range(2)]
     b_list = [torch.randn(4, 2, dtype=torch.float64) for _ in range(2)]
     a = torch.stack([m.t() for m in a_list])
-    b = torch.stack([m.t() for m in b_list])
+    parts = [(0, 4, slice(0, 2), torch.stack([m.t() for m in b_list]))]
     x = torch.randn(4, 3, dtype=torch.float64)
     wide = torch.randn(4, 6, dtype=torch.float64)
     expected = _expected(wide[:, 1:5], x, row_index, a_list, b_list, [1.0, 1.0])
     outside = wide[:, [0, 5]].clone()
-    add_block_lora(wide[:, 1:5], x, AdapterBlocks.of(row_index, 2), a, b)
+    add_block_lora(wide[:, 1:5], x, AdapterBlocks.of(row_index, 2), a, parts)
     torch.testing.assert_close(wide[:, 1:5], expected, rtol=1e-12, atol=1e-12)
     assert torch.equal(wide[:, [0, 5]], outside)
 

@@ -7,15 +7,15 @@ read (``benchmarks/decode_step.py``). :class:`LeanStep` computes the same step w
 
 1. RMSNorm (``F.rms_norm``);
 2. ONE matmul for q, k and v, against their frozen weights concatenated (reordered for oneDNN on the CPU);
-3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`). Where the rows already are
-   one block per adapter (one agent's rows; :class:`~.lora_batch.AdapterBlocks` ``in_place``), in the block form
-   (:func:`~.lora_batch.add_block_lora`): the rows viewed as blocks, one batched matmul with each adapter's A
-   matrices of q, k and v side by side, then per projection one with its scaled B matrices, added into its columns:
-   each row computes its own adapter only. Otherwise in the masked form (at a decoding step's few rows, gathering
-   rows of several adapters into blocks costs more than it saves: ``benchmarks/lora_blocks.py``): one matmul with
-   the A matrices of q, k and v of every adapter stacked, a per-row scale that keeps only each row's own adapter (its
-   LoRA scale on its adapter's columns, zeros elsewhere), then per projection one matmul with its adapters' B
-   matrices, added into its columns of the output;
+3. the LoRA deltas of a mixed-adapter batch (:class:`~.lora_batch.MultiAdapterBatch`). Where the rows of several
+   adapters already are one block per adapter (:class:`~.lora_batch.AdapterBlocks` ``in_place``: the decoding loop
+   sorts them so), in the block form (:func:`~.lora_batch.add_block_lora`): the rows viewed as blocks, one batched
+   matmul with each adapter's A matrices of q, k and v side by side, then per projection one with its scaled B
+   matrices, added into its columns: each row computes its own adapter only. Otherwise (one adapter; rows in mixed
+   order, where gathering them into blocks costs about what it saves at a decoding step's few rows:
+   ``benchmarks/lora_blocks.py``) in the masked form: one matmul with the A matrices of q, k and v of every adapter
+   stacked, a per-row scale that keeps only each row's own adapter (its LoRA scale on its adapter's columns, zeros
+   elsewhere), then per projection one matmul with its adapters' B matrices, added into its columns of the output;
 4. the rotary embedding of q and k, from a table of cos / sin that the model's own rotary module computes;
 5. the new key and value written in place into the preallocated cache (:mod:`.kv_cache`);
 6. attention of each row's query over its cache with the padding mask, ``scaled_dot_product_attention`` for few rows,
@@ -222,20 +222,18 @@ class _Lora:
 
     def _blocks_form(self, by_adapter: list, adapters: int) -> None:
         """The matrices of :func:`~.lora_batch.add_block_lora`: per adapter its A^T of every projection side by side
-        ``(adapters, in, R)`` and its scaled B^T block-diagonal ``(adapters, R, width)`` (zeros where an adapter
-        lacks a projection), and each projection's own block of the latter."""
+        ``(adapters, in, R)``, and per projection its adapters' scaled B^T ``(adapters, r, size)`` (zeros where an
+        adapter lacks the projection or has a smaller rank)."""
         ranks = [max(a.size(0) for a, _ in mine.values()) for *_, mine in by_adapter]
-        total = sum(ranks)
-        self.a_blocks = self.a.new_zeros((adapters, self.a.size(1), total))
-        self.b_blocks = self.a.new_zeros((adapters, total, self.width))
+        self.a_blocks = self.a.new_zeros((adapters, self.a.size(1), sum(ranks)))
         self.parts = []
         first = 0
         for (offset, size, mine), rank in zip(by_adapter, ranks):
+            block = self.a.new_zeros((adapters, rank, size))
             for index, (a, sbt) in mine.items():
                 self.a_blocks[index, :, first:first + a.size(0)] = a.t()
-                self.b_blocks[index, first:first + a.size(0), offset:offset + size] = sbt
-            self.parts.append((offset, size, slice(first, first + rank),
-                               self.b_blocks[:, first:first + rank, offset:offset + size].contiguous()))
+                block[index, :a.size(0)] = sbt
+            self.parts.append((offset, size, slice(first, first + rank), block))
             first += rank
 
     def scales(self, row_index: torch.Tensor) -> torch.Tensor:
@@ -253,7 +251,7 @@ class _Lora:
         try:
             if blocks is not None:
                 add_block_lora(y, x if x.dtype == self.a.dtype else x.to(self.a.dtype), blocks, self.a_blocks,
-                               self.b_blocks, self.parts if len(self.parts) > 1 else None)
+                               self.parts)
                 return
             h = F.linear(x if x.dtype == self.a.dtype else x.to(self.a.dtype), self.a)
             h.mul_(scales)
@@ -394,11 +392,13 @@ class LeanStep:
         blocks = None
         if self.batch is not None:
             self._check_rows(rows)
-            # the block form where the rows already are blocks (one agent's rows; rows sorted by adapter); rows of
-            # several adapters in mixed order keep the masked form: at a decoding step's few rows, gathering them
-            # into blocks and the block-diagonal B cost more than the other adapters' columns
-            # (benchmarks/lora_blocks.py, "decode_layer")
-            blocks = self.batch.blocks if self.batch.blocks is not None and self.batch.blocks.in_place else None
+            # the block form where the rows of several adapters already are blocks (sorted by adapter, as the
+            # decoding loop sorts them); rows in mixed order keep the masked form (at a decoding step's few rows,
+            # gathering them into blocks and back costs about what the other adapters' columns cost), and so do one
+            # adapter's rows (no other columns to skip; the batched matmuls were no faster): benchmarks/lora_blocks.py,
+            # "decode_layer"
+            found = self.batch.blocks
+            blocks = found if found is not None and found.in_place and found.adapters > 1 else None
         x = F.embedding(tokens, self.embed)
         padding = None
         if padded > rows:  # zero rows after the real ones, through the frozen matmuls only (not the LoRA ones)

@@ -66,33 +66,35 @@ class AdapterBlocks:
         return found
 
 
-def add_block_lora(y: torch.Tensor, x: torch.Tensor, blocks: AdapterBlocks, a: torch.Tensor, b: torch.Tensor,
-                   parts: list[tuple[int, int, slice, torch.Tensor]] | None = None) -> None:
+def add_block_lora(y: torch.Tensor, x: torch.Tensor, blocks: AdapterBlocks, a: torch.Tensor,
+                   parts: list[tuple[int, int, slice, torch.Tensor]]) -> None:
     """``y += `` every row's LoRA delta by its own adapter only: ``(x A_i^T)(s_i B_i)^T`` for a row of adapter ``i``.
 
-    ``x`` ``(rows, ..., in)``, ``y`` ``(rows, ..., out)``; ``a`` ``(adapters, in, R)``: each adapter's
-    ``A^T``; ``b`` ``(adapters, R, out)``: its ``s B^T`` (the LoRA scale folded in; for a group of projections that
-    read one input, block-diagonal: projection ``p``'s columns of ``R`` feed only its outputs). ``parts``, for such a
-    group, gives per projection ``(output offset, output size, its columns of R, its (adapters, r, size) block of
-    b)``: where the rows already are the blocks, each projection then multiplies only its own block.
+    ``x`` ``(rows, ..., in)``, ``y`` ``(rows, ..., out)``; ``a`` ``(adapters, in, R)``: each adapter's ``A^T`` (for a
+    group of projections that read one input, theirs side by side); ``parts``: per projection ``(output offset,
+    output size, its columns of R, its (adapters, r, size) s B^T)``, the LoRA scale folded in.
 
-    Operations: where the rows are the blocks, one ``bmm`` for ``A`` and one ``baddbmm_`` into ``y`` per part (or
-    one for the whole ``b``); otherwise a gather of the rows into blocks, two ``bmm`` and an ``index_add_`` of the
-    results into their rows (where a block has spare slots: a gather of the results into row order and one add)."""
+    Operations: where the rows are the blocks, one ``bmm`` for ``A`` and one ``baddbmm_`` per projection into its
+    columns of ``y`` viewed as blocks; otherwise a gather of the rows into blocks, the same matmuls into a buffer, and
+    an ``index_add_`` of the results into their rows (where a block has spare slots: a gather of the results into row
+    order and one add)."""
     adapters, width = a.size(0), y.size(-1)
-    if blocks.in_place and y.dtype == a.dtype and y.is_contiguous():  # y viewed as blocks, added into in place
-        h = torch.bmm(x.reshape(adapters, -1, x.size(-1)), a)
-        out = y.view(adapters, -1, width)
-        if parts is None:
-            out.baddbmm_(h, b)
-        else:
-            for offset, size, columns, block in parts:
-                out[..., offset:offset + size].baddbmm_(h[..., columns], block)
-        return
-    source, slot = blocks.indices(x.device)
-    xs = x.index_select(0, source) if not blocks.in_place else x
+    viewed = blocks.in_place and y.dtype == a.dtype and y.is_contiguous()
+    source, slot = blocks.indices(x.device) if not blocks.in_place else (None, None)
+    xs = x if blocks.in_place else x.index_select(0, source)
     h = torch.bmm(xs.reshape(adapters, -1, x.size(-1)), a)
-    delta = torch.bmm(h, b).view(adapters * blocks.size, *y.shape[1:])
+    if viewed:  # y viewed as blocks, added into in place
+        out = y.view(adapters, -1, width)
+        for offset, size, columns, block in parts:
+            out[..., offset:offset + size].baddbmm_(h[..., columns], block)
+        return
+    if len(parts) == 1 and parts[0][1] == width:
+        delta = torch.bmm(h[..., parts[0][2]], parts[0][3])
+    else:
+        delta = h.new_zeros((adapters, h.size(1), width))
+        for offset, size, columns, block in parts:
+            delta[..., offset:offset + size].baddbmm_(h[..., columns], block)
+    delta = delta.view(adapters * blocks.size, *y.shape[1:])
     delta = delta if delta.dtype == y.dtype else delta.to(y.dtype)
     if blocks.in_place:
         y.add_(delta)
@@ -162,6 +164,7 @@ class MultiAdapterBatch:
             i, r = self.adapters.index(a), layer.lora_A[a].weight.shape[0]
             a_blocks[i, :, :r] = layer.lora_A[a].weight.t()
             b_blocks[i, :r] = layer.lora_B[a].weight.t() * float(layer.scaling[a])
+        parts = [(0, b_cat.size(0), slice(0, rank), b_blocks)]
         columns: dict[str, slice] = {}
         start = 0
         for a in present:
@@ -178,7 +181,7 @@ class MultiAdapterBatch:
         def forward(x, *args, **kwargs):
             result = base(x)
             if self.blocks is not None:
-                add_block_lora(result, x.to(a_cat.dtype), self.blocks, a_blocks, b_blocks)
+                add_block_lora(result, x.to(a_cat.dtype), self.blocks, a_blocks, parts)
                 return result
             h = F.linear(x.to(a_cat.dtype), a_cat)
             h = h * self._scales[key].unsqueeze(1) if h.dim() == 3 else h * self._scales[key]
