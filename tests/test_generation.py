@@ -404,7 +404,7 @@ def test_packed_training_gives_the_loss_and_lora_gradients_of_f_linear(tiny_text
     transposed = []
     original = frozen_weights.packed_transposed
     monkeypatch.setattr(frozen_weights, "packed_transposed",
-                        lambda module, weight: transposed.append(module) or original(module, weight))
+                        lambda module, weight, *dtype: transposed.append(module) or original(module, weight, *dtype))
     ids = torch.tensor([pool.encode_prompt("aux", "what is two plus two"), pool.encode_prompt("aux", "hi there, ab cd efgh")])
     results = {}
     for packs in (False, True):

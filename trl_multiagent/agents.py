@@ -42,7 +42,9 @@ from .generation import (  # noqa: F401  (Generation and GenerationRequest are r
     GenerationRequest,
     PackedFrozenLinears,
     Prompt,
+    bfloat16_matmuls_available,
     dense_weight_bytes,
+    frozen_matmul_torch_dtype,
     generate_team,
     lean_support,
     packed_weight_bytes,
@@ -110,11 +112,26 @@ class AgentPool(nn.Module):
             (:data:`LEAN_DECODE`): ``"auto"``: on every base it supports (Llama architecture; the others fall back,
             logged); ``"always"``: the same, and a base it does not support is an error; ``"never"``
             (:meth:`lean_decodes`).
+        frozen_matmul_dtype: the dtype of the packed copies of the frozen linears
+            (:data:`~trl_multiagent.generation.frozen_weights.FROZEN_MATMUL_DTYPES`): ``"float32"``, or
+            ``"bfloat16"`` (rounded copies, oneDNN's bfloat16 kernels; generation and the teacher-forced passes
+            alike). ``"bfloat16"`` needs both to pack (a float32 base on a CPU with oneDNN bfloat16 matmuls,
+            ``packed_weights`` not ``never``, memory for the copies): otherwise an error when the base loads, never
+            a silent float32 (:meth:`frozen_dtype_of`).
     """
 
     def __init__(self, specs: Sequence[AgentSpec], dtype: str = "auto", critics: Sequence[CriticSpec] = (),
-                 dense_copy: str = "auto", packed_weights: str = "auto", lean_decode: str = "auto"):
+                 dense_copy: str = "auto", packed_weights: str = "auto", lean_decode: str = "auto",
+                 frozen_matmul_dtype: str = "float32"):
         super().__init__()
+        self._frozen_dtype = frozen_matmul_torch_dtype(frozen_matmul_dtype)
+        if self._frozen_dtype != torch.float32 and packed_weights == "never":
+            raise ValueError("frozen_matmul_dtype 'bfloat16' computes with packed copies: packed_weights must not be "
+                             "'never'")
+        if self._frozen_dtype != torch.float32 and not bfloat16_matmuls_available():
+            raise ValueError("frozen_matmul_dtype 'bfloat16' needs oneDNN's bfloat16 matmuls, which this CPU or torch "
+                             "build does not offer (torch.ops.mkldnn._is_mkldnn_bf16_supported() is False); use "
+                             "'float32'")
         if dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
         if packed_weights not in PACKED_WEIGHTS:
@@ -363,7 +380,8 @@ class AgentPool(nn.Module):
         key = self._adapter_base[adapter]
         if not self.packs_training(key):
             return contextlib.nullcontext()
-        return PackedFrozenLinears(self.bases[key].get_base_model(), differentiable=True)
+        return PackedFrozenLinears(self.bases[key].get_base_model(), differentiable=True,
+                                   dtype=self.frozen_dtype_of(key))
 
     def packs_training(self, base_key: str) -> bool:
         """Whether the forward passes through :meth:`forward` (the teacher-forced passes of the losses, behaviour
@@ -472,16 +490,25 @@ class AgentPool(nn.Module):
                         "a de-quantised copy of its 4-bit weights" if decision else "its 4-bit weights",
                         needed / 2**20)
         self._dense[base_key] = decision
-        packed = packed_weight_bytes(model)
+        packed = packed_weight_bytes(model, self._frozen_dtype)
         self._packed[base_key] = _decide_copy(self.packed_weights, packed, total)
         # the teacher-forced passes: packed copies of the layers generation packs in concatenations, and of every
         # transposed weight (the input's gradient), besides generation's: up to three copies in all
         self._packed_training[base_key] = self._packed[base_key] and _decide_copy(self.packed_weights, 3 * packed,
                                                                                    total)
+        if self._frozen_dtype != torch.float32 and not self._packed_training[base_key]:
+            raise ValueError(
+                f"frozen_matmul_dtype 'bfloat16': base {base_key} ({self.base_sources[base_key][0]}) cannot compute "
+                "with packed bfloat16 copies in generation and training ("
+                + ("they apply to float32 bases on the CPU only" if not packed else
+                   f"three copies take {3 * packed / 2**20:.0f} MiB, more than a quarter of the device's memory; "
+                   "packed_weights 'always' makes them anyway") + "); use frozen_matmul_dtype 'float32'")
         if packed:
             logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB); its teacher-forced "
                         "passes compute %s", base_key,
-                        "with oneDNN-packed frozen weights" if self._packed[base_key] else "with F.linear",
+                        ("with oneDNN-packed frozen weights" + ("" if self._frozen_dtype == torch.float32 else
+                                                                " in bfloat16")) if self._packed[base_key]
+                        else "with F.linear",
                         packed / 2**20, "with packed weights (up to three copies)" if self._packed_training[base_key]
                         else "with F.linear")
 
@@ -503,6 +530,16 @@ class AgentPool(nn.Module):
         (:class:`~trl_multiagent.generation.lean_step.LeanStep`) rather than transformers' forward (decided once,
         when the pool is built: ``lean_decode`` and :func:`~trl_multiagent.generation.lean_step.lean_support`)."""
         return self._lean.get(base_key, False)
+
+    @property
+    def frozen_matmul_dtype(self) -> torch.dtype:
+        """The dtype asked for the packed frozen copies (``frozen_matmul_dtype``); per base: :meth:`frozen_dtype_of`."""
+        return self._frozen_dtype
+
+    def frozen_dtype_of(self, base_key: str) -> torch.dtype:
+        """The dtype base ``base_key``'s packed frozen copies compute in, in generation and in the teacher-forced
+        passes (``frozen_matmul_dtype``; float32 where the base does not pack)."""
+        return self._frozen_dtype if self.packs_weights(base_key) else torch.float32
 
     def packs_weights(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights

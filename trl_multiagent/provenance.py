@@ -79,7 +79,7 @@ def kernel_record() -> dict[str, Any]:
 
 def pool_paths(pool) -> dict[str, dict[str, Any]]:
     """Per base of an :class:`~trl_multiagent.agents.AgentPool`: its model, dtype, quantization, whether it computes
-    with a de-quantised copy, whether generation uses packed weights, whether its decoding steps run through the lean
+    with a de-quantised copy, whether generation uses packed weights (and their ``frozen_matmul_dtype``), whether its decoding steps run through the lean
     step (``lean_decode``) or transformers' forward, and the generation backend."""
     paths = {}
     for key, base in getattr(pool, "bases", {}).items():  # a stand-in pool of the tests has no bases
@@ -91,6 +91,8 @@ def pool_paths(pool) -> dict[str, dict[str, Any]]:
             "dense_copy": pool.dense_copy_of(key),
             "packed_weights": pool.packs_weights(key),
             "packed_training": pool.packs_training(key),
+            "frozen_matmul_dtype": str(pool.frozen_dtype_of(key)).removeprefix("torch.")
+            if hasattr(pool, "frozen_dtype_of") else "float32",
             "lean_decode": pool.lean_decodes(key),
             "generation": "vllm" if pool.generation_backend is not None else "pool",
         }

@@ -8,7 +8,8 @@ above it in this list, and nothing of the library but :mod:`trl_multiagent.paddi
 * :mod:`.requests`: the :data:`Prompt` type, :class:`GenerationRequest` (one prompt of one agent) and
   :class:`Generation` (one sampled response);
 * :mod:`.frozen_weights`: the de-quantised copy of a 4-bit base's frozen weights (:func:`use_dense_copy`) and the
-  oneDNN-packed copy of frozen float32 linears on the CPU (:class:`PackedFrozenLinears`, ``PACK_MIN_WEIGHTS``);
+  oneDNN-packed copy of frozen float32 linears on the CPU (:class:`PackedFrozenLinears`, ``PACK_MIN_WEIGHTS``), in
+  float32 or bfloat16 (:data:`FROZEN_MATMUL_DTYPES`, ``frozen_matmul_dtype``);
 * :mod:`.lora_batch`: :class:`MultiAdapterBatch`, one forward pass for rows of several LoRA adapters;
 * :mod:`.lean_step`: :class:`LeanStep`, the one-token decoding step of a Llama-architecture base computed without
   transformers' forward (few operations per layer), and :func:`lean_support` (which bases it applies to);
@@ -34,9 +35,12 @@ there: ``generation.frozen_weights.PACK_MIN_WEIGHTS``, ``generation.decoding.PRE
 
 from .decoding import SUPPORTED_OPTIONS, decode, prefill_buckets, unsupported_options
 from .frozen_weights import (
+    FROZEN_MATMUL_DTYPES,
     PackedFrozenLinears,
+    bfloat16_matmuls_available,
     dense_weight_bytes,
     dequantized_weight,
+    frozen_matmul_torch_dtype,
     packed_weight_bytes,
     packing_available,
     use_dense_copy,
@@ -55,7 +59,10 @@ __all__ = [
     "GenerationRequest",
     "LeanStep",
     "MultiAdapterBatch",
+    "FROZEN_MATMUL_DTYPES",
     "PackedFrozenLinears",
+    "bfloat16_matmuls_available",
+    "frozen_matmul_torch_dtype",
     "Prompt",
     "check_transformers_for_decode",
     "decode",

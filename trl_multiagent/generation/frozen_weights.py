@@ -4,12 +4,16 @@
   :class:`~trl_multiagent.agents.AgentPool`): the numbers are those of the 4-bit matmul, which de-quantises the same
   weights at every call, in generation and training alike, without de-quantising at every call;
 * :class:`PackedFrozenLinears`: on the CPU, frozen float32 linears compute with their weight reordered once into
-  oneDNN's blocked layout, instead of re-packing it at every call (generation only).
+  oneDNN's blocked layout, instead of re-packing it at every call; in float32, or, with ``frozen_matmul_dtype``
+  bfloat16 (:data:`FROZEN_MATMUL_DTYPES`), from bfloat16 copies (weights, the matmul's input and its output rounded to
+  bfloat16, float32 accumulation), the same copies in generation and in the teacher-forced passes.
 
 :func:`dense_weight_bytes` and :func:`packed_weight_bytes` say what each copy costs, for the pool's memory check.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -58,12 +62,42 @@ def use_dense_copy(model: torch.nn.Module) -> int:
     return count
 
 
-def packed_weight_bytes(model: torch.nn.Module) -> int:
-    """Memory the packed copies of :class:`PackedFrozenLinears` take (0 where packing does not apply)."""
+#: The dtypes the frozen linears' packed copies can compute in (``frozen_matmul_dtype``): ``float32``, the weights as
+#: they are; ``bfloat16``: the weights rounded to bfloat16 once, and each frozen matmul's input and output rounded to
+#: bfloat16 around oneDNN's bfloat16 kernel (float32 accumulation), forward and backward. LoRA, attention, norms,
+#: the residual stream and the loss stay float32.
+FROZEN_MATMUL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def frozen_matmul_torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``frozen_matmul_dtype`` name (:data:`FROZEN_MATMUL_DTYPES`); a clear error otherwise."""
+    if name not in FROZEN_MATMUL_DTYPES:
+        raise ValueError(f"frozen_matmul_dtype must be one of {sorted(FROZEN_MATMUL_DTYPES)}, got {name!r}")
+    return FROZEN_MATMUL_DTYPES[name]
+
+
+@functools.cache
+def bfloat16_matmuls_available() -> bool:
+    """Whether oneDNN computes packed bfloat16 matmuls on this CPU: tried once on a small matrix (its reorder needs
+    AVX512-BW/VL/DQ or AVX-NE-CONVERT, and ``_is_mkldnn_bf16_supported`` does not see an ISA capped by
+    ``ONEDNN_MAX_CPU_ISA``)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=torch.bfloat16), 4)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(4, 16, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool((out == 16).all())
+
+
+def packed_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Memory one set of the packed copies of :class:`PackedFrozenLinears` takes in ``dtype`` (0 where packing does
+    not apply)."""
     if not packing_available(model):
         return 0
     weights = {w.data_ptr(): w.numel() for m in model.modules() if (w := PackedFrozenLinears.frozen_weight(m)) is not None}
-    return 4 * sum(weights.values())
+    return torch.empty((), dtype=dtype).element_size() * sum(weights.values())
 
 
 def packing_available(model: torch.nn.Module) -> bool:
@@ -81,26 +115,36 @@ PACK_MIN_WEIGHTS = 1 << 16
 
 
 def packed_weight(module: torch.nn.Module, weights: list[torch.Tensor], name: str = "_trl_multiagent_packed",
-                  transposed: bool = False):
-    """The frozen ``weights`` (``(out, in)`` each, one ``in``), stacked along ``out`` and reordered into oneDNN's
-    blocked layout for ``torch.ops.mkldnn._linear_pointwise``: kept on ``module`` (attribute ``name``) and made
-    again when a weight changes (its storage, version or shape). One weight is reordered as it is; several are
-    concatenated first (the concatenation is dropped once reordered, so the packed copy is the only extra memory).
-    ``transposed``: the stack transposed before it is reordered (``_linear_pointwise(g, it)`` is then ``g @ W``)."""
+                  transposed: bool = False, dtype: torch.dtype = torch.float32):
+    """The frozen ``weights`` (``(out, in)`` each, one ``in``), stacked along ``out``, cast to ``dtype`` and reordered
+    into oneDNN's blocked layout for ``torch.ops.mkldnn._linear_pointwise``: kept on ``module`` (attribute ``name``,
+    with the dtype's name appended unless float32) and made again when a weight changes (its storage, version or
+    shape). One weight is reordered as it is; several are concatenated first (the concatenation is dropped once
+    reordered, so the packed copy is the only extra memory). ``transposed``: the stack transposed before it is
+    reordered (``_linear_pointwise(g, it)`` is then ``g @ W``)."""
+    if dtype != torch.float32:
+        name = f"{name}_{str(dtype).removeprefix('torch.')}"
     key = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
     cached = module.__dict__.get(name)
     if cached is None or cached[0] != key:
         whole = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
-        cached = (key, torch.ops.mkldnn._reorder_linear_weight(whole.t().contiguous() if transposed else whole, 64))
+        whole = whole.t().contiguous() if transposed else whole
+        cached = (key, torch.ops.mkldnn._reorder_linear_weight(whole.to(dtype), 64))
         module.__dict__[name] = cached
     return cached[1]
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W^T + b`` over ``x``'s last dimension, ``W`` from its packed copy (:func:`packed_weight`)."""
+    """``x @ W^T + b`` over ``x``'s last dimension, ``W`` from its packed copy (:func:`packed_weight`). A copy in
+    another dtype than ``x`` (bfloat16) computes on ``x`` and ``b`` cast to its dtype and returns ``x``'s dtype."""
     flat = x.reshape(-1, x.size(-1))
-    y = torch.ops.mkldnn._linear_pointwise(flat if flat.is_contiguous() else flat.contiguous(), packed, bias, "none",
-                                            [], "")
+    flat = flat if flat.is_contiguous() else flat.contiguous()
+    if packed.dtype != x.dtype:
+        y = torch.ops.mkldnn._linear_pointwise(flat.to(packed.dtype), packed,
+                                                None if bias is None else bias.to(packed.dtype), "none", [], "")
+        y = y.to(x.dtype)
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
     return y.view(*x.shape[:-1], y.size(-1))
 
 
@@ -113,10 +157,10 @@ def _is_sharded(weight: torch.Tensor) -> bool:
     return isinstance(weight, DTensor)
 
 
-def packed_transposed(module: torch.nn.Module, weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (``(out, in)``) transposed and packed (:func:`packed_weight`), so that ``packed_linear(g, it, None)``
-    is ``g @ weight``: kept on ``module`` beside the forward's copy."""
-    return packed_weight(module, [weight], "_trl_multiagent_packed_t", transposed=True)
+def packed_transposed(module: torch.nn.Module, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``weight`` (``(out, in)``) transposed and packed in ``dtype`` (:func:`packed_weight`), so that
+    ``packed_linear(g, it, None)`` is ``g @ weight``: kept on ``module`` beside the forward's copy."""
+    return packed_weight(module, [weight], "_trl_multiagent_packed_t", transposed=True, dtype=dtype)
 
 
 class _PackedFrozenLinear(torch.autograd.Function):
@@ -153,10 +197,20 @@ class PackedFrozenLinears:
     ``skip``: layers left as they are. The lean decoding step (:mod:`.lean_step`) packs q/k/v and gate/up of every
     layer concatenated, and shares the packed copies of the other layers with this class; the prefill before it
     skips the concatenated layers, so that the frozen weights are packed once in all (what
-    :func:`packed_weight_bytes` counts)."""
+    :func:`packed_weight_bytes` counts).
 
-    def __init__(self, model: torch.nn.Module, skip=(), differentiable: bool = False):
+    ``dtype``: the dtype of the packed copies (``frozen_matmul_dtype``). ``torch.bfloat16`` rounds the weights once
+    and each matmul's input and output (forward, and the input's gradient in backward) to bfloat16, with float32
+    accumulation and a float32 result: oneDNN's bfloat16 kernels take 1.6-1.85x less time for SmolLM2-135M's frozen
+    matmuls at 1 to 480 rows on the 2-core AMD EPYC with AVX512-BF16 (``benchmarks/frozen_matmul_dtype.py``). The
+    pool uses one dtype for generation and for the teacher-forced passes, so the policy that samples is the policy
+    that is trained (up to float summation order, as in float32)."""
+
+    def __init__(self, model: torch.nn.Module, skip=(), differentiable: bool = False,
+                 dtype: torch.dtype = torch.float32):
         self.model = model
+        #: the dtype of the packed copies (:data:`FROZEN_MATMUL_DTYPES`): float32, or bfloat16 (rounded copies)
+        self.dtype = dtype
         #: under autograd too (:class:`_PackedFrozenLinear`), not only without it
         self.differentiable = differentiable
         #: layers left as they are (those the lean decoding step packs in concatenations of its own)
@@ -199,7 +253,8 @@ class PackedFrozenLinears:
         self._patched.clear()
 
     def _patch(self, module: torch.nn.Module, weight: torch.Tensor) -> None:
-        packed = packed_weight(module, [weight])
+        dtype = self.dtype
+        packed = packed_weight(module, [weight], dtype=dtype)
         bias = module.bias.detach() if module.bias is not None else None
         previous = module.__dict__.get("forward")
         unpacked = previous if previous is not None else type(module).forward.__get__(module)
@@ -208,7 +263,7 @@ class PackedFrozenLinears:
             if x.dtype != torch.float32 or (torch.is_grad_enabled() and not self.differentiable):
                 return unpacked(x, *args, **kwargs)
             if torch.is_grad_enabled() and x.requires_grad:
-                return _PackedFrozenLinear.apply(x, packed, bias, lambda: packed_transposed(module, weight))
+                return _PackedFrozenLinear.apply(x, packed, bias, lambda: packed_transposed(module, weight, dtype))
             return packed_linear(x, packed, bias)
 
         module.forward = forward

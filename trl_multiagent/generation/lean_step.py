@@ -152,7 +152,8 @@ class _Frozen:
     """The frozen part of a group of projections that read one input: one matmul (packed copy) or one per
     projection, the outputs concatenated."""
 
-    def __init__(self, owner: torch.nn.Module, modules: list[torch.nn.Module], packed: bool, name: str):
+    def __init__(self, owner: torch.nn.Module, modules: list[torch.nn.Module], packed: bool, name: str,
+                 frozen_dtype: torch.dtype = torch.float32):
         parts = [frozen_linear(m) for m in modules]
         self.weights = [w for _, w, _ in parts]
         self.biases = [b for _, _, b in parts]
@@ -161,13 +162,18 @@ class _Frozen:
             if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in self.weights):
                 raise ValueError("packed weights are for float32 linears on the CPU")
             # one projection: the copy PackedFrozenLinears keeps on that layer (shared); several: concatenated
-            self.packed = packed_weight(parts[0][0], self.weights) if len(parts) == 1 else \
-                packed_weight(owner, self.weights, name)
+            self.packed = packed_weight(parts[0][0], self.weights, dtype=frozen_dtype) if len(parts) == 1 else \
+                packed_weight(owner, self.weights, name, dtype=frozen_dtype)
             self.bias = None if all(b is None for b in self.biases) else torch.cat(
                 [b if b is not None else w.new_zeros(w.size(0)) for w, b in zip(self.weights, self.biases)])
+            if self.bias is not None:
+                self.bias = self.bias.to(frozen_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
+            if self.packed.dtype != x.dtype:  # a bfloat16 copy (frozen_matmul_dtype): round in, compute, float32 out
+                return torch.ops.mkldnn._linear_pointwise(x.to(self.packed.dtype), self.packed, self.bias, "none", [],
+                                                          "").to(x.dtype)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if len(self.weights) == 1:
             return F.linear(x, self.weights[0], self.biases[0])
@@ -268,16 +274,16 @@ class _Lora:
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module, adapters: list[str], packed: bool):
+    def __init__(self, layer: torch.nn.Module, adapters: list[str], packed: bool, frozen_dtype: torch.dtype):
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1 = (layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon)
         self.norm2 = (layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.variance_epsilon)
         attn_in = [getattr(attn, n) for n in _ATTN]
         mlp_in = [getattr(mlp, n) for n in _MLP]
-        self.qkv = _Frozen(attn, attn_in, packed, _PACKED_QKV)
-        self.o = _Frozen(attn, [attn.o_proj], packed, "")
-        self.gate_up = _Frozen(mlp, mlp_in, packed, _PACKED_GATE_UP)
-        self.down = _Frozen(mlp, [mlp.down_proj], packed, "")
+        self.qkv = _Frozen(attn, attn_in, packed, _PACKED_QKV, frozen_dtype)
+        self.o = _Frozen(attn, [attn.o_proj], packed, "", frozen_dtype)
+        self.gate_up = _Frozen(mlp, mlp_in, packed, _PACKED_GATE_UP, frozen_dtype)
+        self.down = _Frozen(mlp, [mlp.down_proj], packed, "", frozen_dtype)
         self.intermediate = self.gate_up.weights[0].size(0)
         self.act = mlp.act_fn
         self.loras = [_Lora(attn_in, adapters), _Lora([attn.o_proj], adapters), _Lora(mlp_in, adapters),
@@ -290,10 +296,14 @@ class LeanStep:
     its forward: ``step(tokens, mask, positions, cache)`` returns the ``(rows, vocab)`` logits of the rows' next
     token, having written the tokens' keys and values into ``cache`` (the decoding loop's preallocated cache, after
     its prefill). ``batch`` gives each row its adapter (``None``: a model without LoRA layers); ``packed``: the
-    frozen weights as oneDNN-packed copies (CPU, float32). Make one per decoding call, inside ``batch``'s ``with``:
+    frozen weights as oneDNN-packed copies (CPU, float32), in ``frozen_dtype`` (float32, or bfloat16: the pool's
+    ``frozen_matmul_dtype``, the copies :class:`~.frozen_weights.PackedFrozenLinears` shares). Make one per decoding call, inside ``batch``'s ``with``:
     the LoRA matrices are read when it is made."""
 
-    def __init__(self, model: torch.nn.Module, batch=None, packed: bool = False):
+    def __init__(self, model: torch.nn.Module, batch=None, packed: bool = False,
+                 frozen_dtype: torch.dtype = torch.float32):
+        if frozen_dtype != torch.float32 and not packed:
+            raise ValueError("a frozen_dtype other than float32 is a property of the packed copies: pass packed=True")
         reason = lean_support(model)
         if reason is not None:
             raise ValueError(f"the lean decoding step does not apply: {reason}")
@@ -312,9 +322,9 @@ class LeanStep:
         self.dtype = self.embed.dtype
         self.hidden = self.embed.size(1)
         self.silu = config.hidden_act == "silu"
-        self.layers = [_Layer(layer, adapters, packed) for layer in inner.layers[: config.num_hidden_layers]]
+        self.layers = [_Layer(layer, adapters, packed, frozen_dtype) for layer in inner.layers[: config.num_hidden_layers]]
         self.norm = (inner.norm.weight.detach(), inner.norm.variance_epsilon)
-        self.head = _Frozen(model, [model.lm_head], packed, "")
+        self.head = _Frozen(model, [model.lm_head], packed, "", frozen_dtype)
         self.rotary = inner.rotary_emb
         self.packed = packed
         self._cos = self._sin = None

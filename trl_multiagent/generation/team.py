@@ -130,11 +130,12 @@ def _decode_chunk(pool, key, requests, encoded, chunk, config, eos_ids) -> list[
                                                 "decoding steps run through transformers' forward", key, reason)
         lean = False
     # the lean step packs q/k/v and gate/up in concatenations of its own: the prefill leaves those layers unpacked
-    packed = PackedFrozenLinears(model, skip=LeanStep.concatenated_modules(model) if lean else ()) if packs \
-        else contextlib.nullcontext()
+    frozen_dtype = pool.frozen_dtype_of(key)
+    packed = PackedFrozenLinears(model, skip=LeanStep.concatenated_modules(model) if lean else (),
+                                 dtype=frozen_dtype) if packs else contextlib.nullcontext()
 
     def lean_step(batch):  # made within the batch, at every call: it reads the adapters' LoRA matrices as they are now
-        return LeanStep(model, batch, packed=packs) if lean else None
+        return LeanStep(model, batch, packed=packs, frozen_dtype=frozen_dtype) if lean else None
 
     if len(prefix_len) == len(tokens):  # no two prompts share a prefix: one prefill
         input_ids, attention_mask = left_pad(tokens, pad, device=device)

@@ -42,6 +42,7 @@ from transformers.trainer_utils import TrainOutput
 
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
+from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES
 from ..generation.prefixes import distinct_prefix_tokens
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
@@ -145,7 +146,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
             pool = AgentPool(specs, dtype=args.model_dtype, critics=critics,
                              dense_copy=args.dense_copy, packed_weights=args.packed_weights,
-                             lean_decode=args.lean_decode)
+                             lean_decode=args.lean_decode, frozen_matmul_dtype=args.frozen_matmul_dtype)
         self.pool = pool
         if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
             from ..generation.vllm import VLLMGenerationBackend, VLLMSettings
@@ -189,6 +190,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     def check_pool(self, pool: AgentPool, args) -> None:
         """A pool built by the caller must hold what the trainer needs (e.g. its critics)."""
+        if getattr(pool, "frozen_matmul_dtype", torch.float32) != FROZEN_MATMUL_DTYPES[args.frozen_matmul_dtype]:
+            raise ValueError(f"The AgentPool computes its frozen linears in {pool.frozen_matmul_dtype}, the config asks "
+                             f"frozen_matmul_dtype={args.frozen_matmul_dtype!r}; build the pool with the same "
+                             "frozen_matmul_dtype")
         wanted = {c.name for c in self.build_critics(list(pool.specs.values()), args)}
         missing = sorted(wanted - set(pool.critics))
         if missing:

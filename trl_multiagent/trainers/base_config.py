@@ -15,6 +15,7 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from ..agents import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
+from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_available
 from ..losses import RESPONSE_LOSS
 from ..models import MODEL_DTYPES, context_length
 from .sharding import check_parallelism
@@ -93,6 +94,14 @@ class MultiAgentConfig(GRPOConfig):
                 "transformers' forward up to the order of float sums) instead of transformers' forward: 'auto' (every "
                 "base it supports; the others fall back to the forward, logged), 'always' (an unsupported base is an "
                 "error) or 'never'. summary.json records the path taken (machine.paths)."})
+    frozen_matmul_dtype: str = field(default="float32", metadata={
+        "help": "The dtype the packed copies of the frozen (base) linears compute in on the CPU, in generation and in "
+                "the teacher-forced passes alike: 'float32', or 'bfloat16' (the weights rounded to bfloat16 once, each "
+                "frozen matmul's input and output rounded to bfloat16 around oneDNN's bfloat16 kernel, float32 "
+                "accumulation; LoRA, attention, norms and the loss stay float32). Faster on CPUs with bfloat16 "
+                "instructions (docs/results/frozen_matmul_dtype/); an error where it cannot apply (no oneDNN bfloat16 "
+                "matmuls, packed_weights 'never', CUDA, a model_dtype other than float32). summary.json records it "
+                "(machine.paths)."})
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
@@ -124,6 +133,28 @@ class MultiAgentConfig(GRPOConfig):
         whose agents act one after another (AT-GRPO's ``agent_order``)."""
         return "parallel"
 
+    def check_frozen_matmul_dtype(self, cuda: bool) -> None:
+        """``frozen_matmul_dtype`` is one of :data:`FROZEN_MATMUL_DTYPES` and, when ``bfloat16``, can apply here:
+        packed copies of a float32 base on a CPU with oneDNN bfloat16 matmuls (an error before any model loads)."""
+        if self.frozen_matmul_dtype not in FROZEN_MATMUL_DTYPES:
+            raise ValueError(f"frozen_matmul_dtype must be one of {sorted(FROZEN_MATMUL_DTYPES)}, got "
+                             f"{self.frozen_matmul_dtype!r}")
+        if self.frozen_matmul_dtype == "float32":
+            return
+        problems = []
+        if cuda:
+            problems.append("it applies to the CPU's packed copies, and CUDA is available (use model_dtype "
+                            "'bfloat16' or bf16 there)")
+        if self.packed_weights == "never":
+            problems.append("packed_weights is 'never' (the bfloat16 copies are packed copies)")
+        if self.model_dtype not in ("auto", "float32"):
+            problems.append(f"model_dtype is {self.model_dtype!r} (it rounds copies of a float32 base)")
+        if not cuda and not bfloat16_matmuls_available():
+            problems.append("oneDNN offers no bfloat16 matmuls on this CPU / torch build")
+        if problems:
+            raise ValueError("frozen_matmul_dtype 'bfloat16' cannot apply: " + "; ".join(problems) +
+                             ". Use frozen_matmul_dtype 'float32'.")
+
     def __post_init__(self):
         cuda = torch.cuda.is_available()
         if self.bf16 is None:
@@ -146,6 +177,7 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"lean_decode must be one of {LEAN_DECODE}, got {self.lean_decode!r}")
         if self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
+        self.check_frozen_matmul_dtype(cuda)
         if self.gradient_accumulation_steps != 1:
             raise ValueError("gradient_accumulation_steps must be 1 for multi-agent trainers: every sample of a rollout "
                              "goes into one optimizer step. Raise episodes_per_step for a larger batch.")
