@@ -129,9 +129,8 @@ class AgentPool(nn.Module):
             raise ValueError("frozen_matmul_dtype 'bfloat16' computes with packed copies: packed_weights must not be "
                              "'never'")
         if self._frozen_dtype != torch.float32 and not bfloat16_matmuls_available():
-            raise ValueError("frozen_matmul_dtype 'bfloat16' needs oneDNN's bfloat16 matmuls, which this CPU or torch "
-                             "build does not offer (torch.ops.mkldnn._is_mkldnn_bf16_supported() is False); use "
-                             "'float32'")
+            raise ValueError("frozen_matmul_dtype 'bfloat16' needs oneDNN's packed bfloat16 matmuls, which this CPU or "
+                             "torch build does not offer (they need AVX512-BW/VL/DQ or AVX-NE-CONVERT); use 'float32'")
         if dense_copy not in DENSE_COPY:
             raise ValueError(f"dense_copy must be one of {DENSE_COPY}, got {dense_copy!r}")
         if packed_weights not in PACKED_WEIGHTS:

@@ -201,10 +201,12 @@ class PackedFrozenLinears:
 
     ``dtype``: the dtype of the packed copies (``frozen_matmul_dtype``). ``torch.bfloat16`` rounds the weights once
     and each matmul's input and output (forward, and the input's gradient in backward) to bfloat16, with float32
-    accumulation and a float32 result: oneDNN's bfloat16 kernels take 1.6-1.85x less time for SmolLM2-135M's frozen
-    matmuls at 1 to 480 rows on the 2-core AMD EPYC with AVX512-BF16 (``benchmarks/frozen_matmul_dtype.py``). The
-    pool uses one dtype for generation and for the teacher-forced passes, so the policy that samples is the policy
-    that is trained (up to float summation order, as in float32)."""
+    accumulation and a float32 result: oneDNN's bfloat16 kernels take 1.4-1.8x less time for SmolLM2-135M's frozen
+    matmuls at 1 to 480 rows on the 2-core AMD EPYC with AVX512-BF16 (``benchmarks/frozen_matmul_dtype.py``,
+    ``docs/results/frozen_matmul_dtype/``). The pool uses one dtype for generation and for the teacher-forced
+    passes, but the two sum in other orders, and in bfloat16 a float32 sum in another order can round to the
+    neighbouring value: there the sampling and the trained policy differ by up to a few hundredths in total
+    variation per token, against about 1e-6 in float32."""
 
     def __init__(self, model: torch.nn.Module, skip=(), differentiable: bool = False,
                  dtype: torch.dtype = torch.float32):

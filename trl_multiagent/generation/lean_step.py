@@ -297,8 +297,8 @@ class LeanStep:
     token, having written the tokens' keys and values into ``cache`` (the decoding loop's preallocated cache, after
     its prefill). ``batch`` gives each row its adapter (``None``: a model without LoRA layers); ``packed``: the
     frozen weights as oneDNN-packed copies (CPU, float32), in ``frozen_dtype`` (float32, or bfloat16: the pool's
-    ``frozen_matmul_dtype``, the copies :class:`~.frozen_weights.PackedFrozenLinears` shares). Make one per decoding call, inside ``batch``'s ``with``:
-    the LoRA matrices are read when it is made."""
+    ``frozen_matmul_dtype``, the copies :class:`~.frozen_weights.PackedFrozenLinears` shares). Make one per decoding
+    call, inside ``batch``'s ``with``: the LoRA matrices are read when it is made."""
 
     def __init__(self, model: torch.nn.Module, batch=None, packed: bool = False,
                  frozen_dtype: torch.dtype = torch.float32):
@@ -322,7 +322,8 @@ class LeanStep:
         self.dtype = self.embed.dtype
         self.hidden = self.embed.size(1)
         self.silu = config.hidden_act == "silu"
-        self.layers = [_Layer(layer, adapters, packed, frozen_dtype) for layer in inner.layers[: config.num_hidden_layers]]
+        self.layers = [_Layer(layer, adapters, packed, frozen_dtype)
+                       for layer in inner.layers[: config.num_hidden_layers]]
         self.norm = (inner.norm.weight.detach(), inner.norm.variance_epsilon)
         self.head = _Frozen(model, [model.lm_head], packed, "", frozen_dtype)
         self.rotary = inner.rotary_emb
