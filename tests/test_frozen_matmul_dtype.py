@@ -198,3 +198,34 @@ def test_bfloat16_needs_packed_copies_for_generation_and_training(tiny_text_mode
         monkeypatch.setattr(agents, "bfloat16_matmuls_available", lambda: True)
     with pytest.raises(ValueError, match="cannot compute with packed bfloat16 copies"):
         _pool(tiny_text_model, "bfloat16")
+
+
+@needs_bf16
+def test_the_trainer_builds_its_pool_with_the_configs_dtype_and_trains_a_step(tiny_text_model, tmp_path, monkeypatch):
+    from datasets import Dataset
+
+    from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    monkeypatch.setattr(frozen_weights, "PACK_MIN_WEIGHTS", 0)
+    env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]},  # noqa: E731
+                                      lambda completions, **_: float(sum(map(ord, str(completions))) % 7))
+    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=4,
+                                save_strategy="no", disable_tqdm=True, per_device_train_batch_size=4, max_steps=1,
+                                frozen_matmul_dtype="bfloat16")
+    specs = [AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)]
+    trainer = MultiAgentGRPOTrainer(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+    (key,) = trainer.pool.bases
+    assert trainer.pool.frozen_dtype_of(key) == torch.bfloat16
+    before = [p.detach().clone() for p in trainer.pool.policy_parameters("solo")]
+    trainer.train()
+    # the step generated and trained through the bfloat16 copies, and moved the adapter
+    model = trainer.pool.bases[key].get_base_model()
+    assert "_trl_multiagent_packed_t_bfloat16" in _copies(model) and all(k.endswith("_bfloat16")
+                                                                          for k in _copies(model))
+    assert any(not torch.equal(b, p) for b, p in zip(before, trainer.pool.policy_parameters("solo")))
+    # a pool built by the caller must have the config's dtype
+    pool = AgentPool(specs, frozen_matmul_dtype="float32")
+    args.output_dir = str(tmp_path / "second")
+    with pytest.raises(ValueError, match="frozen_matmul_dtype='bfloat16'"):
+        MultiAgentGRPOTrainer(pool, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
