@@ -7,7 +7,8 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
   same run -> ``rollout_vs_plain_generate``, ``rollout_vs_roofline``.
 * ``agents`` (this file, ``python benchmarks/targets.py agents``): seconds per generated token of the team-level
   generation with 4 agents (4 adapters) on one base against 1 agent, the same 8 prompts x 4 samples, every row
-  forced to the same length -> ``per_token_4_agents_vs_1``.
+  forced to the same length, the two timed alternately over 3 rounds -> ``per_token_4_agents_vs_1`` (the median of
+  the paired ratios).
 * ``demo step``: the main job, make demo's math team (:data:`MAIN_JOB`: AT-GRPO, reasoner and tool agent, two turns)
   for a few steps without evaluation; the mean ``step_time`` of the steps after the first -> ``demo_step_s`` (until
   2026-11-27 this measured the TL;DR writing job, the main job when issue 40 set the target); and the loss's forward plus backward seconds
@@ -184,9 +185,12 @@ def collect(speed: dict | None, memory: dict | None, log) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ agents
-def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, repeats: int = 2) -> dict:
-    """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent, then by 4 agents on one base
-    (agent i takes every 4th prompt), every row forced to ``new_tokens``; the faster of ``repeats`` timed calls."""
+def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3) -> dict:
+    """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent and by 4 agents on one base (agent
+    i takes every 4th prompt), every row forced to ``new_tokens``: both pools loaded, then ``rounds`` rounds each
+    timing one call of each, alternately (the order swapped every round), so that a round's two calls share the
+    machine's state. ``per_token_4_agents_vs_1`` is the median over rounds of the paired ratios of seconds per token
+    (until 2026-11-27: the faster of two calls of each, the 1-agent calls all before the 4-agent ones)."""
     import torch
     from transformers import GenerationConfig
 
@@ -198,27 +202,33 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
     texts = [env.reset(task)["summary"] for task in TLDREnv.make_rows(prompts)]
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
                               temperature=0.8, top_p=0.95)
-    result = {"prompts": prompts, "samples": samples, "new_tokens": new_tokens, "threads": torch.get_num_threads()}
+    result = {"prompts": prompts, "samples": samples, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
+              "rounds": rounds}
+    pools, requests = {}, {}
     for n in (1, 4):
         names = [f"agent{i}" for i in range(n)]
-        pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
-                          for a in names])
+        pool = pools[n] = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16,
+                                               lora_alpha=32) for a in names])
         with torch.no_grad():  # adapters as after training (B = 0 at initialisation would be a no-op)
             for name, p in pool.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.01)
-        requests = [GenerationRequest(names[i % n], t, num_samples=samples) for i, t in enumerate(texts)]
-        pool.generate_many(requests[:n], config)  # warm-up
-        best = float("inf")
-        for _ in range(repeats):
+        requests[n] = [GenerationRequest(names[i % n], t, num_samples=samples) for i, t in enumerate(texts)]
+        pool.generate_many(requests[n][:n], config)  # warm-up
+    seconds, tokens = {1: [], 4: []}, {}
+    for r in range(rounds):
+        for n in ((1, 4) if r % 2 == 0 else (4, 1)):
             start = time.perf_counter()
-            out_ = pool.generate_many(requests, config)
-            best = min(best, time.perf_counter() - start)
-        tokens = sum(len(g.completion_ids) for gens in out_ for g in gens)
-        result[f"{n}_agents"] = {"seconds": best, "tokens": tokens, "seconds_per_token": best / tokens}
-        del pool
-    result["per_token_4_agents_vs_1"] = (result["4_agents"]["seconds_per_token"] /
-                                         result["1_agents"]["seconds_per_token"])
+            out_ = pools[n].generate_many(requests[n], config)
+            seconds[n].append(time.perf_counter() - start)
+            tokens[n] = sum(len(g.completion_ids) for gens in out_ for g in gens)
+    for n in (1, 4):
+        median = statistics.median(seconds[n])
+        result[f"{n}_agents"] = {"seconds": median, "seconds_each_round": seconds[n], "tokens": tokens[n],
+                                 "seconds_per_token": median / tokens[n]}
+    ratios = [(s4 / tokens[4]) / (s1 / tokens[1]) for s1, s4 in zip(seconds[1], seconds[4])]
+    result["ratio_each_round"] = ratios
+    result["per_token_4_agents_vs_1"] = statistics.median(ratios)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
