@@ -575,7 +575,7 @@ TARGET_MEANING = {
     "rollout_vs_roofline": "rollout tokens/s over the compute limit (matmul FLOP/s of the same run / 2 x parameters)",
     "step_vs_trl": "one agent's optimizer step over TRL GRPOTrainer's, same model, data, tokens, threads",
     "per_token_4_agents_vs_1": "seconds per generated token, 4 agents (4 adapters) on one base over 1 agent, same "
-                               "rows",
+                               "rows; median of 3 paired, alternating calls",
     "memory_4_agents_vs_1": "peak RSS of a 4-agent team step on one shared 4-bit base over a 1-agent step",
     "demo_step_s": "mean seconds of a training step of the main job's configuration (steps after the first)",
     "train_pass_vs_matmul": "the main job's loss forward + backward seconds over their FLOPs (needed positions: each "
