@@ -134,17 +134,20 @@ def packed_weight(module: torch.nn.Module, weights: list[torch.Tensor], name: st
     return cached[1]
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W^T + b`` over ``x``'s last dimension, ``W`` from its packed copy (:func:`packed_weight`). A copy in
-    another dtype than ``x`` (bfloat16) computes on ``x`` and ``b`` cast to its dtype and returns ``x``'s dtype."""
-    flat = x.reshape(-1, x.size(-1))
-    flat = flat if flat.is_contiguous() else flat.contiguous()
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W^T + b`` of a contiguous 2-D ``x``, ``W`` from its packed copy (:func:`packed_weight`). A copy in another
+    dtype than ``x`` (bfloat16, ``frozen_matmul_dtype``) computes on ``x`` and ``b`` in its dtype (a ``b`` made in
+    it once is not cast again) and returns ``x``'s dtype."""
     if packed.dtype != x.dtype:
-        y = torch.ops.mkldnn._linear_pointwise(flat.to(packed.dtype), packed,
-                                                None if bias is None else bias.to(packed.dtype), "none", [], "")
-        y = y.to(x.dtype)
-    else:
-        y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+        bias = None if bias is None else bias.to(packed.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "").to(x.dtype)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """:func:`packed_matmul` over ``x``'s last dimension, for ``x`` of any shape."""
+    flat = x.reshape(-1, x.size(-1))
+    y = packed_matmul(flat if flat.is_contiguous() else flat.contiguous(), packed, bias)
     return y.view(*x.shape[:-1], y.size(-1))
 
 
@@ -257,7 +260,7 @@ class PackedFrozenLinears:
     def _patch(self, module: torch.nn.Module, weight: torch.Tensor) -> None:
         dtype = self.dtype
         packed = packed_weight(module, [weight], dtype=dtype)
-        bias = module.bias.detach() if module.bias is not None else None
+        bias = module.bias.detach().to(dtype) if module.bias is not None else None
         previous = module.__dict__.get("forward")
         unpacked = previous if previous is not None else type(module).forward.__get__(module)
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .frozen_weights import packed_weight
+from .frozen_weights import packed_matmul, packed_weight
 from .lora_batch import AdapterBlocks, add_block_lora
 
 #: With packed weights, a step of fewer rows computes its matmuls on this many (zero rows added): oneDNN's kernel for
@@ -171,10 +171,7 @@ class _Frozen:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            if self.packed.dtype != x.dtype:  # a bfloat16 copy (frozen_matmul_dtype): round in, compute, float32 out
-                return torch.ops.mkldnn._linear_pointwise(x.to(self.packed.dtype), self.packed, self.bias, "none", [],
-                                                          "").to(x.dtype)
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return packed_matmul(x, self.packed, self.bias)
         if len(self.weights) == 1:
             return F.linear(x, self.weights[0], self.biases[0])
         return torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)], dim=-1)
