@@ -8,7 +8,8 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
 * ``agents`` (this file, ``python benchmarks/targets.py agents``): seconds per generated token of the team-level
   generation with 4 agents (4 adapters) on one base against 1 agent, the same 8 prompts x 4 samples, every row
   forced to the same length, the two timed alternately over 3 rounds -> ``per_token_4_agents_vs_1`` (the median of
-  the paired ratios).
+  the paired ratios); beside it the positions each call prefills and its linear-layer FLOPs per generated token
+  (``flops_per_token_4_agents_vs_1``: each agent prefills the prompts' shared opening with its own adapter).
 * ``demo step``: the main job, make demo's math team (:data:`MAIN_JOB`: AT-GRPO, reasoner and tool agent, two turns)
   for a few steps without evaluation; the mean ``step_time`` of the steps after the first -> ``demo_step_s`` (until
   2026-11-27 this measured the TL;DR writing job, the main job when issue 40 set the target); and the loss's forward plus backward seconds
@@ -185,6 +186,18 @@ def collect(speed: dict | None, memory: dict | None, log) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ agents
+def prefill_positions(pool, requests) -> int:
+    """The prompt positions team-level generation prefills for ``requests`` (one base, distinct prompts): each shared
+    prefix once per adapter (``generation/prefixes.py:shared_prefixes``, keyed by the agent's adapter as
+    ``generation/team.py`` keys it), then every prompt's rest. Each agent prefills the opening its prompts share with
+    its own adapter, so a team of n agents prefills it n times."""
+    from trl_multiagent.generation.prefixes import shared_prefixes
+
+    tokens = [pool.encode_prompt(r.agent, r.prompt) for r in requests]
+    group_of, prefix_len = shared_prefixes(tokens, [pool.policy_of(r.agent) for r in requests])
+    return sum(prefix_len) + sum(len(t) - prefix_len[g] for t, g in zip(tokens, group_of))
+
+
 def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3) -> dict:
     """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent and by 4 agents on one base (agent
     i takes every 4th prompt), every row forced to ``new_tokens``: both pools loaded, then ``rounds`` rounds each
@@ -225,10 +238,18 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
     for n in (1, 4):
         median = statistics.median(seconds[n])
         result[f"{n}_agents"] = {"seconds": median, "seconds_each_round": seconds[n], "tokens": tokens[n],
-                                 "seconds_per_token": median / tokens[n]}
+                                 "seconds_per_token": median / tokens[n],
+                                 "prefill_positions": prefill_positions(pools[n], requests[n])}
     ratios = [(s4 / tokens[4]) / (s1 / tokens[1]) for s1, s4 in zip(seconds[1], seconds[4])]
     result["ratio_each_round"] = ratios
     result["per_token_4_agents_vs_1"] = statistics.median(ratios)
+    # the arithmetic of each call through the linear layers (prefill positions, then every generated token with the
+    # LM head), per generated token: the ratio the per-token times would have at equal efficiency
+    flops = linear_flops_per_token("smollm2-135m-instruct")
+    work = {n: (result[f"{n}_agents"]["prefill_positions"] * flops["layers"]
+                + tokens[n] * (flops["layers"] + flops["lm_head"])) / tokens[n] for n in (1, 4)}
+    result["linear_flops_per_token"] = work
+    result["flops_per_token_4_agents_vs_1"] = work[4] / work[1]
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 

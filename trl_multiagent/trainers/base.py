@@ -277,10 +277,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
     @contextlib.contextmanager
     def timed(self, name: str):
         """Add the time of the block to this step's ``time/<name>`` (generation, environment, logprob_forwards,
-        forward, backward, optimizer)."""
+        forward, backward, optimizer); under ``torch.profiler`` the block is a range of that name, so that a profile
+        splits the step as the metrics do (``benchmarks/step_profile.py``)."""
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"time/{name}"):
+                yield
         finally:
             self._timings[name] += time.perf_counter() - start
 
@@ -337,7 +339,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
         ``rollout_tokens_per_s`` (generated tokens per second of generation)."""
         before = dict(self.pool.generation_stats)
         start = time.perf_counter()
-        experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        # a profile's range of the rollout; the pool's generation within it is a range of its own (time/generation)
+        with torch.profiler.record_function("time/environment"):
+            experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
         elapsed = time.perf_counter() - start
         generation = self.pool.generation_stats["seconds"] - before["seconds"]
         tokens = self.pool.generation_stats["tokens"] - before["tokens"]
