@@ -27,12 +27,15 @@ def _ops(phase: dict) -> set[str]:
 
 
 def test_operators_are_counted_in_the_innermost_timed_range():
-    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    # operators of a few milliseconds each: the split reports tenths of milliseconds
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("time/forward"):
-            torch.mm(a, b)
+            for _ in range(3):
+                torch.mm(a, b)
             with record_function("time/generation"):
-                torch.softmax(a, dim=-1)
+                for _ in range(3):
+                    torch.softmax(a, dim=-1)
         torch.neg(b)
     phases = split_by_phase(prof.events(), steps=1)
     assert {"time/forward", "time/generation", "outside the timed phases"} <= set(phases)
@@ -48,7 +51,7 @@ def test_operators_are_counted_in_the_innermost_timed_range():
 
 
 def test_per_step_figures_divide_by_the_profiled_steps():
-    a = torch.randn(32, 32)
+    a = torch.randn(512, 512)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(2):
             with record_function("time/backward"):
