@@ -15,7 +15,9 @@ is counted in the phase of the innermost range that holds it, as the metrics spl
   attention as matmuls, weight gradients of LoRA), ``attention kernels``, ``softmax``, ``copies and gathers``,
   ``autograd engine`` (its per-node wrappers), ``element-wise and other`` operators, and ``python`` (the range's own
   self time: time in it outside any operator, i.e. Python and dispatch between operators);
-* ``operators``: the number of operators the phase ran, per step, and the top operators by self time.
+* ``operators``: the number of operators the phase ran, per step, and the top operators by self time;
+* ``model_calls``: its calls of a model per step, counted by their token embeddings (``aten::embedding``: one per
+  forward of a transformers model or the lean decoding step).
 
 With the loss's token counts of the profiled steps (``tokens/loss_needed``, ``tokens/loss_completions``), the
 frozen matmuls of forward + backward are compared with their FLOPs at the 2048^3 matmul rate measured before and after
@@ -89,7 +91,7 @@ def split_by_phase(events, steps: int) -> dict:
     all per step."""
     kinds = defaultdict(lambda: dict.fromkeys(KINDS, 0.0))
     by_op = defaultdict(Counter)
-    count = Counter()
+    count, calls = Counter(), Counter()
     for e in events:
         if e.name.startswith("time/"):
             kinds[e.name]["python"] += e.self_cpu_time_total / 1e6
@@ -101,11 +103,12 @@ def split_by_phase(events, steps: int) -> dict:
         kinds[phase][kind(e.name)] += e.self_cpu_time_total / 1e6
         by_op[phase][e.name] += e.self_cpu_time_total / 1e6
         count[phase] += 1
+        calls[phase] += e.name == "aten::embedding"
     out = {}
     for phase in sorted(kinds, key=lambda p: -sum(kinds[p].values())):
         out[phase] = {"seconds": sum(kinds[phase].values()) / steps,
                       "kinds": {k: round(v / steps, 4) for k, v in kinds[phase].items()},
-                      "operators": count[phase] // steps,
+                      "operators": count[phase] // steps, "model_calls": calls[phase] / steps,
                       "top_operators": {k: round(v / steps, 4) for k, v in by_op[phase].most_common(10)}}
     return out
 

@@ -31,6 +31,7 @@ def test_operators_are_counted_in_the_innermost_timed_range():
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("time/forward"):
+            torch.nn.functional.embedding(torch.tensor([1, 2]), a)  # a model call's token embedding
             for _ in range(3):
                 torch.mm(a, b)
             with record_function("time/generation"):
@@ -45,6 +46,7 @@ def test_operators_are_counted_in_the_innermost_timed_range():
     forward = phases["time/forward"]
     assert forward["kinds"]["other matmuls"] > 0 and forward["kinds"]["softmax"] == 0
     assert phases["time/generation"]["kinds"]["softmax"] > 0
+    assert forward["model_calls"] == 1 and phases["time/generation"]["model_calls"] == 0
     for entry in phases.values():  # a phase's seconds are its kinds' sum (python: the range's own time)
         assert set(entry["kinds"]) == set(KINDS)
         assert entry["seconds"] == pytest.approx(sum(entry["kinds"].values()), abs=1e-3)
