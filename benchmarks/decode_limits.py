@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 # every compilation from scratch: the compile times reported are those of a first run (no inductor cache on disk)
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
@@ -150,7 +151,7 @@ class StaticStep(torch.nn.Module):
         return F.linear(x, self.head) if self.keys is None else packed_frozen_op(x, self.head_key)
 
 
-def frozen_only(step: LeanStep, rows: int) -> callable:
+def frozen_only(step: LeanStep, rows: int) -> Callable[[], None]:
     """The step's frozen matmuls alone, on inputs of its shapes (padded to ``PACKED_MIN_ROWS`` as the step pads)."""
     padded = max(rows, PACKED_MIN_ROWS)
     layer = step.layers[0]

@@ -13,8 +13,9 @@ is counted in the phase of the innermost range that holds it, as the metrics spl
 * ``kinds``: the self CPU time of its operators by kind, in seconds per step: ``frozen matmuls`` (the packed oneDNN
   copies of the frozen linears, forward and the input's gradient), ``other matmuls`` (``mm``/``addmm``/``bmm``: LoRA,
   attention as matmuls, weight gradients of LoRA), ``attention kernels``, ``softmax``, ``copies and gathers``,
-  ``autograd engine`` (its per-node wrappers), ``element-wise and other`` operators, and ``python`` (the range's own
-  self time: time in it outside any operator, i.e. Python and dispatch between operators);
+  ``autograd engine`` (its per-node wrappers), ``element-wise and other`` operators, and ``python``: the range's own
+  self time (time in it outside any operator, i.e. Python and dispatch between operators) and that of the Python
+  ranges within it (an autograd Function's forward and backward, the optimizer's step);
 * ``operators``: the number of operators the phase ran, per step, and the top operators by self time;
 * ``model_calls``: its calls of a model per step, counted by their token embeddings (``aten::embedding``: one per
   forward of a transformers model or the lean decoding step).
@@ -49,7 +50,8 @@ KINDS = ("frozen matmuls", "other matmuls", "attention kernels", "softmax", "cop
 _MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv"}
 _COPIES = {"aten::copy_", "aten::index_select", "aten::cat", "aten::index", "aten::index_put_", "aten::gather",
            "aten::clone", "aten::contiguous", "aten::embedding", "aten::embedding_dense_backward",
-           "aten::index_add_", "aten::scatter_add_", "aten::constant_pad_nd", "aten::fill_", "aten::zero_"}
+           "aten::index_add_", "aten::scatter_add_", "aten::constant_pad_nd", "aten::fill_", "aten::zero_",
+           "aten::_index_put_impl_"}
 
 
 def kind(name: str) -> str:
@@ -66,6 +68,8 @@ def kind(name: str) -> str:
         return "copies and gathers"
     if name.startswith("autograd::engine::"):
         return "autograd engine"
+    if "::" not in name:  # a Python range: an autograd Function's forward or backward, the optimizer's step, ...
+        return "python"
     return "element-wise and other"
 
 

@@ -16,8 +16,9 @@ positions. The loss is the LM head's log-sum-exp summed over the positions, and 
   weights plus each projection's LoRA, rotary, attention over the cached and new keys with the query heads of a
   key/value head stacked, o, the gated MLP with LoRA, residuals), then the final norm, the LM head and the loss; the
   frozen weights through ``F.linear``;
-* ``compiled``: the same layer function through ``torch.compile`` (``dynamic=False``; the 30 layers share one
-  compiled graph, forward and backward, as their shapes are the same). Compiled before the rounds (its seconds
+* ``compiled``: the same layer function through ``torch.compile`` (``dynamic=False``; layers of the same shapes
+  share a compiled graph, forward and backward; the first layer's input takes no gradient, so it gets a graph of
+  its own: ``compiled_graphs``). Compiled before the rounds (its seconds
   reported), with no inductor cache on disk.
 
 The three run alternately, ``--repeats`` rounds, with medians reported. Each way's loss and the first layer's LoRA

@@ -68,7 +68,8 @@ def test_kinds_of_operators():
     assert kind("aten::addmm") == "other matmuls" and kind("aten::bmm") == "other matmuls"
     assert kind("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention kernels"
     assert kind("aten::_log_softmax") == "softmax"
-    assert kind("aten::index_select") == "copies and gathers"
+    assert kind("aten::index_select") == "copies and gathers" and kind("aten::_index_put_impl_") == "copies and gathers"
+    assert kind("_PackedFrozenLinearBackward") == "python" and kind("Optimizer.step#AdamW.step") == "python"
     assert kind("autograd::engine::evaluate_function: MmBackward0") == "autograd engine"
     assert kind("aten::mul") == "element-wise and other"
 
