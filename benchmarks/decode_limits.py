@@ -41,10 +41,9 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import torch
 import torch.nn.functional as F
-from decode_step import copy_bandwidth, load, run_steps, step_counts
+from decode_step import copy_bandwidth, load, run_steps, step_counts, two_adapter_base
 from measure import matmul_flops, write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
 from trl_multiagent.generation.lean_step import PACKED_MIN_ROWS
@@ -299,14 +298,7 @@ def main(argv=None) -> int:
     inductor_config.freezing = True
     torch.manual_seed(0)
     load_before = load()
-    pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
-                      for a in ("first", "second")])
-    with torch.no_grad():
-        for name, p in pool.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.01)
-    (key,) = pool.bases
-    model = pool.bases[key].get_base_model().eval()
+    _, _, model = two_adapter_base()
     steps, summary = [], {}
     for rows in [int(r) for r in args.rows.split(",")]:
         entry = measure_rows(model, rows, args.rounds)

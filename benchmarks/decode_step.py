@@ -86,6 +86,20 @@ def step_counts(model, rows: int, cached: int) -> dict[str, float]:
             "flops": 2 * rows * weights + attention}
 
 
+def two_adapter_base():
+    """The main job's base (4-bit SmolLM2-135M computing with its de-quantised copy) with two LoRA adapters, r=16,
+    ``first`` and ``second``, their B matrices random (at initialisation they are zero and LoRA a no-op):
+    ``(pool, base key, the base model in eval mode)``."""
+    pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
+                      for a in ("first", "second")])
+    with torch.no_grad():
+        for name, p in pool.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    (key,) = pool.bases
+    return pool, key, pool.bases[key].get_base_model().eval()
+
+
 def profile_shares(model, cache, batch, step, tokens, mask, prompt: int, clock, top: int = 8) -> dict[str, float]:
     """Where the lean step's time goes: each operator's share of the self CPU time of 3 steps (the ``top`` largest)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -126,14 +140,7 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     clock = time.thread_time if threads == 1 else time.perf_counter
     load_before = load()
-    pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
-                      for a in ("first", "second")])
-    with torch.no_grad():
-        for n, p in pool.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.01)
-    (key,) = pool.bases
-    model = pool.bases[key].get_base_model().eval()
+    pool, key, model = two_adapter_base()
     assert pool.lean_decodes(key) and pool.packs_weights(key)
     prompt = 200
     results, summary = [], {}
