@@ -5,6 +5,7 @@ The tiny model runs in float64 and the paths are compared with a tolerance deriv
 (tests/numerics.py): the sums run in another order in each path, and in another order again on another CPU."""
 
 import functools
+import math
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from trl_multiagent import teacher_forcing
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.critics import CriticSpec
-from trl_multiagent.logprobs import completion_logps
+from trl_multiagent.logprobs import completion_logps, token_logps_and_entropies
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -270,3 +271,67 @@ def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_
     terms = sum(_terms(b[0], b[2]) for b in batches)
     assert_same_computation(results[True][0], results[False][0], terms=terms, what="logps")
     assert_same_computation(results[True][1], results[False][1], terms=terms, what="LoRA gradients")
+
+
+def test_token_logps_and_entropies_by_hand_on_three_tokens():
+    """softmax(log [1, 2, 3]) = [1/6, 1/3, 1/2]: log-prob, entropy and both gradients written out by hand."""
+    p = torch.tensor([1 / 6, 1 / 3, 1 / 2], dtype=torch.float64)
+    temperature = 0.5
+    logits = (torch.log(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)) * temperature).view(1, 1, 3)
+    logits.requires_grad_()
+    logps, entropies = token_logps_and_entropies(logits, torch.tensor([[2]]), temperature)
+    entropy = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
+    assert logps.item() == pytest.approx(math.log(1 / 2), abs=1e-14)
+    assert entropies.item() == pytest.approx(entropy, abs=1e-14)
+    # d logp / d logits = (onehot - p) / T; d H / d logits = -p (log p + H) / T
+    (grad_logp,) = torch.autograd.grad(logps.sum(), logits, retain_graph=True)
+    (grad_h,) = torch.autograd.grad(entropies.sum(), logits)
+    assert torch.allclose(grad_logp.view(3), (torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64) - p) / temperature,
+                          atol=1e-14)
+    assert torch.allclose(grad_h.view(3), -p * (p.log() + entropy) / temperature, atol=1e-14)
+
+
+@pytest.mark.parametrize("block_rows", [1, 4, 7, 1000])
+def test_token_logps_and_entropies_in_blocks_equal_the_whole_tensor_formulas(block_rows):
+    """Every block size gives the whole-tensor log_softmax's values and autograd's gradients of any weighted sum of
+    log-probs and entropies (float64, so the only difference is the summation order)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 50, dtype=torch.float64) * 3).requires_grad_()
+    ids = torch.randint(0, 50, (3, 5))
+    weights_lp, weights_h = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    logps_all = torch.log_softmax(logits / 0.7, -1)
+    expected = (logps_all.gather(-1, ids[..., None])[..., 0], -(logps_all.exp() * logps_all).sum(-1))
+    got = token_logps_and_entropies(logits, ids, 0.7, block_rows=block_rows)
+    for a, b in zip(got, expected):
+        assert a.dtype == torch.float64 and torch.allclose(a, b, rtol=0, atol=1e-12)
+    for objective in (lambda lp, h: (lp * weights_lp).sum(), lambda lp, h: (h * weights_h).sum(),
+                      lambda lp, h: (lp * weights_lp).sum() + (h * weights_h).sum()):
+        (want,) = torch.autograd.grad(objective(*expected), logits, retain_graph=True)
+        (have,) = torch.autograd.grad(objective(*got), logits, retain_graph=True)
+        assert torch.allclose(have, want, rtol=0, atol=1e-12)
+
+
+def test_half_precision_logits_are_normalised_in_float32():
+    """bfloat16 logits: float32 log-probs and entropies equal to those of the same logits cast to float32, and a
+    bfloat16 gradient equal to float32's rounded (within float32 rounding, and bfloat16's half step: 2^-8 relative)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 3, 40) * 2).to(torch.bfloat16).requires_grad_()
+    ids = torch.randint(0, 40, (2, 3))
+    wide = logits.detach().float().requires_grad_()
+    logps, entropies = token_logps_and_entropies(logits, ids, 0.7, block_rows=2)
+    want_lp, want_h = token_logps_and_entropies(wide, ids, 0.7)
+    assert logps.dtype == entropies.dtype == torch.float32
+    torch.testing.assert_close(logps, want_lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropies, want_h, rtol=1e-6, atol=1e-6)
+    logps.sum().backward()
+    want_lp.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.float(), wide.grad, rtol=2**-8, atol=1e-7)
+
+
+def test_token_logps_and_entropies_refuse_bad_input():
+    logits = torch.zeros(2, 3, 5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logps_and_entropies(logits, torch.zeros(2, 3, dtype=torch.long), 0.0)
+    with pytest.raises(ValueError, match=r"token_ids \(2, 4\) must have the logits' shape"):
+        token_logps_and_entropies(logits, torch.zeros(2, 4, dtype=torch.long), 1.0)

@@ -31,9 +31,12 @@ def _score(text: str) -> float:
     return float(sum(map(ord, text)) % 5)
 
 
-@pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("dapo", 0.05), ("grpo", 0.05)])
-def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, loss_type, beta):
+@pytest.mark.parametrize("loss_type,beta,entropy_coef", [("dapo", 0.0, 0.0), ("dapo", 0.05, 0.0), ("grpo", 0.05, 0.0),
+                                                       ("dapo", 0.0, 0.5)])
+def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, loss_type, beta, entropy_coef):
+    """``entropy_coef``: TRL's entropy bonus differentiates the entropy; its gradient reaches the adapter."""
     common = dict(num_generations=K, max_completion_length=6, learning_rate=1e-3, beta=beta, temperature=1.0,
+                  entropy_coef=entropy_coef,
                   loss_type=loss_type, use_bias_correction_kl=True,
                   report_to=[], bf16=False, gradient_checkpointing=False, disable_tqdm=True, seed=0,
                   per_device_train_batch_size=K)
