@@ -311,6 +311,21 @@ def test_token_logps_and_entropies_in_blocks_equal_the_whole_tensor_formulas(blo
         assert torch.allclose(have, want, rtol=0, atol=1e-12)
 
 
+def test_a_slice_of_the_logits_is_normalised_in_place_with_the_gradient_reaching_the_whole():
+    """The completion stage hands the head ``outputs[:, :-1]``, which no (rows, V) view covers: same values, and the
+    gradient lands on the sliced positions of the whole tensor (zero on the dropped last position)."""
+    torch.manual_seed(1)
+    whole = (torch.randn(3, 6, 50, dtype=torch.float64) * 3).requires_grad_()
+    ids = torch.randint(0, 50, (3, 5))
+    logps, entropies = token_logps_and_entropies(whole[:, :-1], ids, 0.7, block_rows=2)
+    logps_all = torch.log_softmax(whole[:, :-1] / 0.7, -1)
+    want = logps_all.gather(-1, ids[..., None])[..., 0], -(logps_all.exp() * logps_all).sum(-1)
+    assert torch.allclose(logps, want[0], rtol=0, atol=1e-12) and torch.allclose(entropies, want[1], rtol=0, atol=1e-12)
+    (have,) = torch.autograd.grad(logps.sum() + entropies.sum(), whole)
+    (expected,) = torch.autograd.grad(want[0].sum() + want[1].sum(), whole)
+    assert torch.allclose(have, expected, rtol=0, atol=1e-12) and not have[:, -1].any()
+
+
 def test_half_precision_logits_are_normalised_in_float32():
     """bfloat16 logits: float32 log-probs and entropies equal to those of the same logits cast to float32, and a
     bfloat16 gradient equal to float32's rounded (within float32 rounding, and bfloat16's half step: 2^-8 relative)."""

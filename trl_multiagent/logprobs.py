@@ -35,14 +35,9 @@ def completion_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     unless ``compute_entropy``. Shared prompts and prompt prefixes run once when ``share_prompts``; ``prefix_store``:
     the prefixes an update's micro-batches share, already run
     (:class:`~trl_multiagent.teacher_forcing.PrefixStore`)."""
-    logits = completion_outputs(lm_forward(model), prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                share_prompts=share_prompts, prefix_store=prefix_store)
-    return _logps_from_logits(logits, completion_ids, temperature, compute_entropy)
-
-
-def _logps_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float,
-                       compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logps, entropies = token_logps_and_entropies(logits, completion_ids, temperature)
+    logps, entropies = completion_outputs(
+        lm_forward(model), prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts=share_prompts,
+        prefix_store=prefix_store, head=lambda logits, ids: token_logps_and_entropies(logits, ids, temperature))
     return logps, entropies if compute_entropy else None
 
 
@@ -76,12 +71,11 @@ class _TokenLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, token_ids, temperature, block_rows):
         work = logits.dtype if logits.dtype == torch.float64 else torch.float32
-        flat, ids = logits.reshape(-1, logits.size(-1)), token_ids.reshape(-1, 1)
-        rows = flat.size(0)
+        rows = token_ids.numel()
+        ids = token_ids.reshape(-1, 1)
         logps, entropies, lse = (torch.empty(rows, dtype=work, device=logits.device) for _ in range(3))
-        for start in range(0, rows, block_rows):
-            block = slice(start, start + block_rows)
-            z = flat[block].to(work) / temperature
+        for block, z in _blocks(logits, block_rows):
+            z = z.to(work) / temperature
             norm = torch.logsumexp(z, dim=-1, keepdim=True)
             logps[block] = z.gather(-1, ids[block]).squeeze(-1) - norm.squeeze(-1)
             z.sub_(norm)  # log p
@@ -96,13 +90,12 @@ class _TokenLogSoftmax(torch.autograd.Function):
         logits, token_ids, lse, entropies = ctx.saved_tensors
         temperature, block_rows = ctx.temperature, ctx.block_rows
         work = lse.dtype
-        flat, ids = logits.reshape(-1, logits.size(-1)), token_ids.reshape(-1, 1)
-        grad = torch.empty_like(flat)
+        ids = token_ids.reshape(-1, 1)
+        grad = logits.new_empty((token_ids.numel(), logits.size(-1)))
         g_logp = None if grad_logps is None else grad_logps.reshape(-1, 1).to(work) / temperature
         g_h = None if grad_entropies is None else grad_entropies.reshape(-1, 1).to(work) / temperature
-        for start in range(0, flat.size(0), block_rows):
-            block = slice(start, start + block_rows)
-            log_p = flat[block].to(work) / temperature - lse[block].unsqueeze(-1)
+        for block, z in _blocks(logits, block_rows):
+            log_p = z.to(work) / temperature - lse[block].unsqueeze(-1)
             p = log_p.exp()
             if g_h is not None:  # -g_H p (log p + H)
                 out = log_p.add_(entropies[block].unsqueeze(-1)).mul_(p).mul_(-g_h[block])
@@ -113,4 +106,21 @@ class _TokenLogSoftmax(torch.autograd.Function):
             if g_logp is not None:  # + g_logp at the token
                 out.scatter_add_(-1, ids[block], g_logp[block])
             grad[block] = out
-        return grad.view_as(logits), None, None, None
+        return grad.view(logits.shape), None, None, None
+
+
+def _blocks(logits: torch.Tensor, block_rows: int):
+    """``(rows, view)``: consecutive blocks of at most ``block_rows`` of the ``(..., V)`` logits' rows, in row order,
+    as 2-D views (``rows`` a slice of the flattened row index). Logits that cannot be viewed as one ``(rows, V)``
+    matrix (a slice ``[:, :-1]`` of a call's outputs) are walked one leading index at a time, never copied."""
+    vocab = logits.size(-1)
+    try:
+        matrices = [logits.view(-1, vocab)]
+    except RuntimeError:
+        matrices = list(logits.reshape(-1, *logits.shape[-2:]).unbind(0)) if logits.dim() > 2 else [logits]
+    offset = 0
+    for matrix in matrices:
+        for start in range(0, matrix.size(0), block_rows):
+            view = matrix[start:start + block_rows]
+            yield slice(offset + start, offset + start + view.size(0)), view
+        offset += matrix.size(0)

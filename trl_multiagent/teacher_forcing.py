@@ -14,6 +14,10 @@ different prompts of one environment share their opening (a system message, work
 Cache rows are copied with a differentiable gather, so a gradient through a shared span is the sum of the gradients
 of every row that reads it: the outputs and their gradients are those of one separate pass per row (up to float
 summation order). Padding between the stages is masked and positions count real tokens only, in the plain pass too.
+
+A ``head`` (:data:`Head`) reduces each call's outputs to per-token values (the log-prob path's log-probs and entropies)
+before the calls' results are put in row order: only those small ``(B, T)`` tensors are padded, joined and reordered,
+never the ``(B, T, vocabulary)`` logits.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ CACHE_KEYWORD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields
 #: ``forward(input_ids, attention_mask, position_ids, cache, use_cache, keep) -> (outputs, cache)``: one model call
 #: returning its per-position outputs of the last ``keep`` positions ``(B, keep, D)`` and the KV cache.
 Forward = Callable[..., tuple[torch.Tensor, object]]
+
+#: ``head(outputs, token_ids) -> tuple of (b, w) tensors``: per-position values of one call's ``(b, w, D)`` outputs,
+#: given the ``(b, w)`` completion tokens those positions predict.
+Head = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def lm_forward(model) -> Forward:
@@ -66,9 +74,11 @@ def _cache_of(out):
 
 def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                        completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                       share_prompts: bool = True, prefix_store: PrefixStore | None = None) -> torch.Tensor:
+                       share_prompts: bool = True, prefix_store: PrefixStore | None = None,
+                       head: Head | None = None):
     """``(B, T, D)``: for each of the ``(B, T)`` right-padded completion tokens after their left-padded ``(B, P)``
-    prompts, ``forward``'s output at the position before it (the last prompt token for the first one).
+    prompts, ``forward``'s output at the position before it (the last prompt token for the first one). With a
+    ``head``: the tuple of ``(B, T)`` tensors it gives for those outputs and tokens, applied call by call.
 
     ``share_prompts``: run each distinct prompt, and each prefix shared by several prompts, once (the module's three
     stages); ``False``: one plain pass over every prompt + completion row. A model that keeps no KV cache (a
@@ -90,12 +100,12 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         cache.batch_select_indices(group)
         mask = mask[group]
         return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
-                                      prompt_mask, completion_ids, completion_mask)
+                                      prompt_mask, completion_ids, completion_mask, head)
     group_of, prefix_len = shared_prefixes(unique, [None] * len(unique))
     size = [group_of.count(g) for g in range(len(prefix_len))]
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
     if not share_prompts or repeats == 0:  # no prompt repeats, no prefix is shared: one plain pass
-        return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head)
     if all(n == 1 for n in size):  # no two distinct prompts share a prefix: each runs whole in stage 2, one call less
         prefix_len = [0] * len(prefix_len)
 
@@ -111,15 +121,15 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         ids, mask = left_pad(prefixes, dtype=prompt_ids.dtype, device=device)
         _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
         if cache is None:  # activation checkpointing while training: the model keeps no cache
-            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head)
         cache.batch_select_indices(group)  # every distinct prompt gets its prefix's keys and values
         mask = mask[group]
     return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids, prompt_mask,
-                                  completion_ids, completion_mask)
+                                  completion_ids, completion_mask, head)
 
 
 def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
-                           prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+                           prompt_mask, completion_ids, completion_mask, head: Head | None):
     """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per distinct prompt), each
     stage in :func:`length_buckets` of similar lengths (a batch padded to its longest row computes every padded
     position: a second-turn prompt is several times as long as a first-turn one)."""
@@ -136,7 +146,7 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
         sub = None if cache is None else _cache_rows(cache, index)
         last, sub = forward(ids, sub_mask, _positions(rest_mask, done[index]), sub, True, 1)
         if sub is None:
-            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head)
         pieces.append((bucket, last, sub, sub_mask))
     cache, mask, row_of = _merge_caches(pieces, len(unique))
     last = torch.cat([last for _, last, _, _ in pieces])
@@ -144,7 +154,7 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
 
     # 3. every row's completion, on its prompt's cache rows
     lengths = completion_mask.sum(-1).tolist()
-    outs, order = [], []
+    heads, order = [], []
     for bucket in length_buckets(lengths):
         width = max(1, max(lengths[r] for r in bucket))
         index = torch.tensor([row_of[owner[r]] for r in bucket], device=device)
@@ -156,12 +166,24 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
             torch.arange(width, device=device)
         out, _ = forward(completion_ids[rows, :width], sub_mask, positions, _cache_rows(cache, index, start), True,
                          width)
-        out = torch.cat([last[index], out[:, :-1]], dim=1)
-        outs.append(F.pad(out, (0, 0, 0, t - out.size(1))) if out.size(1) < t else out[:, :t])
+        tokens = completion_ids[rows, :width]
+        if head is None:
+            values = (torch.cat([last[index], out[:, :-1]], dim=1),)
+        else:  # the prompt's last position predicts the first token, the completion's own the others
+            values = tuple(torch.cat(pair, dim=1) for pair in zip(head(last[index], tokens[:, :1]),
+                                                                   head(out[:, :-1], tokens[:, 1:])))
+        heads.append(tuple(_to_width(v, t) for v in values))
         order.extend(bucket)
     inverse = torch.empty(len(order), dtype=torch.long, device=device)
     inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
-    return torch.cat(outs)[inverse]
+    joined = tuple(torch.cat(parts)[inverse] for parts in zip(*heads))
+    return joined[0] if head is None else joined
+
+
+def _to_width(values: torch.Tensor, t: int) -> torch.Tensor:
+    """``values`` ``(b, w, ...)`` cut or zero-padded along dimension 1 to ``t`` columns."""
+    w = values.size(1)
+    return values[:, :t] if w >= t else F.pad(values, [0, 0] * (values.dim() - 2) + [0, t - w])
 
 
 #: What one more model call costs in :func:`length_buckets`, in positions (``prefill_buckets``' ``overhead``): a
@@ -212,13 +234,13 @@ def _merge_caches(pieces, rows: int):
     return _cache_like(pieces[0][2], layers), torch.cat(masks), row_of
 
 
-def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+def _plain(forward: Forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head: Head | None = None):
     """One pass over every prompt + completion row; positions count real tokens, as in the shared stages and in
     generation (a row's left padding does not shift its rotary positions)."""
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     out, _ = forward(torch.cat([prompt_ids, completion_ids], dim=1), mask, _positions(mask, 0), None, False,
                      completion_ids.size(1) + 1)
-    return out[:, :-1]
+    return out[:, :-1] if head is None else head(out[:, :-1], completion_ids)
 
 
 def _positions(mask: torch.Tensor, offset) -> torch.Tensor:
