@@ -97,10 +97,8 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         prefix_len = [len(k) if k else 0 for k in keys]
         cache, mask = prefix_store.cache_of(keys)
         group = torch.tensor(group_of, device=device)
-        cache.batch_select_indices(group)
-        mask = mask[group]
-        return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
-                                      prompt_mask, completion_ids, completion_mask, head)
+        return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, group, mask[group],
+                                      prompt_ids, prompt_mask, completion_ids, completion_mask, head)
     group_of, prefix_len = shared_prefixes(unique, [None] * len(unique))
     size = [group_of.count(g) for g in range(len(prefix_len))]
     repeats = len(prompts) - len(distinct) + sum((n - 1) * length for n, length in zip(size, prefix_len))
@@ -122,17 +120,17 @@ def completion_outputs(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: 
         _, cache = forward(ids, mask, _positions(mask, 0), None, True, 1)
         if cache is None:  # activation checkpointing while training: the model keeps no cache
             return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head)
-        cache.batch_select_indices(group)  # every distinct prompt gets its prefix's keys and values
         mask = mask[group]
-    return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids, prompt_mask,
-                                  completion_ids, completion_mask, head)
+    return _rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, group, mask, prompt_ids,
+                                  prompt_mask, completion_ids, completion_mask, head)
 
 
-def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, mask, prompt_ids,
+def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, cache_row, mask, prompt_ids,
                            prompt_mask, completion_ids, completion_mask, head: Head | None):
-    """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per distinct prompt), each
-    stage in :func:`length_buckets` of similar lengths (a batch padded to its longest row computes every padded
-    position: a second-turn prompt is several times as long as a first-turn one)."""
+    """Stages 2 and 3 of :func:`completion_outputs`, on the prefixes' ``cache`` (one row per prefix; distinct prompt
+    ``i`` continues row ``cache_row[i]``, gathered once per bucket that reads it) and the distinct prompts' ``mask``
+    of it, each stage in :func:`length_buckets` of similar lengths (a batch padded to its longest row computes every
+    padded position: a second-turn prompt is several times as long as a first-turn one)."""
     device, t = prompt_ids.device, completion_ids.size(1)
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
 
@@ -143,7 +141,7 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
         index = torch.tensor(bucket, device=device)
         ids, rest_mask = left_pad([rests[i] for i in bucket], dtype=prompt_ids.dtype, device=device)
         sub_mask = torch.cat([mask[index], rest_mask], dim=1)
-        sub = None if cache is None else _cache_rows(cache, index)
+        sub = None if cache is None else _cache_rows(cache, cache_row[index])
         last, sub = forward(ids, sub_mask, _positions(rest_mask, done[index]), sub, True, 1)
         if sub is None:
             return _plain(forward, prompt_ids, prompt_mask, completion_ids, completion_mask, head)
