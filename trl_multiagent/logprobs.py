@@ -12,7 +12,7 @@ Two things make it cheaper than a forward pass over every (prompt + completion) 
   fused head is used. The logits are then normalised by :func:`token_logps_and_entropies`, a few rows at a time: each
   block of rows stays in the core's cache while its log-sum-exp, selected log-prob and entropy are computed, and the
   backward pass recomputes the probabilities from the saved log-sum-exp instead of keeping a ``(B, T, V)`` tensor of
-  log-probs (``benchmarks/loss_head.py``: about 3 times faster than ``log_softmax`` over the whole tensor).
+  log-probs (``benchmarks/loss_head.py``: several times faster than ``log_softmax`` over the whole tensor).
 """
 
 from __future__ import annotations
@@ -83,10 +83,13 @@ class _TokenLogSoftmax(torch.autograd.Function):
             lse[block] = norm.squeeze(-1)
         ctx.save_for_backward(logits, token_ids, lse, entropies)
         ctx.temperature, ctx.block_rows = temperature, block_rows
+        ctx.set_materialize_grads(False)  # an output no loss uses (the entropies, mostly) comes back as None: skipped
         return logps.view(token_ids.shape), entropies.view(token_ids.shape)
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropies):
+        if grad_logps is None and grad_entropies is None:
+            return None, None, None, None
         logits, token_ids, lse, entropies = ctx.saved_tensors
         temperature, block_rows = ctx.temperature, ctx.block_rows
         work = lse.dtype

@@ -42,7 +42,7 @@ def preallocated_cache(model: torch.nn.Module, capacity: int):
             return self.length
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            # index_select, not advanced indexing (DynamicLayer's): the same rows, 2-3 times faster on the CPU
+            # index_select, not DynamicLayer's advanced indexing: the same rows through the CPU's plain row copy
             if self.is_initialized:
                 self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
                 self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
