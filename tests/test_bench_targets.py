@@ -12,7 +12,7 @@ import torch
 from tests.tiny import save_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from targets import TARGETS, linear_flops_per_token, target, train_pass_bound  # noqa: E402
+from targets import TARGETS, decode_ratios, linear_flops_per_token, target, train_pass_bound  # noqa: E402
 
 
 def test_flops_per_token_are_twice_the_linear_weights_of_the_layers(tmp_path):
@@ -45,6 +45,16 @@ def test_the_issue_40_targets():
     assert TARGETS["step_vs_trl"] == (0.5, "le") and TARGETS["train_pass_vs_matmul"] == (1.5, "le")
     assert all(TARGETS[f"decode_vs_bound_{n}"] == (2.0, "le") for n in (1, 16, 64))
     assert target("train_pass_vs_matmul", 1.49)["met"] and not target("train_pass_vs_matmul", 1.51)["met"]
+
+
+def test_decode_targets_judge_the_unrounded_ratio():
+    """decode_step.py's summary rounds to 2 decimals: the targets read the per-row entries, so 2.0012 misses 2.0."""
+    decode = {"summary": {"1": {"lean_over_bound": 2.44}, "16": {"lean_over_bound": 2.0}},
+              "steps": [{"rows": 1, "lean_over_bound": 2.4373}, {"rows": 16, "lean_over_bound": 2.0012}]}
+    ratios = decode_ratios(decode)
+    assert ratios == {"1": 2.4373, "16": 2.0012}
+    assert not target("decode_vs_bound_16", ratios["16"])["met"]
+    assert target("decode_vs_bound_16", 1.9999)["met"]
 
 
 def test_each_kind_of_cpu_keeps_its_latest_bench_record(tmp_path):
