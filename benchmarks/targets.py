@@ -148,7 +148,7 @@ def measure_decode(tmp: Path, log) -> dict:
 
 def decode_ratios(decode: dict) -> dict[str, float]:
     """The lean step over its bound per row count, unrounded, from ``decode_step.py``'s per-row entries (its
-    ``summary`` rounds to 2 decimals, which once turned 2.0012 into a met 2.0)."""
+    ``summary`` rounds to 2 decimals: any ratio below 2.005 would read as a met 2.0)."""
     return {str(entry["rows"]): entry["lean_over_bound"] for entry in decode["steps"]}
 
 
