@@ -15,12 +15,11 @@ against the whole-tensor values first.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
 import torch
-from measure import write_result
+from measure import paired_medians, write_result
 
 from trl_multiagent.logprobs import HEAD_BLOCK_BYTES, token_logps_and_entropies
 from trl_multiagent.provenance import cpu_flags, cpu_model
@@ -66,15 +65,14 @@ def main(argv=None) -> int:
             logps.sum().backward()
             times[name].append(time.perf_counter() - start)
             logits.grad = None
-    base = times["whole_tensor"]
+    medians, ratios = paired_medians(times, "whole_tensor")
     result = {
         "command": "python " + " ".join(sys.argv),
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "logits_shape": list(shape), "temperature": temperature, "repeats": args.repeats,
         "head_block_bytes": HEAD_BLOCK_BYTES,
-        "seconds_median": {name: statistics.median(t) for name, t in times.items()},
-        "whole_tensor_over_way": {name: statistics.median(b / t for b, t in zip(base, ts))
-                                  for name, ts in times.items() if name != "whole_tensor"},
+        "seconds_median": medians,
+        "whole_tensor_over_way": ratios,
     }
     write_result(args.out, result)
     return 0

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import functools
 import random
-import statistics
 import sys
 import time
 
 import torch
 from loss_head import whole_tensor
 from loss_positions import step_prompts
-from measure import matmul_flops, write_result
+from measure import matmul_flops, paired_medians, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.logprobs import completion_logps, token_logps_and_entropies
@@ -119,17 +118,16 @@ def main(argv=None) -> int:
             step(way)
             times[name].append(time.perf_counter() - start)
     rate = (rate_before + matmul_flops()) / 2
-    base = times["before"]
+    medians, ratios = paired_medians(times, "before")
     result = {
         "command": "python benchmarks/loss_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "samples": len(prompts), "micro_batch": args.micro_batch, "micro_batches": len(batches),
         "completion_tokens": sum(lengths), "repeats": args.repeats, "matmul_gflops": rate / 1e9,
         "checks": checks,
-        "seconds_median": {name: statistics.median(t) for name, t in times.items()},
+        "seconds_median": medians,
         "seconds_all": times,
-        "before_over_way": {name: statistics.median(b / t for b, t in zip(base, ts))
-                            for name, ts in times.items() if name != "before"},
+        "before_over_way": ratios,
     }
     write_result(args.out, result)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -21,6 +22,15 @@ def matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter) -> f
     for _ in range(repeats):
         a @ b
     return repeats * 2 * n**3 / (clock() - start)
+
+
+def paired_medians(times: dict[str, list[float]], base: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Of alternating timings ``times`` (way -> seconds of each round): each way's median, and for each other way the
+    median over rounds of ``base``'s time over its time (the two runs of a round share the machine's state)."""
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    ratios = {name: statistics.median(b / t for b, t in zip(times[base], ts)) for name, ts in times.items()
+              if name != base}
+    return medians, ratios
 
 
 def write_result(path: str | Path | None, result: dict) -> None:

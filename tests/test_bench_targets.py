@@ -70,3 +70,11 @@ def test_each_kind_of_cpu_keeps_its_latest_bench_record(tmp_path):
     assert kept == ["amd_epyc.json", "amd_epyc.md", "intel_r_xeon_r_cpu.json", "intel_r_xeon_r_cpu.md"]
     assert (tmp_path / "bench_by_cpu" / "amd_epyc.md").read_text() == "# third"  # the latest run of that CPU
     assert (tmp_path / "bench_by_cpu" / "intel_r_xeon_r_cpu.json").read_text() == '{"run": "second"}'
+
+
+def test_paired_medians_by_hand():
+    from measure import paired_medians
+
+    medians, ratios = paired_medians({"base": [2.0, 4.0, 6.0], "fast": [1.0, 1.0, 3.0]}, "base")
+    assert medians == {"base": 4.0, "fast": 1.0}
+    assert ratios == {"fast": 2.0}  # per round 2, 4, 2: the median of the ratios, not the ratio of the medians (4)
