@@ -10,8 +10,9 @@ prompt, micro-batches of 16 (the recipe's ``per_device_train_batch_size``), the 
 (``teacher_forcing.PrefixStore``), each micro-batch's ``sum(logps x mask)`` sent backward, then the store's. The
 model is the embedded SmolLM2-135M-Instruct, float32, one LoRA adapter (r 16, B made non-zero) on every linear.
 
-- ``before``: the library's pass before 2026-11-28: ``completion_outputs`` assembles the ``(B, T, V)`` logits of its
-  calls (padded, joined, reordered), then one ``log_softmax`` over the whole tensor (``loss_head.whole_tensor``);
+- ``before``: the head as it was before 2026-11-28 (on today's stages, so not that day's library exactly):
+  ``completion_outputs`` assembles the ``(B, T, V)`` logits of its calls (padded, joined, reordered), then one
+  ``log_softmax`` over the whole tensor (``loss_head.whole_tensor``);
 - ``assembled_blocked``: the same assembled logits, normalised by ``token_logps_and_entropies`` (blocks of rows);
 - ``library``: ``completion_logps``: each call's logits reduced by the blocked head, only ``(B, T)`` values joined.
 
