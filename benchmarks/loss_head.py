@@ -3,12 +3,14 @@ of one micro-batch of the main job, computed as one ``log_softmax`` over the who
 way before 2026-11-28) and by ``trl_multiagent.logprobs.token_logps_and_entropies`` (a few rows at a time).
 
     python benchmarks/loss_head.py [--out docs/results/teacher_forcing/loss_head.json]
+    python benchmarks/loss_head.py --device cuda --dtype bfloat16 --shape 16 256 32000 --block-rows 64 256 1024 4096
 
-The logits are float32 ``(16, 40, 49152)`` (``per_device_train_batch_size`` 16, ``max_completion_length`` 40, the
-embedded model's vocabulary) at temperature 0.7; the backward pass takes a gradient on the log-probs only, as the
+By default the logits are float32 ``(16, 40, 49152)`` (``per_device_train_batch_size`` 16, ``max_completion_length``
+40, the embedded model's vocabulary) at temperature 0.7; ``--shape``, ``--dtype`` and ``--device`` change them (on
+CUDA each round is timed between two ``torch.cuda.synchronize()``); the backward pass takes a gradient on the log-probs only, as the
 main job's loss does (no entropy bonus). The two ways alternate for ``--repeats`` rounds; each round's time is one
 forward and backward, and the result keeps the medians and the median of the paired ratios. Each block size in
-``--block-rows`` is timed too (the default block is ``HEAD_BLOCK_BYTES`` of float32 rows), and every way is checked
+``--block-rows`` is timed too (the default block is ``logprobs.head_block_rows``: 2 MiB of float32 rows on the CPU, 512 MiB elsewhere), and every way is checked
 against the whole-tensor values first.
 """
 
@@ -21,13 +23,19 @@ import time
 import torch
 from measure import paired_medians, write_result
 
-from trl_multiagent.logprobs import HEAD_BLOCK_BYTES, token_logps_and_entropies
+from trl_multiagent.logprobs import (
+    ACCELERATOR_HEAD_BLOCK_BYTES,
+    HEAD_BLOCK_BYTES,
+    head_block_rows,
+    token_logps_and_entropies,
+)
 from trl_multiagent.provenance import cpu_flags, cpu_model
 
 
 def whole_tensor(logits, ids, temperature):
-    """The formulas as one pass each over the whole tensor (the library's head before this benchmark)."""
-    logps_all = torch.log_softmax(logits / temperature, dim=-1)
+    """The formulas as one pass each over the whole tensor (the library's head before this benchmark), in float32 for
+    half-precision logits, as the blocked head normalises them."""
+    logps_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logps = logps_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropies = -(logps_all.exp() * logps_all).sum(-1)
@@ -39,12 +47,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="docs/results/teacher_forcing/loss_head.json")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-rows", type=int, nargs="*", default=[2, 5, 20, 80])
+    parser.add_argument("--shape", type=int, nargs=3, default=[16, 40, 49152], metavar=("B", "T", "V"))
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("loss_head: error: --device cuda given but torch.cuda.is_available() is False")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    shape, temperature = (16, 40, 49152), 0.7
-    logits = (torch.randn(shape) * 4).requires_grad_()
-    ids = torch.randint(0, shape[-1], shape[:-1])
-    default_rows = max(1, HEAD_BLOCK_BYTES // (4 * shape[-1]))
+    shape, temperature = tuple(args.shape), 0.7
+    logits = (torch.randn(shape, device=device) * 4).to(getattr(torch, args.dtype)).requires_grad_()
+    ids = torch.randint(0, shape[-1], shape[:-1], device=device)
+    default_rows = head_block_rows(device, shape[-1])
     ways = {"whole_tensor": lambda: whole_tensor(logits, ids, temperature),
             f"blocks_of_{default_rows}_rows (default)": lambda: token_logps_and_entropies(logits, ids, temperature)}
     for rows in args.block_rows:
@@ -54,23 +69,26 @@ def main(argv=None) -> int:
     for name, way in ways.items():
         out = way()
         gap = max((a.detach() - b).abs().max().item() for a, b in zip(out, reference))
-        if gap > 1e-4:
+        if gap > (1e-4 if args.dtype == "float32" else 1e-3):
             raise SystemExit(f"{name} differs from the whole-tensor formulas by {gap}")
 
     times = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, way in ways.items():
+            sync()
             start = time.perf_counter()
             logps, _ = way()
             logps.sum().backward()
+            sync()
             times[name].append(time.perf_counter() - start)
             logits.grad = None
     medians, ratios = paired_medians(times, "whole_tensor")
     result = {
         "command": "python " + " ".join(sys.argv),
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "logits_shape": list(shape), "temperature": temperature, "repeats": args.repeats,
-        "head_block_bytes": HEAD_BLOCK_BYTES,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "logits_shape": list(shape), "logits_dtype": args.dtype, "temperature": temperature, "repeats": args.repeats,
+        "head_block_bytes": HEAD_BLOCK_BYTES if device.type == "cpu" else ACCELERATOR_HEAD_BLOCK_BYTES,
         "seconds_median": medians,
         "whole_tensor_over_way": ratios,
     }

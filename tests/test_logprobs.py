@@ -13,7 +13,7 @@ import torch
 from trl_multiagent import teacher_forcing
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.critics import CriticSpec
-from trl_multiagent.logprobs import completion_logps, token_logps_and_entropies
+from trl_multiagent.logprobs import completion_logps, head_block_rows, token_logps_and_entropies
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -342,6 +342,15 @@ def test_half_precision_logits_are_normalised_in_float32():
     want_lp.sum().backward()
     assert logits.grad.dtype == torch.bfloat16
     torch.testing.assert_close(logits.grad.float(), wide.grad, rtol=2**-8, atol=1e-7)
+
+
+def test_the_default_block_is_a_cache_on_the_cpu_and_a_memory_bound_elsewhere():
+    """2 MiB of float32 rows on the CPU (49,152-token vocabulary: 2,097,152 // 196,608 = 10 rows), 512 MiB on a GPU
+    (32,000 tokens: 536,870,912 // 128,000 = 4,194 rows), never less than one row; no GPU is needed to ask."""
+    assert head_block_rows("cpu", 49152) == 10
+    assert head_block_rows(torch.device("cuda", 0), 32000) == 4194
+    assert head_block_rows("mps", 32000) == 4194
+    assert head_block_rows("cpu", 10**9) == 1
 
 
 def test_token_logps_and_entropies_refuse_bad_input():

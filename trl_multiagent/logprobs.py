@@ -8,8 +8,9 @@ Two things make it cheaper than a forward pass over every (prompt + completion) 
   examples), once, with gradients flowing through the shared computation into the adapter, so the result and its
   gradient are those of separate passes;
 - **the LM head**: on CPU the logits of the completion positions are computed as one matrix product (TRL's fused,
-  chunked head avoids materialising them, which saves GPU memory but is several times slower on a CPU); on CUDA TRL's
-  fused head is used. The logits are then normalised by :func:`token_logps_and_entropies`, a few rows at a time: each
+  chunked head avoids materialising them, which saves GPU memory but is several times slower on a CPU); on CUDA the
+  trainers use TRL's fused head instead of this module (``trainers/compat.py: token_logps``). The logits are then
+  normalised by :func:`token_logps_and_entropies`, on the CPU a few rows at a time: each
   block of rows stays in the core's cache while its log-sum-exp, selected log-prob and entropy are computed, and the
   backward pass recomputes the probabilities from the saved log-sum-exp instead of keeping a ``(B, T, V)`` tensor of
   log-probs (``benchmarks/loss_head.py``: several times faster than ``log_softmax`` over the whole tensor).
@@ -21,10 +22,23 @@ import torch
 
 from .teacher_forcing import completion_outputs, lm_forward
 
-#: The bytes of logits :func:`token_logps_and_entropies` normalises at a time (float32 working copy): about the size of
-#: the 2-core machine's level-2 caches (1 MiB a core on the AMD EPYC), so a block is read from memory once and every
-#: later pass over it hits the cache.
+#: The bytes of logits :func:`token_logps_and_entropies` normalises at a time on the CPU (float32 working copy): about
+#: the size of the 2-core machine's level-2 caches (1 MiB a core on the AMD EPYC), so a block is read from memory once
+#: and every later pass over it hits the cache.
 HEAD_BLOCK_BYTES = 2 * 1024 * 1024
+#: The same on any other device (a GPU): there each block costs a dozen kernel launches and no cache is to be kept, so
+#: blocks are only a bound on the float32 working copy's memory. On an H200, ``(16, 256, 32000)`` bfloat16 logits took
+#: 42 times as long in blocks of 16 rows as in one ``log_softmax``, and 1.6-1.7 times as long in blocks of 1,024 or
+#: 4,096 rows (``docs/results/gpu/2026-11-28/loss_head_bf16.json``).
+ACCELERATOR_HEAD_BLOCK_BYTES = 512 * 1024 * 1024
+
+
+def head_block_rows(device: torch.device | str, vocab_size: int) -> int:
+    """The rows of a ``vocab_size``-wide logits tensor on ``device`` that :func:`token_logps_and_entropies` normalises
+    at a time by default: :data:`HEAD_BLOCK_BYTES` of float32 rows on the CPU, :data:`ACCELERATOR_HEAD_BLOCK_BYTES`
+    elsewhere; at least one."""
+    budget = HEAD_BLOCK_BYTES if torch.device(device).type == "cpu" else ACCELERATOR_HEAD_BLOCK_BYTES
+    return max(1, budget // (4 * vocab_size))
 
 
 def completion_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
@@ -52,7 +66,7 @@ def token_logps_and_entropies(logits: torch.Tensor, token_ids: torch.Tensor, tem
     divided by ``T`` for the logits. Half-precision logits are normalised in float32 (the outputs are float32, the
     logits' gradient has their dtype); float64 stays float64.
 
-    The computation runs ``block_rows`` rows at a time (default: :data:`HEAD_BLOCK_BYTES` of them) and keeps only
+    The computation runs ``block_rows`` rows at a time (default: :func:`head_block_rows`) and keeps only
     ``lse`` and ``H`` for the backward pass, which recomputes ``p`` block by block; checked against the
     whole-tensor formulas, values and gradients, in ``tests/test_logprobs.py``."""
     if temperature <= 0:
@@ -61,7 +75,7 @@ def token_logps_and_entropies(logits: torch.Tensor, token_ids: torch.Tensor, tem
         raise ValueError(f"token_ids {tuple(token_ids.shape)} must have the logits' shape without the vocabulary "
                          f"dimension, {tuple(logits.shape[:-1])}")
     if block_rows is None:
-        block_rows = max(1, HEAD_BLOCK_BYTES // (4 * logits.size(-1)))
+        block_rows = head_block_rows(logits.device, logits.size(-1))
     return _TokenLogSoftmax.apply(logits, token_ids, float(temperature), int(block_rows))
 
 

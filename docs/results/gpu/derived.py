@@ -1,16 +1,18 @@
-"""Ratios derived from this folder's gpu_check.json (the H200 run of benchmarks/gpu_check.py), written to derived.md.
+"""Ratios derived from a folder's gpu_check.json (an H200 run of benchmarks/gpu_check.py), written to its derived.md.
 
-    python docs/results/gpu/derived.py
+    python docs/results/gpu/derived.py                        # this folder (the first run, 2026-11-27)
+    python docs/results/gpu/derived.py docs/results/gpu/2026-11-28
 """
 
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    report = json.loads((HERE / "gpu_check.json").read_text())
+def main(folder: Path = HERE) -> None:
+    report = json.loads((folder / "gpu_check.json").read_text())
     steps = report["settings"]["max_completion_length"]  # forced tokens: one decoding step each
     lines = [f"# Ratios from gpu_check.json ({report['device']['name']}, {report['date']})", "",
              "| base | step vs TRL | generated tokens/s, ours / TRL | update s, ours / TRL | ms per token of generate (8 rows: generate s / "
@@ -25,9 +27,9 @@ def main() -> None:
             f" / {1000 * trl['median_generate_s'] / steps:.0f} | "
             f"{runs[1]['step_tokens_per_s'] / runs[4]['step_tokens_per_s']:.3f} | "
             f"{runs[4]['peak_memory_mib'] / runs[1]['peak_memory_mib']:.3f} |")
-    (HERE / "derived.md").write_text("\n".join(lines) + "\n")
+    (folder / "derived.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
