@@ -513,10 +513,12 @@ def run_memory(settings: dict) -> dict:
         tmp = Path(tmp)
         copies = make_model_copies(model_path, max(settings["memory_agents"]), tmp / "models")
         configs = []
+        common = settings.get("memory_config_overrides", {})
+        run_variant = "kept freed memory" if common.get("cpu_keep_freed_memory") else "default"
         for n in settings["memory_agents"]:
-            configs.append(("shared", n, [model_path] * n, {}))
+            configs.append(("shared", n, [model_path] * n, common))
             if n > 1 or settings["memory_repeat_single"]:
-                configs.append(("separate", n, copies[:n], {}))
+                configs.append(("separate", n, copies[:n], common))
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # the trainer's setting decides
         for layout, n, paths, overrides in configs:
             cfg = {"n_agents": n, "layout": layout, "model_paths": paths, "steps": settings["memory_steps"],
@@ -525,7 +527,7 @@ def run_memory(settings: dict) -> dict:
                    "lora_r": settings["lora_r"], "lora_alpha": settings["lora_alpha"],
                    "threads": settings["threads"],
                    "output_dir": str(tmp / f"out-{layout}-{n}-{len(overrides)}"), "config_overrides": overrides}
-            variant = "glibc_dynamic" if overrides else "default"
+            variant = run_variant
             log.info("memory: %d agent(s), %s base(s), allocator %s (fresh subprocess)", n, layout, variant)
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory-child", json.dumps(cfg)],
@@ -547,7 +549,7 @@ def run_memory(settings: dict) -> dict:
                      "%.0f s", res["peak_rss_mib"], res["after_imports"]["rss_mib"], res["after_build"]["rss_mib"],
                      res["after_build"].get("RssFile", float("nan")), res["n_bases"], wall)
 
-    def peak(layout, n, allocator="default"):
+    def peak(layout, n, allocator=run_variant):
         hits = [r["peak_rss_mib"] for r in results if r.get("layout") == layout and r["n_agents"] == n
                 and r.get("allocator") == allocator and "peak_rss_mib" in r]
         if not hits and n == 1:  # one agent: shared and separate are the same configuration
@@ -742,6 +744,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default=str(ROOT / "docs" / "results"))
     parser.add_argument("--verbose", action="store_true", help="keep the libraries' own logs")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
+    parser.add_argument("--memory-keep-freed", action="store_true",
+                        help="memory: run every configuration with cpu_keep_freed_memory on (benchmarks/allocator.py)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -767,6 +771,7 @@ def main(argv=None) -> int:
         "memory_agents": [1, 2, 4] if not args.quick else [1, 4],
         "memory_steps": args.memory_steps or (1 if args.quick else 2),
         "memory_repeat_single": False,
+        "memory_config_overrides": {"cpu_keep_freed_memory": True} if args.memory_keep_freed else {},
         "profile": args.profile,
         "profile_steps": 2,
         "trl_attention": "sdpa",

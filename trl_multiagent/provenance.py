@@ -17,6 +17,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from .utils import cpu_allocator_record
+
 #: Packages whose versions change a run's numbers or its code paths.
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes", "vllm", "trl-multiagent")
 #: CPU flags that decide which kernels ATen and oneDNN run.
@@ -73,6 +75,7 @@ def kernel_record() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        "cpu_allocator": cpu_allocator_record(),
     }
     return record
 

@@ -201,18 +201,70 @@ def _unique(folders: Iterable[Path | None]) -> list[Path]:
     return out
 
 
+#: glibc's ``mallopt`` parameters (``<malloc.h>``).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: Blocks from this size on get their own mapping when the process keeps freed memory (:func:`keep_freed_cpu_memory`):
+#: larger than any tensor of a step of the project's models, smaller than a model's weights loaded in one piece.
+KEEP_FREED_MMAP_THRESHOLD = 1 << 30
+#: The environment variables by which a user sets glibc's trim and mmap thresholds themselves (then left alone).
+ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+#: What :func:`keep_freed_cpu_memory` did in this process (:func:`cpu_allocator_record` reports it).
+_ALLOCATOR = {"keeps_freed": False, "note": "glibc's defaults"}
+
+
+def keep_freed_cpu_memory() -> bool:
+    """Make this process keep the CPU memory it frees for its next allocations (glibc): no trimming of the heap's top
+    (``M_TRIM_THRESHOLD`` -1) and blocks up to :data:`KEEP_FREED_MMAP_THRESHOLD` served from the heap rather than from
+    mappings of their own (``M_MMAP_THRESHOLD``); :func:`release_freed_memory` then trims nothing either. Returns
+    whether it did; it does nothing (False) on CUDA, without glibc, and when the user set any of
+    :data:`ALLOCATOR_ENV`.
+
+    A training step allocates and frees the same large tensors at every step (logits, activations, caches). With
+    glibc's defaults, blocks above a dynamic threshold (at most 32 MiB) are mapped and unmapped, the heap's free top is
+    given back, and the trainer trimmed the heap after the rollout and after each policy's update: every page was
+    then faulted in and zeroed again by the kernel at its next use: in a 5-step run of the main job 6.4 million page
+    faults and 16-17 s of system time, against 1.9 million and 8 s kept (``docs/results/step_profile/README.md``,
+    "Page faults"). The cost: resident memory stays at its peak, and where several policies update one after
+    another, the small tensors each creates between freed buffers make the heap grow (the trims kept that from
+    resident memory). It is process-wide and stays set."""
+    import torch
+
+    if _ALLOCATOR["keeps_freed"]:
+        return True
+    if torch.cuda.is_available():
+        return False
+    user = [k for k in ALLOCATOR_ENV if k in os.environ and (k != "GLIBC_TUNABLES" or "malloc" in os.environ[k])]
+    if user:
+        _ALLOCATOR["note"] = f"set by the user's environment ({', '.join(user)})"
+        return False
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    if not (libc.mallopt(_M_TRIM_THRESHOLD, -1) and libc.mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_MMAP_THRESHOLD)):
+        raise RuntimeError("glibc's mallopt refused the trim or mmap threshold (cpu_keep_freed_memory)")
+    _ALLOCATOR.update(keeps_freed=True, note=f"keeps freed memory (mallopt: no trimming, mmap threshold "
+                                              f"{KEEP_FREED_MMAP_THRESHOLD})")
+    return True
+
+
+def cpu_allocator_record() -> str:
+    """How this process's CPU allocator was set: glibc's defaults, kept freed memory, or the user's environment."""
+    return _ALLOCATOR["note"]
+
+
 def release_freed_memory() -> None:
-    """Return freed heap memory to the OS (glibc ``malloc_trim``) on CPU.
+    """Return freed heap memory to the OS (glibc ``malloc_trim``) on CPU, unless this process keeps its freed memory
+    (:func:`keep_freed_cpu_memory`, the trainers' ``cpu_keep_freed_memory``).
 
     Between policies the update frees large activation buffers while small, long-lived tensors (each policy's
     gradients and optimizer state, created lazily) land between them; glibc then keeps the freed space, and the
     resident memory of a team grows with its number of policies although the live tensors do not. Trimming after
-    each policy's backward pass keeps a team on one shared base close to one agent's footprint (``make bench``).
-    It is an action, not a setting: no allocator behaviour changes for the rest of the process.
+    each policy's backward pass keeps a team on one shared base close to one agent's footprint (``make bench``),
+    at the price of faulting those pages in again at the next step.
     """
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or _ALLOCATOR["keeps_freed"]:
         return
     trim = _malloc_trim()
     if trim is not None:

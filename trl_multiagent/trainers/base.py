@@ -48,7 +48,7 @@ from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
 from ..teacher_forcing import PrefixStore, lm_forward
-from ..utils import configure_threads, release_freed_memory
+from ..utils import configure_threads, keep_freed_cpu_memory, release_freed_memory
 from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
@@ -137,6 +137,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         threads = configure_threads(args.num_threads)
         if threads:
             logger.info("torch uses %d CPU threads in this process (num_threads)", threads)
+        if args.cpu_keep_freed_memory and keep_freed_cpu_memory():
+            logger.info("this process keeps the CPU memory it frees (cpu_keep_freed_memory)")
         if isinstance(agents, AgentPool):
             self.check_pool(agents, args)
             pool = agents

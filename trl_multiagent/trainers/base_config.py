@@ -76,6 +76,16 @@ class MultiAgentConfig(GRPOConfig):
         "help": "torch's CPU threads in each process; None: OMP_NUM_THREADS when you set it, else the CPUs this "
                 "process may run on, shared among the processes of this machine (the 1 that accelerate launch sets "
                 "on its own would leave all but one core idle)."})
+    cpu_keep_freed_memory: bool = field(default=False, metadata={
+        "help": "On CPU with glibc: the process keeps the memory it frees for its next allocations (no trimming, "
+                "blocks up to 1 GiB from the heap) instead of giving it back to the OS after the rollout and after "
+                "each policy's update, where every page was faulted in again at the next step. The main job (one "
+                "policy) ran 7.5-11% shorter steps with it, at 1.5% more peak memory "
+                "(docs/results/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: "
+                "between the updates of several policies the trims keep a team nearer one agent's memory (a 4-agent "
+                "team on one base: 1.059 times one agent's peak with it, 1.050 without, in one run). Process-wide; "
+                "left alone when MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_ or a GLIBC_TUNABLES "
+                "malloc setting is in the environment. summary.json records it (machine.cpu_allocator)."})
     dense_copy: str = field(default="auto", metadata={
         "help": "4-bit (QLoRA) bases compute with a de-quantised copy of their frozen weights, the same numbers "
                 "without de-quantising at every matmul (several times faster on CPU, more memory): 'always', "
