@@ -80,7 +80,7 @@ class MultiAgentConfig(GRPOConfig):
         "help": "On CPU with glibc: the process keeps the memory it frees for its next allocations (no trimming, "
                 "blocks up to 1 GiB from the heap) instead of giving it back to the OS after the rollout and after "
                 "each policy's update, where every page was faulted in again at the next step. The main job (one "
-                "policy) ran 7.5-11% shorter steps with it, at 1.5% more peak memory "
+                "policy) took 0.89-0.93 times as long per step with it, at 1.015 times the peak memory "
                 "(docs/results/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: "
                 "between the updates of several policies the trims keep a team nearer one agent's memory (a 4-agent "
                 "team on one base: 1.059 times one agent's peak with it, 1.050 without, in one run). Process-wide; "
