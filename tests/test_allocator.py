@@ -13,6 +13,7 @@ import platform
 import subprocess
 import sys
 
+from trl_multiagent import utils
 from trl_multiagent.trainers import MultiAgentGRPOConfig
 
 PROBE = r"""
@@ -82,3 +83,28 @@ def test_the_config_field_is_off_by_default_and_can_be_turned_on(tmp_path):
     assert MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[]).cpu_keep_freed_memory is False
     on = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], cpu_keep_freed_memory=True)
     assert on.cpu_keep_freed_memory is True
+
+
+class _RefusingLibc:
+    """A libc whose mallopt takes mmap thresholds up to 32 MiB only (as glibc's manual describes); records the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, param, value):
+        self.calls.append((param, value))
+        return int(not (param == -3 and value > 32 << 20))
+
+
+def test_a_refused_1_gib_threshold_falls_back_to_the_ceiling(monkeypatch):
+    """In process, on a stand-in libc (nothing of the real allocator changes): 1 GiB is asked, refused, 32 MiB set,
+    trimming off (-1), and the record names the threshold set."""
+    fake = _RefusingLibc()
+    monkeypatch.setattr(utils, "_libc", lambda: fake)
+    monkeypatch.setattr(utils, "_ALLOCATOR", {"keeps_freed": False, "note": "glibc's defaults"})
+    for name in utils.ALLOCATOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert utils.keep_freed_cpu_memory() is True
+    assert fake.calls == [(-3, 1 << 30), (-3, 32 << 20), (-1, -1)]
+    assert utils.cpu_allocator_record() == "keeps freed memory (mallopt: no trimming, mmap threshold 33554432)"

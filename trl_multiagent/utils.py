@@ -205,7 +205,10 @@ def _unique(folders: Iterable[Path | None]) -> list[Path]:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: Blocks from this size on get their own mapping when the process keeps freed memory (:func:`keep_freed_cpu_memory`):
 #: larger than any tensor of a step of the project's models, smaller than a model's weights loaded in one piece.
+#: glibc's manual gives 32 MiB as the ceiling on 64-bit systems (the Debian glibc 2.36 of the project's machine takes
+#: 1 GiB); where 1 GiB is refused, the ceiling is set.
 KEEP_FREED_MMAP_THRESHOLD = 1 << 30
+MMAP_THRESHOLD_CEILING = 32 << 20
 #: The environment variables by which a user sets glibc's trim and mmap thresholds themselves (then left alone).
 ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
 #: What :func:`keep_freed_cpu_memory` did in this process (:func:`cpu_allocator_record` reports it).
@@ -240,10 +243,11 @@ def keep_freed_cpu_memory() -> bool:
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    if not (libc.mallopt(_M_TRIM_THRESHOLD, -1) and libc.mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_MMAP_THRESHOLD)):
-        raise RuntimeError("glibc's mallopt refused the trim or mmap threshold (cpu_keep_freed_memory)")
-    _ALLOCATOR.update(keeps_freed=True, note=f"keeps freed memory (mallopt: no trimming, mmap threshold "
-                                              f"{KEEP_FREED_MMAP_THRESHOLD})")
+    threshold = next((t for t in (KEEP_FREED_MMAP_THRESHOLD, MMAP_THRESHOLD_CEILING)
+                      if libc.mallopt(_M_MMAP_THRESHOLD, t)), None)
+    if threshold is None or not libc.mallopt(_M_TRIM_THRESHOLD, -1):
+        raise RuntimeError("glibc's mallopt refused the mmap or trim threshold (cpu_keep_freed_memory); set it false")
+    _ALLOCATOR.update(keeps_freed=True, note=f"keeps freed memory (mallopt: no trimming, mmap threshold {threshold})")
     return True
 
 
