@@ -47,9 +47,9 @@ def run(out: Path, steps: int, keep: bool) -> dict:
     with open(out.with_suffix(".log"), "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({child.returncode}); see {out.with_suffix('.log')}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({code}); see {out.with_suffix('.log')}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time"] for r in records if "step_time" in r]
     later = records[1:len(times)]
