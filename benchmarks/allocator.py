@@ -21,44 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from main_job_ab import alternate
 from measure import write_result
 from targets import MAIN_JOB
 
 from trl_multiagent.provenance import cpu_flags, cpu_model
-
-PARTS = ("time/generation", "time/forward", "time/backward", "time/environment")
-
-
-def run(out: Path, steps: int, keep: bool) -> dict:
-    """One training run in a child process; its step metrics and its own resource usage."""
-    command = [sys.executable, "-m", "trl_multiagent", "train", "--config", MAIN_JOB, "--max_steps", str(steps),
-               "--evaluator", "none", "--output_dir", str(out), "--disable_tqdm", "true",
-               "--cpu_keep_freed_memory", str(keep).lower()]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    start = time.perf_counter()
-    with open(out.with_suffix(".log"), "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({code}); see {out.with_suffix('.log')}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    times = [r["step_time"] for r in records if "step_time" in r]
-    later = records[1:len(times)]
-    summary = json.loads((out / "summary.json").read_text())
-    return {"keep_freed": keep, "cpu_allocator": summary["machine"]["cpu_allocator"], "step_time_s": times,
-            "mean_step_s_after_first": statistics.fmean(times[1:]),
-            "mean_parts_after_first_s": {k: statistics.fmean(r[k] for r in later if k in r) for k in PARTS},
-            "wall_s": time.perf_counter() - start, "minor_page_faults": usage.ru_minflt,
-            "system_s": usage.ru_stime, "user_s": usage.ru_utime, "peak_rss_mib": usage.ru_maxrss / 1024}
 
 
 def memory(out_path: str, argv) -> int:
@@ -88,14 +61,8 @@ def main(argv=None) -> int:
     if args.memory:
         out = args.out if args.out != parser.get_default("out") else "docs/results/step_profile/allocator_memory.json"
         return memory(out, argv if argv is not None else sys.argv[1:])
-    runs = {"off": [], "on": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.rounds):
-            for way in ("off", "on"):
-                result = run(Path(tmp) / f"{way}{round_}", args.steps, way == "on")
-                runs[way].append(result)
-                print(f"round {round_ + 1} {way}: {result['mean_step_s_after_first']:.2f} s/step, "
-                      f"{result['minor_page_faults']} faults, {result['system_s']:.1f} s system", flush=True)
+    runs = alternate({way: ["--cpu_keep_freed_memory", str(way == "on").lower()] for way in ("off", "on")},
+                     args.rounds, args.steps)
     ratios = [a["mean_step_s_after_first"] / b["mean_step_s_after_first"] for a, b in zip(runs["off"], runs["on"])]
     result = {
         "command": "python benchmarks/allocator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
