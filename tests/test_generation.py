@@ -426,6 +426,42 @@ def test_packed_training_gives_the_loss_and_lora_gradients_of_f_linear(tiny_text
     assert all("forward" not in m.__dict__ for m in frozen)
 
 
+def test_prefill_computes_with_the_training_copies_only_where_training_packs(tiny_text_model, monkeypatch):
+    """The lean step packs q/k/v and gate/up concatenated; the prefill computes those layers with per-layer packed
+    copies only where the teacher-forced passes make them anyway (packs_training), and training then reuses the very
+    copies the prefill made. Both ways sample the same greedy tokens."""
+    from trl_multiagent.generation import frozen_weights
+    from trl_multiagent.generation.lean_step import LeanStep
+
+    monkeypatch.setattr(frozen_weights, "PACK_MIN_WEIGHTS", 0)  # the tiny model's layers are all small
+    requests = [GenerationRequest(a, p, num_samples=2) for p in ("abc", "what is two plus two") for a in ("aux", "main")]
+    outputs, copies = {}, {}
+    for packs in (False, True):
+        torch.manual_seed(1)
+        pool = _pool(tiny_text_model)
+        (key,) = pool.bases
+        model = pool.bases[key].get_base_model()
+        if not frozen_weights.packing_available(model):
+            pytest.skip("this torch build has no oneDNN linear op")
+        assert pool.packs_weights(key) and pool.lean_decodes(key) and pool.packs_training(key)
+        pool._packed_training[key] = packs
+        out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
+        outputs[packs] = [g.completion_ids for gens in out for g in gens]
+        concatenated = LeanStep.concatenated_modules(model)
+        others = [m for m in model.modules() if frozen_weights.PackedFrozenLinears.frozen_weight(m) is not None
+                  and all(m is not c for c in concatenated)]
+        assert len(concatenated) == 5 * model.config.num_hidden_layers and others
+        # the layers outside the concatenations are packed per layer either way; q/k/v, gate and up only with training
+        assert all("_trl_multiagent_packed" in m.__dict__ for m in others)
+        assert [("_trl_multiagent_packed" in m.__dict__) for m in concatenated] == [packs] * len(concatenated)
+        copies[packs] = {id(m): m.__dict__.get("_trl_multiagent_packed", (None, None))[1] for m in concatenated}
+        if packs:  # a training pass computes with the copies the prefill made, not new ones
+            ids = torch.tensor([pool.encode_prompt("aux", "what is two plus two")])
+            pool("aux", input_ids=ids, labels=ids).loss.backward()
+            assert all(m.__dict__["_trl_multiagent_packed"][1] is copies[True][id(m)] for m in concatenated)
+    assert outputs[True] == outputs[False] and all(len(c) > 0 for c in outputs[True])
+
+
 def test_prefill_buckets_minimise_padded_positions_exactly():
     from itertools import combinations
 

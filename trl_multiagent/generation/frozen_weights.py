@@ -200,7 +200,8 @@ class PackedFrozenLinears:
     ``skip``: layers left as they are. The lean decoding step (:mod:`.lean_step`) packs q/k/v and gate/up of every
     layer concatenated, and shares the packed copies of the other layers with this class; the prefill before it
     skips the concatenated layers, so that the frozen weights are packed once in all (what
-    :func:`packed_weight_bytes` counts).
+    :func:`packed_weight_bytes` counts), unless the teacher-forced passes pack each of those layers anyway
+    (:func:`~.team.prefill_unpacked`).
 
     ``dtype``: the dtype of the packed copies (``frozen_matmul_dtype``). ``torch.bfloat16`` rounds the weights once
     and each matmul's input and output (forward, and the input's gradient in backward) to bfloat16, with float32

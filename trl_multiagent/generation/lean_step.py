@@ -333,7 +333,8 @@ class LeanStep:
     @staticmethod
     def concatenated_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         """The frozen layers that a packed step computes from concatenated copies (q, k, v, gate, up): the prefill
-        leaves them out of :class:`~.frozen_weights.PackedFrozenLinears`, so that they are packed once, not twice."""
+        leaves them out of :class:`~.frozen_weights.PackedFrozenLinears`, so that they are packed once, not twice,
+        unless training packs them anyway (:func:`~.team.prefill_unpacked`)."""
         out = []
         for layer in model.model.layers[: model.config.num_hidden_layers]:
             for owner, names in ((layer.self_attn, _ATTN), (layer.mlp, _MLP)):
