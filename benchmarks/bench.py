@@ -610,6 +610,16 @@ def _targets_markdown(report: dict) -> list[str]:
     if d:
         parts = ", ".join(f"{k.split('/')[1]} {v:.1f} s" for k, v in d["mean_parts_after_first_s"].items())
         lines.append(f"- main job's step: {', '.join(f'{x:.1f}' for x in d['step_time_s'])} s ({parts}).")
+    k = m.get("decode")
+    fast = d and d.get("train_pass_fastest_matmul")
+    if fast and k:
+        decode = " / ".join(f"{s['lean_over_fastest_matmul_bound']:.2f}" for s in k["steps"])
+        rows = " / ".join(str(s["rows"]) for s in k["steps"])
+        lines.append(f"- not targets: against the faster of MKL's sgemm ({d['train_pass']['matmul_gflops']:.0f} GFLOP/s) "
+                     f"and oneDNN's packed matmul ({fast['matmul_gflops']:.0f} GFLOP/s, the kernel of the frozen "
+                     f"matmuls) around the main job's run, `train_pass_vs_matmul` would be "
+                     f"{fast['mean_after_first']:.3f}; the decoding step at {rows} rows over its bound with the faster "
+                     f"kernel's rate {decode}.")
     if e:
         lines.append(f"- evaluation: {e['new']['seconds']:.0f} s today (matmul {e['new']['matmul_gflops']:.0f} "
                      f"GFLOP/s, {e['new']['generated_sequences']} sequences generated, {e['new']['prompt_tokens']} "

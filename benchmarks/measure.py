@@ -24,6 +24,23 @@ def matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter) -> f
     return repeats * 2 * n**3 / (clock() - start)
 
 
+def packed_matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter) -> float | None:
+    """FLOP/s of the same ``n``^3 float32 product through oneDNN with the weight packed once
+    (``torch.ops.mkldnn._linear_pointwise``, the kernel of the library's frozen matmuls), or ``None`` where this
+    torch has no such op. ``torch.mm`` (:func:`matmul_flops`) is MKL's ``sgemm``, which may use narrower vector
+    instructions than oneDNN on the same CPU (on the AMD EPYC with AVX-512 it ran at about half oneDNN's rate:
+    ``docs/results/isa_caps/``), so this is the better estimate of what the machine's arithmetic allows."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return None
+    a, w = torch.randn(n, n), torch.randn(n, n)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, n)
+    torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    start = clock()
+    for _ in range(repeats):
+        torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    return repeats * 2 * n**3 / (clock() - start)
+
+
 def paired_medians(times: dict[str, list[float]], base: str) -> tuple[dict[str, float], dict[str, float]]:
     """Of alternating timings ``times`` (way -> seconds of each round): each way's median, and for each other way the
     median over rounds of ``base``'s time over its time (the two runs of a round share the machine's state)."""

@@ -14,9 +14,12 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
   for a few steps without evaluation; the mean ``step_time`` of the steps after the first -> ``demo_step_s`` (until
   2026-11-27 this measured the TL;DR writing job, the main job when issue 40 set the target); and the loss's forward plus backward seconds
   against their FLOPs at the matmul rate measured around the run -> ``train_pass_vs_matmul``
-  (:func:`train_pass_bound`).
+  (:func:`train_pass_bound`). Beside it, not a target: the same ratio at the faster of that rate (MKL's ``sgemm``)
+  and oneDNN's packed matmul (``measure.packed_matmul_flops``, the kernel of the library's frozen matmuls), which on
+  some CPUs uses wider vector instructions than MKL (``docs/results/isa_caps/``) -> ``train_pass_fastest_matmul``.
 * ``decode``: ``benchmarks/decode_step.py``: one decoding step at 1, 16 and 64 rows against
-  ``max(weight bytes / bandwidth, FLOPs / matmul rate)`` of the same run -> ``decode_vs_bound_{1,16,64}``.
+  ``max(weight bytes / bandwidth, FLOPs / matmul rate)`` of the same run -> ``decode_vs_bound_{1,16,64}`` (and, not
+  a target, ``lean_over_fastest_matmul_bound``: the same with the faster matmul rate above).
 * ``evaluation``: ``benchmarks/eval_speed.py`` (the main job's before-training evaluation on 10 held-out posts)
   against the same command run once on the code before the speed work (``docs/results/eval_speed/reference.json``),
   with each side's seconds scaled by its own matmul rate -> ``eval_speedup``.
@@ -120,14 +123,16 @@ MAIN_JOB = "recipes/configs/math_generalisation_at_grpo.yaml"
 
 
 def measure_demo_step(tmp: Path, log, steps: int = 5) -> dict:
-    from measure import matmul_flops
+    from measure import matmul_flops, packed_matmul_flops
 
     out = tmp / "demo"
-    rate_before = matmul_flops()
+    rate_before, packed_before = matmul_flops(), packed_matmul_flops()
     wall = _run([sys.executable, "-m", "trl_multiagent", "train", "--config", MAIN_JOB,
                  "--max_steps", str(steps), "--evaluator", "none", "--output_dir", str(out), "--disable_tqdm",
                  "true"], log)
     rate = (rate_before + matmul_flops()) / 2
+    packed_after = packed_matmul_flops()
+    packed = None if packed_before is None or packed_after is None else (packed_before + packed_after) / 2
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time"] for r in records if "step_time" in r]
     model = json.loads((out / "summary.json").read_text())["recipe"].get("model", "smollm2-135m-instruct")
@@ -137,7 +142,11 @@ def measure_demo_step(tmp: Path, log, steps: int = 5) -> dict:
     return {"command": f"python -m trl_multiagent train --config {MAIN_JOB} --max_steps {steps} "
                        "--evaluator none", "step_time_s": times, "mean_step_s_after_first": statistics.fmean(times[1:]),
             "mean_parts_after_first_s": parts, "wall_s": wall,
-            "train_pass": train_pass_bound(records, linear_flops_per_token(model), rate)}
+            "train_pass": train_pass_bound(records, linear_flops_per_token(model), rate),
+            # not a target: the same ratio against the faster of MKL's sgemm and oneDNN's packed matmul (the kernel
+            # of the library's frozen matmuls), which may use wider vector instructions than MKL on the same CPU
+            "train_pass_fastest_matmul": None if packed is None else
+            train_pass_bound(records, linear_flops_per_token(model), max(rate, packed))}
 
 
 def measure_decode(tmp: Path, log) -> dict:

@@ -78,3 +78,16 @@ def test_paired_medians_by_hand():
     medians, ratios = paired_medians({"base": [2.0, 4.0, 6.0], "fast": [1.0, 1.0, 3.0]}, "base")
     assert medians == {"base": 4.0, "fast": 1.0}
     assert ratios == {"fast": 2.0}  # per round 2, 4, 2: the median of the ratios, not the ratio of the medians (4)
+
+
+def test_packed_matmul_rate_counts_the_products_flops_and_is_none_without_onednn(monkeypatch):
+    """``measure.packed_matmul_flops``: 2 n^3 FLOPs per timed call of oneDNN's packed linear (a fake clock makes the
+    rate exact), and ``None`` where torch has no oneDNN linear op."""
+    import measure
+
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        pytest.skip("this torch build has no oneDNN linear op")
+    ticks = iter([10.0, 12.0])  # start and end of the timed loop: 2 seconds
+    assert measure.packed_matmul_flops(n=64, repeats=3, clock=lambda: next(ticks)) == pytest.approx(3 * 2 * 64**3 / 2.0)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert measure.packed_matmul_flops(n=64, repeats=3) is None
