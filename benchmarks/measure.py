@@ -30,14 +30,16 @@ def packed_matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counte
     torch has no such op. ``torch.mm`` (:func:`matmul_flops`) is MKL's ``sgemm``, which may use narrower vector
     instructions than oneDNN on the same CPU (on the AMD EPYC with AVX-512 it ran at about half oneDNN's rate:
     ``docs/results/isa_caps/``), so this is the better estimate of what the machine's arithmetic allows."""
+    from trl_multiagent.generation.frozen_weights import packed_matmul, packed_weight
+
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return None
-    a, w = torch.randn(n, n), torch.randn(n, n)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, n)
-    torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    a, layer = torch.randn(n, n), torch.nn.Linear(n, n, bias=False).requires_grad_(False)
+    packed = packed_weight(layer, [layer.weight])  # as the library packs a frozen weight
+    packed_matmul(a, packed, None)
     start = clock()
     for _ in range(repeats):
-        torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+        packed_matmul(a, packed, None)
     return repeats * 2 * n**3 / (clock() - start)
 
 
