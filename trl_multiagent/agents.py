@@ -256,6 +256,11 @@ class AgentPool(nn.Module):
     def base_of(self, policy: str) -> PeftModel:
         return self.bases[self.policies[policy].base_key]
 
+    def config_of(self, policy: str):
+        """The transformers config of ``policy``'s base model (what
+        :func:`~trl_multiagent.teacher_forcing.model_config` reads for ``functools.partial(pool, policy)``)."""
+        return self.base_of(policy).get_base_model().config
+
     def tokenizer_of(self, name: str) -> PreTrainedTokenizerBase:
         """The tokenizer of an agent's, a policy's or a critic's base."""
         if name in self.critics:

@@ -9,7 +9,10 @@ different prompts of one environment share their opening (a system message, work
    (:func:`~trl_multiagent.generation.prefixes.shared_prefixes`, the grouping team-level generation prefills with);
    each group's prefix runs once;
 2. **distinct prompts**: the rest of every distinct prompt, on its group's cache rows;
-3. **completions**: every row's completion, on its prompt's cache rows.
+3. **completions**: on each distinct prompt's cache row, its completions (the K samples) packed into one sequence,
+   one after another, under a 4D mask that keeps them apart (:func:`_packed_completions`, for the models
+   :func:`packs_completions` accepts: the embedded Llama models among them); for other models, every row's
+   completion on its own copy of its prompt's cache row, in length buckets.
 
 Cache rows are copied with a differentiable gather, so a gradient through a shared span is the sum of the gradients
 of every row that reads it: the outputs and their gradients are those of one separate pass per row (up to float
@@ -23,6 +26,7 @@ never the ``(B, T, vocabulary)`` logits.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -47,25 +51,66 @@ Head = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def lm_forward(model) -> Forward:
-    """:data:`Forward` of a causal LM (or a callable forwarding to one): its logits."""
+    """:data:`Forward` of a causal LM (or a callable forwarding to one): its logits. Its ``packs_completions``
+    (:func:`packs_completions` of :func:`model_config`) says whether stage 3 packs."""
 
     def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     use_cache=use_cache, logits_to_keep=keep, **{CACHE_KEYWORD: cache})
         return out.logits, _cache_of(out)
 
+    forward.packs_completions = packs_completions(model_config(model))
     return forward
 
 
 def hidden_forward(backbone) -> Forward:
-    """:data:`Forward` of a decoder without its LM head (``model.base_model`` of a causal LM): its last hidden states."""
+    """:data:`Forward` of a decoder without its LM head (``model.base_model`` of a causal LM): its last hidden states
+    (``packs_completions`` as :func:`lm_forward`'s)."""
 
     def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=use_cache, **{CACHE_KEYWORD: cache})
         return out.last_hidden_state[:, -keep:], _cache_of(out)
 
+    forward.packs_completions = packs_completions(model_config(backbone))
     return forward
+
+
+#: The architectures (transformers' ``model_type``) whose stage 3 packs completions: their attention reads only the
+#: mask it is given and their positions only ``position_ids`` (rotary embeddings), so a custom 4D mask and explicit
+#: positions compute exactly what separate rows compute. Others (learned or ALiBi position biases built from a 2D
+#: mask, sliding windows the mask would have to repeat) keep one row per completion.
+PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo", "olmo2", "granite"})
+
+
+def model_config(model):
+    """The transformers config of ``model``: its ``config`` (a transformers or PEFT model, or any callable given
+    one); for a callable bound to one policy of an :class:`~trl_multiagent.agents.AgentPool` (``functools.partial
+    (pool, policy)``, as the trainers call it; the pool possibly wrapped, as ``accelerate`` wraps it), that policy's
+    base's; else ``None``."""
+    config = getattr(model, "config", None)
+    if config is None and isinstance(model, functools.partial) and model.args:
+        pool = getattr(model.func, "module", model.func)
+        config_of = getattr(pool, "config_of", None)
+        if callable(config_of) and isinstance(model.args[0], str):
+            config = config_of(model.args[0])
+    return config
+
+
+def packs_completions(config) -> bool:
+    """Whether stage 3 packs completions for a model of ``config``: an architecture of :data:`PACKED_MODEL_TYPES`
+    without a sliding window, computing attention with ``sdpa`` or the grouped ``sdpa``, which take the boolean 4D
+    mask as it is (True where a query attends). ``eager`` attention would add the mask to its scores, and other
+    implementations read no 4D mask: those, and a model without a config, keep one row per completion."""
+    from .grouped_attention import GROUPED_SDPA
+
+    if config is None or getattr(config, "model_type", None) not in PACKED_MODEL_TYPES:
+        return False
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return False
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return False
+    return getattr(config, "_attn_implementation", None) in ("sdpa", GROUPED_SDPA)
 
 
 def _cache_of(out):
@@ -150,7 +195,11 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     last = torch.cat([last for _, last, _, _ in pieces])
     done = done + torch.tensor([len(r) for r in rests], device=device)
 
-    # 3. every row's completion, on its prompt's cache rows
+    # 3. the completions: packed, those of one distinct prompt one after another on its cache row; else every row's
+    # completion on its prompt's cache rows, gathered
+    if getattr(forward, "packs_completions", False):
+        return _packed_completions(forward, owner, row_of, cache, mask, done, last, completion_ids,
+                                   completion_mask, head)
     lengths = completion_mask.sum(-1).tolist()
     heads, order = [], []
     for bucket in length_buckets(lengths):
@@ -176,6 +225,66 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
     joined = tuple(torch.cat(parts)[inverse] for parts in zip(*heads))
     return joined[0] if head is None else joined
+
+
+def _packed_completions(forward: Forward, owner, row_of, cache, mask, done, last, completion_ids, completion_mask,
+                        head: Head | None):
+    """Stage 3 of :func:`completion_outputs` with the completions packed: the completions of one distinct prompt
+    (its K samples) run as one sequence, one after another, on the prompt's own cache row, in :func:`length_buckets`
+    of similar packed lengths. A boolean 4D mask lets each completion's positions see the prompt's cached columns
+    and the completion's own positions up to themselves, not the other completions; in every completion the
+    positions count on from the prompt's end. So no row's cache is gathered, no completion is padded to a longer
+    one, and the prompt's keys and values are read once per prompt instead of once per sample. The outputs are those
+    of one row per completion up to float summation order (``tests/test_packed_completions.py``)."""
+    device, (b, t) = completion_ids.device, completion_ids.shape
+    lengths = completion_mask.sum(-1).tolist()
+    members: dict[int, list[int]] = {}  # distinct prompt -> its rows with a non-empty completion
+    for r, i in enumerate(owner):
+        if lengths[r]:
+            members.setdefault(i, []).append(r)
+    prompts = list(members)
+    # the prompt's last position predicts each row's first token
+    firsts = last[torch.tensor([row_of[i] for i in owner], device=device)]
+    first = (firsts,) if head is None else head(firsts, completion_ids[:, :1])
+    # source[r, j]: where row r's value at completion position j + 1 lies among the calls' flattened outputs
+    # (position p of a packed sequence predicts the token after it); the last slot, a zero, for positions past a row
+    pieces, offset, slots = [], 0, []
+    for bucket in length_buckets([sum(lengths[r] for r in members[i]) for i in prompts]):
+        sequences = [members[prompts[j]] for j in bucket]
+        width = max(sum(lengths[r] for r in rows) for rows in sequences)
+        ids = completion_ids.new_zeros(len(sequences), width)
+        positions = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+        segment = torch.arange(width, device=device).repeat(len(sequences), 1)  # where each position's completion
+        for s, rows in enumerate(sequences):                                    # starts (padding: at itself)
+            start = 0
+            for r in rows:
+                n = lengths[r]
+                ids[s, start:start + n] = completion_ids[r, :n]
+                positions[s, start:start + n] = done[owner[r]] + torch.arange(n, device=device)
+                segment[s, start:start + n] = start
+                slots.append((r, offset + s * width + start, n))
+                start += n
+        index = torch.tensor([row_of[owner[rows[0]]] for rows in sequences], device=device)
+        cached = mask[index]
+        column = int(cached.any(0).long().argmax()) if cached.size(1) else 0  # columns no sequence reads
+        key = torch.arange(width, device=device)
+        own = (key.view(1, 1, -1) >= segment.unsqueeze(-1)) & (key.view(1, 1, -1) <= key.view(1, -1, 1))
+        visible = torch.cat([cached[:, column:].bool().unsqueeze(1).expand(-1, width, -1), own], dim=-1)
+        out, _ = forward(ids, visible.unsqueeze(1), positions, _cache_rows(cache, index, column), True, width)
+        if head is None:
+            values = (out,)
+        else:  # the token after each position (the last position of a completion predicts nothing used)
+            values = head(out, torch.cat([ids[:, 1:], ids.new_zeros(len(sequences), 1)], dim=1))
+        pieces.append(tuple(v.flatten(0, 1) for v in values))
+        offset += len(sequences) * width
+    source = torch.full((b, max(t - 1, 0)), offset, dtype=torch.long, device=device)
+    for r, at, n in slots:
+        source[r, :n - 1] = torch.arange(at, at + n - 1, device=device)
+    joined = []
+    for k, f in enumerate(first):
+        flat = torch.cat([p[k] for p in pieces] + [f.new_zeros((1,) + f.shape[2:])])
+        joined.append(_to_width(torch.cat([f, flat[source]], dim=1), t))
+    return joined[0] if head is None else tuple(joined)
 
 
 def _to_width(values: torch.Tensor, t: int) -> torch.Tensor:

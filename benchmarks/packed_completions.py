@@ -1,0 +1,124 @@
+"""Stage 3 of the teacher-forced pass, packed against one row per completion: the loss's log-prob pass of one step of
+the main job, forward and backward, both ways alternating in one process.
+
+    python benchmarks/packed_completions.py [--micro_batches 64 16] [--repeats 5] \
+        [--out docs/results/teacher_forcing/packed_completions.json]
+
+The step's 48 samples are ``benchmarks/loss_pass.py``'s (``loss_positions.step_prompts``: the math team's prompts of
+4 training problems, both agents, first and second turns, K = 4 each; completion lengths drawn from 5 to 40, seeded;
+random completion tokens), on the embedded SmolLM2-135M-Instruct in float32 with one LoRA adapter (r 16, B made
+non-zero), run as the trainer runs an update: micro-batches in prompt order, the shared prefixes stored once when
+there are several, each micro-batch's ``sum(logps x mask)`` sent backward.
+
+- ``rows``: one row per completion in stage 3 (each row's prompt cache gathered, completions in length buckets, each
+  padded to its bucket's longest): the library before packing, and still the path of models that cannot take the
+  packed mask (``teacher_forcing.packs_completions``); selected here by emptying ``PACKED_MODEL_TYPES``;
+- ``packed``: the library (``teacher_forcing._packed_completions``).
+
+Before timing, both ways' log-probs and LoRA gradients are compared. The result keeps every round's seconds, the
+medians and the median of the paired ratios rows / packed, per micro-batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import sys
+import time
+
+import torch
+from loss_pass import micro_batches
+from loss_positions import step_prompts
+from measure import matmul_flops, paired_medians, write_result
+
+from trl_multiagent import teacher_forcing
+from trl_multiagent.agents import AgentPool, AgentSpec
+from trl_multiagent.logprobs import completion_logps
+from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
+
+TEMPERATURE = 0.7
+PACKED_TYPES = teacher_forcing.PACKED_MODEL_TYPES
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/results/teacher_forcing/packed_completions.json")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--micro_batches", type=int, nargs="+", default=[64, 16])
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    pool = AgentPool([AgentSpec("solver", model="smollm2-135m-instruct", lora_r=16, lora_alpha=32)])
+    with torch.no_grad():
+        for name, p in pool.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    pool.train()
+    model = functools.partial(pool, "solver")
+    params = pool.policy_parameters("solver")
+    prompts = step_prompts(pool.tokenizer_of("solver"))
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 40) for _ in prompts]
+    calls: list[tuple[int, int]] = []
+
+    def counted(**inputs):
+        calls.append(tuple(inputs["input_ids"].shape))
+        return model(**inputs)
+
+    counted.config = pool.config_of("solver")
+
+    def step(way: str, batches):
+        teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES if way == "packed" else frozenset()
+        pool.zero_grad()
+        calls.clear()
+        store = PrefixStore.build(lm_forward(model), prompts, torch.device("cpu")) if len(batches) > 1 else None
+        logps = []
+        for batch in batches:
+            lp = completion_logps(counted, *batch, TEMPERATURE, compute_entropy=True, prefix_store=store)[0]
+            (lp * batch[3]).sum().backward()
+            logps.append(lp[batch[3].bool()].detach())
+        if store is not None:
+            store.backward()
+        teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES
+        return torch.cat(logps), [p.grad.clone() for p in params], list(calls)
+
+    rate_before = matmul_flops()
+    runs = {}
+    for size in args.micro_batches:
+        batches = micro_batches(prompts, lengths, size, pool.tokenizer_of("solver").vocab_size)
+        reference, packed = step("rows", batches), step("packed", batches)
+        check = {"logps_max_abs_diff": (packed[0] - reference[0]).abs().max().item(),
+                 "grad_max_abs_diff": max((a - b).abs().max().item() for a, b in zip(packed[1], reference[1])),
+                 "grad_max_abs": max(g.abs().max().item() for g in reference[1])}
+        if check["logps_max_abs_diff"] > 1e-3 or check["grad_max_abs_diff"] > 1e-4 * check["grad_max_abs"]:
+            raise SystemExit(f"packed differs from rows at micro-batch {size}: {check}")
+        times = {"rows": [], "packed": []}
+        for _ in range(args.repeats):
+            for way in times:
+                start = time.perf_counter()
+                step(way, batches)
+                times[way].append(time.perf_counter() - start)
+        medians, ratios = paired_medians(times, "rows")
+        runs[str(size)] = {
+            "micro_batches": len(batches), "check": check,
+            "model_calls": {"rows": reference[2], "packed": packed[2]},
+            "positions_computed": {"rows": sum(r * w for r, w in reference[2]),
+                                   "packed": sum(r * w for r, w in packed[2])},
+            "seconds_median": medians, "seconds_all": times, "rows_over_packed": ratios,
+        }
+        print(size, medians, ratios, flush=True)
+    result = {
+        "command": "python benchmarks/packed_completions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "samples": len(prompts), "distinct_prompts": len({tuple(p) for p in prompts}),
+        "completion_tokens": sum(lengths), "repeats": args.repeats,
+        "matmul_gflops": (rate_before + matmul_flops()) / 2e9,
+        "by_micro_batch": runs,
+    }
+    write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
