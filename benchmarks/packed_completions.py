@@ -1,7 +1,7 @@
 """Stage 3 of the teacher-forced pass, packed against one row per completion: the loss's log-prob pass of one step of
 the main job, forward and backward, both ways alternating in one process.
 
-    python benchmarks/packed_completions.py [--micro_batches 64 16] [--repeats 5] \
+    python benchmarks/packed_completions.py [--micro_batches 64 16] [--main_job_steps 4] [--repeats 5] \
         [--out docs/results/teacher_forcing/packed_completions.json]
 
 The step's 48 samples are ``benchmarks/loss_pass.py``'s (``loss_positions.step_prompts``: the math team's prompts of
@@ -15,8 +15,14 @@ there are several, each micro-batch's ``sum(logps x mask)`` sent backward.
   packed mask (``teacher_forcing.packs_completions``); selected here by emptying ``PACKED_MODEL_TYPES``;
 - ``packed``: the library (``teacher_forcing._packed_completions``).
 
+The main job's own batches too (``--main_job_steps``, 0: skip): the script first trains make demo's recipe
+(``targets.MAIN_JOB``, no evaluation) for that many steps in this process, keeping the batch of every log-prob pass
+with gradients that the trainer runs (one per step: the recipe's step is one micro-batch) and the callable it runs
+it with (the pool bound to the policy). After training, each batch runs both ways, alternating, on the trained
+adapter, with the process's allocator as the trainer left it (the recipe keeps freed memory).
+
 Before timing, both ways' log-probs and LoRA gradients are compared. The result keeps every round's seconds, the
-medians and the median of the paired ratios rows / packed, per micro-batch size.
+medians and the median of the paired ratios rows / packed, per micro-batch size and per main-job batch.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import argparse
 import functools
 import random
 import sys
+import tempfile
 import time
 
 import torch
 from loss_pass import micro_batches
 from loss_positions import step_prompts
 from measure import matmul_flops, paired_medians, write_result
+from targets import MAIN_JOB
 
 from trl_multiagent import teacher_forcing
 from trl_multiagent.agents import AgentPool, AgentSpec
@@ -42,11 +50,58 @@ TEMPERATURE = 0.7
 PACKED_TYPES = teacher_forcing.PACKED_MODEL_TYPES
 
 
+def main_job_batches(steps: int) -> list:
+    """``(model, batch)`` of every log-prob pass with gradients of ``steps`` steps of the main job, trained here."""
+    from trl_multiagent.cli import main as cli
+    from trl_multiagent.trainers.compat import TeamTrainerSurface
+
+    kept, original = [], TeamTrainerSurface.token_logps
+
+    def keep(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, compute_entropy=False):
+        if torch.is_grad_enabled():
+            kept.append((model, (prompt_ids, prompt_mask, completion_ids, completion_mask)))
+        return original(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, compute_entropy)
+
+    TeamTrainerSurface.token_logps = keep
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            code = cli(["train", "--config", MAIN_JOB, "--max_steps", str(steps), "--evaluator", "none",
+                        "--output_dir", out, "--disable_tqdm", "true"])
+    finally:
+        TeamTrainerSurface.token_logps = original
+    if code:
+        raise SystemExit(f"the main job failed ({code})")
+    return kept
+
+
+def compare(step, label: str, repeats: int) -> dict:
+    """Both ways of ``step(way) -> (logps, grads, calls)``: checked against each other, then timed alternately."""
+    reference, packed = step("rows"), step("packed")
+    check = {"logps_max_abs_diff": (packed[0] - reference[0]).abs().max().item(),
+             "grad_max_abs_diff": max((a - b).abs().max().item() for a, b in zip(packed[1], reference[1])),
+             "grad_max_abs": max(g.abs().max().item() for g in reference[1])}
+    if check["logps_max_abs_diff"] > 1e-3 or check["grad_max_abs_diff"] > 1e-4 * check["grad_max_abs"]:
+        raise SystemExit(f"packed differs from rows ({label}): {check}")
+    times = {"rows": [], "packed": []}
+    for _ in range(repeats):
+        for way in times:
+            start = time.perf_counter()
+            step(way)
+            times[way].append(time.perf_counter() - start)
+    medians, ratios = paired_medians(times, "rows")
+    print(label, medians, ratios, flush=True)
+    return {"check": check, "model_calls": {"rows": reference[2], "packed": packed[2]},
+            "positions_computed": {"rows": sum(r * w for r, w in reference[2]),
+                                   "packed": sum(r * w for r, w in packed[2])},
+            "seconds_median": medians, "seconds_all": times, "rows_over_packed": ratios}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/results/teacher_forcing/packed_completions.json")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro_batches", type=int, nargs="+", default=[64, 16])
+    parser.add_argument("--main_job_steps", type=int, default=4)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     pool = AgentPool([AgentSpec("solver", model="smollm2-135m-instruct", lora_r=16, lora_alpha=32)])
@@ -87,27 +142,33 @@ def main(argv=None) -> int:
     runs = {}
     for size in args.micro_batches:
         batches = micro_batches(prompts, lengths, size, pool.tokenizer_of("solver").vocab_size)
-        reference, packed = step("rows", batches), step("packed", batches)
-        check = {"logps_max_abs_diff": (packed[0] - reference[0]).abs().max().item(),
-                 "grad_max_abs_diff": max((a - b).abs().max().item() for a, b in zip(packed[1], reference[1])),
-                 "grad_max_abs": max(g.abs().max().item() for g in reference[1])}
-        if check["logps_max_abs_diff"] > 1e-3 or check["grad_max_abs_diff"] > 1e-4 * check["grad_max_abs"]:
-            raise SystemExit(f"packed differs from rows at micro-batch {size}: {check}")
-        times = {"rows": [], "packed": []}
-        for _ in range(args.repeats):
-            for way in times:
-                start = time.perf_counter()
-                step(way, batches)
-                times[way].append(time.perf_counter() - start)
-        medians, ratios = paired_medians(times, "rows")
-        runs[str(size)] = {
-            "micro_batches": len(batches), "check": check,
-            "model_calls": {"rows": reference[2], "packed": packed[2]},
-            "positions_computed": {"rows": sum(r * w for r, w in reference[2]),
-                                   "packed": sum(r * w for r, w in packed[2])},
-            "seconds_median": medians, "seconds_all": times, "rows_over_packed": ratios,
-        }
-        print(size, medians, ratios, flush=True)
+        runs[str(size)] = {"micro_batches": len(batches),
+                           **compare(functools.partial(step, batches=batches), f"micro-batch {size}", args.repeats)}
+    main_job = []
+    if args.main_job_steps:
+        del pool, model, counted, params  # the trained pool takes their place
+        for n, (run, batch) in enumerate(main_job_batches(args.main_job_steps)):
+            trained, policy = getattr(run.func, "module", run.func), run.args[0]  # the pool, the policy's name
+
+            def counted_run(_run=run, **inputs):
+                calls.append(tuple(inputs["input_ids"].shape))
+                return _run(**inputs)
+
+            counted_run.config = trained.config_of(policy)
+
+            def main_step(way, _pool=trained, _policy=policy, _batch=batch, _counted=counted_run):
+                teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES if way == "packed" else frozenset()
+                _pool.zero_grad()
+                calls.clear()
+                lp = completion_logps(_counted, *_batch, TEMPERATURE, compute_entropy=True)[0]
+                (lp * _batch[3]).sum().backward()
+                teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES
+                return (lp[_batch[3].bool()].detach(), [p.grad.clone() for p in _pool.policy_parameters(_policy)],
+                        list(calls))
+
+            main_job.append({"rows": int(batch[2].size(0)), "completion_tokens": int(batch[3].sum()),
+                             "distinct_prompts": len({tuple(r[m.bool()].tolist()) for r, m in zip(batch[0], batch[1])}),
+                             **compare(main_step, f"main job batch {n + 1}", args.repeats)})
     result = {
         "command": "python benchmarks/packed_completions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -115,6 +176,7 @@ def main(argv=None) -> int:
         "completion_tokens": sum(lengths), "repeats": args.repeats,
         "matmul_gflops": (rate_before + matmul_flops()) / 2e9,
         "by_micro_batch": runs,
+        "main_job_steps": args.main_job_steps, "main_job_batches": main_job,
     }
     write_result(args.out, result)
     return 0

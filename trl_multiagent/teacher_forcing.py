@@ -250,7 +250,7 @@ def _packed_completions(forward: Forward, owner, row_of, cache, mask, done, last
     # (position p of a packed sequence predicts the token after it); the last slot, a zero, for positions past a row
     pieces, offset, slots = [], 0, []
     for bucket in length_buckets([sum(lengths[r] for r in members[i]) for i in prompts]):
-        sequences = [members[prompts[j]] for j in bucket]
+        sequences = [members[prompts[j]] for j in sorted(bucket, key=lambda j: row_of[prompts[j]])]
         width = max(sum(lengths[r] for r in rows) for rows in sequences)
         ids = completion_ids.new_zeros(len(sequences), width)
         positions = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
@@ -319,7 +319,10 @@ def _cache_like(template, layers):
 
 def _cache_rows(cache, index: torch.Tensor, start: int = 0):
     """``cache``'s rows ``index`` from column ``start`` on, gathered differentiably (the gradient of a row read twice
-    is the sum of both reads')."""
+    is the sum of both reads'); all rows in order: views, nothing copied."""
+    rows = cache.layers[0].keys.size(0) if cache.layers else 0
+    if index.numel() == rows and bool((index == torch.arange(rows, device=index.device)).all()):
+        return _cache_like(cache, [(layer.keys[:, :, start:], layer.values[:, :, start:]) for layer in cache.layers])
     return _cache_like(cache, [(layer.keys.index_select(0, index)[:, :, start:],
                                 layer.values.index_select(0, index)[:, :, start:]) for layer in cache.layers])
 
