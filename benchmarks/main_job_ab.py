@@ -9,8 +9,8 @@ process of its own.
 Each run is ``python -m trl_multiagent train`` on make demo's recipe (``targets.MAIN_JOB``) for ``--steps`` steps
 without evaluation, as ``make bench``'s ``demo_step_s`` runs it, with ``--<option> <value>`` added; the two values
 alternate for ``--rounds`` rounds (the first value first). With ``--baseline``, the two ways are the library of
-``COMMIT`` (a ``git worktree`` of it, first on ``PYTHONPATH``; checked to be what the child imports) and the
-checkout's, both on the checkout's recipe. Per run:
+``COMMIT`` (a ``git worktree`` of it, the child run there with it first on ``PYTHONPATH``; checked to be what the
+child imports) and the checkout's, both on the checkout's recipe. Per run:
 
 * the steps' ``step_time`` and its parts (the mean of the steps after the first: ``demo_step_s``'s definition);
 * ``train_pass_vs_matmul`` as ``make bench`` computes it (``targets.train_pass_bound``), at the mean of the 2048^3
@@ -47,19 +47,20 @@ def run_main_job(out: Path, steps: int, options: list[str], library: str | None 
     """One training run of the main job with ``options`` added to its command line, in a child process (glibc's
     ``MALLOC_*`` and ``GLIBC_TUNABLES`` variables removed): its step metrics and its own resource usage. ``library``:
     a checkout whose ``trl_multiagent`` the child imports instead of the installed one."""
-    command = [sys.executable, "-m", "trl_multiagent", "train", "--config", MAIN_JOB, "--max_steps", str(steps),
+    recipe = str(Path(__file__).resolve().parents[1] / MAIN_JOB)
+    command = [sys.executable, "-m", "trl_multiagent", "train", "--config", recipe, "--max_steps", str(steps),
                "--evaluator", "none", "--output_dir", str(out), "--disable_tqdm", "true", *options]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    if library is not None:
+    if library is not None:  # run from there too: ``-m`` puts the working directory first on the path
         env["PYTHONPATH"] = library
         imported = subprocess.run([sys.executable, "-c", "import trl_multiagent; print(trl_multiagent.__file__)"],
-                                  env=env, check=True, capture_output=True, text=True).stdout.strip()
+                                  env=env, cwd=library, check=True, capture_output=True, text=True).stdout.strip()
         if not Path(imported).resolve().is_relative_to(Path(library).resolve()):
             raise SystemExit(f"the child imports {imported}, not the library in {library}")
     rate_before = matmul_flops()
     start = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=library)
         _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     code = os.waitstatus_to_exitcode(status)
