@@ -177,3 +177,42 @@ def test_success_rate_counts_solved_episodes_with_greedy_team():
     result = success_rate(pool, env, tasks, num_turns=1, max_new_tokens=8)
     assert result["episodes"] == 3.0
     assert result["success_rate"] == pytest.approx(2 / 3)
+
+
+class MeetingEnv(RelayEnv):
+    """RelayEnv whose step waits (as a sandboxed tool does) until a second step is under way in another thread:
+    stepping one candidate at a time, the wait times out."""
+
+    concurrent_steps = True
+
+    def __init__(self, barrier):
+        self.barrier = barrier
+
+    def clone(self):
+        twin = MeetingEnv(self.barrier)
+        twin.task, twin.log, twin.turn = self.task, list(self.log), self.turn
+        return twin
+
+    def step(self, joint_action):
+        self.barrier.wait()
+        return super().step(joint_action)
+
+
+def test_the_candidates_of_every_episode_are_scored_concurrently(monkeypatch):
+    """One candidate per episode (K = 1), two episodes: their two scoring steps must run at the same time (each waits
+    for the other), and the rollout equals the one of the plain environment."""
+    import threading
+
+    from trl_multiagent.environments import stepping
+
+    monkeypatch.setattr(stepping.os, "cpu_count", lambda: 2)
+    barrier = threading.Barrier(2, timeout=10)
+    pool = ScriptedPool(["first", "second"], digits)
+    tasks = [{"id": 0}, {"id": 1}]
+    exp = play(AgentTurnSampler(num_samples=1, num_turns=2), pool, lambda: MeetingEnv(barrier), tasks)
+    plain = play(AgentTurnSampler(num_samples=1, num_turns=2), pool, RelayEnv, tasks)
+    assert not barrier.broken
+    assert [(s.agent, s.episode, s.turn, s.generation.text, s.team_reward, s.local_reward) for s in exp.samples] == \
+        [(s.agent, s.episode, s.turn, s.generation.text, s.team_reward, s.local_reward) for s in plain.samples]
+    assert [(j.episode, j.turn, j.reward) for j in exp.joint_actions] == \
+        [(j.episode, j.turn, j.reward) for j in plain.joint_actions]

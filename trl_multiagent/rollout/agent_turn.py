@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 from ..agents import AgentPool, Generation
 from ..credit.at_grpo import best_candidate, mix_rewards
 from ..environments.base import Environment
-from ..environments.stepping import reset_env, step_env
+from ..environments.stepping import map_steps, reset_env, step_env
 from .experience import Experience, JointAction, Sample, rollout_stats
 
 
@@ -86,8 +86,11 @@ class AgentTurnSampler:
                                               generation_config)
                 num_generations += len(stage) * len(active) * self.num_samples
                 finished = []
+                scored = self._score([envs[e] for e in active], stage, [{a: gens[a][pos] for a in stage}
+                                                                       for pos in range(len(active))],
+                                     [tasks[e] for e in active], turn)
                 for pos, e in enumerate(active):
-                    candidates = self._score(envs[e], stage, {a: gens[a][pos] for a in stage}, tasks[e], turn)
+                    candidates = scored[pos]
                     for a in stage:
                         for k, g in enumerate(gens[a][pos]):
                             result = candidates[k][1]
@@ -116,13 +119,20 @@ class AgentTurnSampler:
         stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
         return Experience(samples, executed, stats, agents)
 
-    def _score(self, env: Environment, stage: list[str], gens: Mapping[str, list[Generation]], task, turn: int):
-        """Step a clone per candidate (sequential) or per aligned joint candidate (parallel); mixed rewards."""
-        out = []
-        for k in range(self.num_samples):
-            clone = env.clone()
-            result = step_env(clone, {a: gens[a][k].text for a in stage}, task, turn)
+    def _score(self, envs: Sequence[Environment], stage: list[str], gens: Sequence[Mapping[str, list[Generation]]],
+               tasks: Sequence[Mapping[str, Any]], turn: int) -> list[list[tuple]]:
+        """For every environment of ``envs`` (the active episodes): step a clone per candidate (sequential) or per
+        aligned joint candidate (parallel); per episode, ``(clone, result, mixed rewards)`` of each of its K
+        candidates. All episodes' clones step in one :func:`~trl_multiagent.environments.stepping.map_steps`:
+        concurrently where the environment waits on subprocesses (``concurrent_steps``, the sandboxed tool)."""
+        jobs = [(pos, k) for pos in range(len(envs)) for k in range(self.num_samples)]
+
+        def run(job):
+            pos, k = job
+            clone = envs[pos].clone()
+            result = step_env(clone, {a: gens[pos][a][k].text for a in stage}, tasks[pos], turn)
             local = result.local_rewards or {}
-            mixed = {a: mix_rewards(result.team_reward, local.get(a, 0.0), self.alpha) for a in stage}
-            out.append((clone, result, mixed))
-        return out
+            return clone, result, {a: mix_rewards(result.team_reward, local.get(a, 0.0), self.alpha) for a in stage}
+
+        steps = map_steps(run, jobs, envs[0] if envs else None)
+        return [steps[pos * self.num_samples:(pos + 1) * self.num_samples] for pos in range(len(envs))]
