@@ -159,3 +159,28 @@ def test_the_config_is_found_through_a_pool_bound_to_a_policy_and_through_a_wrap
     assert model_config(functools.partial(wrapped, "aux")) is pool.config_of("aux")
     assert model_config(lambda **inputs: None) is None
     assert lm_forward(functools.partial(pool, "aux")).packs_completions
+
+
+def test_empty_completions_give_zeros_as_one_row_per_completion_does(tiny_text_model):
+    """Rows whose completion is empty (all of them, or some) add no position to the packed calls; their values are
+    zeros, as the plain pass's masked positions are read as."""
+    pool = _pool(tiny_text_model)
+    prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ = _batch(
+        pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
+    completion_mask[1] = 0  # the second sample's completion is empty
+    calls = []
+    with torch.no_grad():
+        packed, _ = completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask,
+                                     completion_ids, completion_mask, 0.7)
+        plain, _ = completion_logps(functools.partial(pool, "aux"), prompt_ids, prompt_mask, completion_ids,
+                                    completion_mask, 0.7, share_prompts=False)
+    lengths = completion_mask.sum(-1).tolist()
+    assert calls[-1][0] == (1, lengths[0] + lengths[2])
+    mask = completion_mask.bool()
+    assert_same_computation(packed[mask], plain[mask], terms=_terms(prompt_ids, completion_ids), what="logps")
+    assert (packed[1, 1:] == 0).all()
+    completion_mask[:] = 0
+    with torch.no_grad():
+        none, _ = completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask, completion_ids,
+                                   completion_mask, 0.7)
+    assert none.shape == completion_ids.shape and (none[:, 1:] == 0).all()

@@ -249,7 +249,7 @@ def _packed_completions(forward: Forward, owner, row_of, cache, mask, done, last
     # source[r, j]: where row r's value at completion position j + 1 lies among the calls' flattened outputs
     # (position p of a packed sequence predicts the token after it); the last slot, a zero, for positions past a row
     pieces, offset, slots = [], 0, []
-    for bucket in length_buckets([sum(lengths[r] for r in members[i]) for i in prompts]):
+    for bucket in length_buckets([sum(lengths[r] for r in members[i]) for i in prompts]) if prompts else []:
         sequences = [members[prompts[j]] for j in sorted(bucket, key=lambda j: row_of[prompts[j]])]
         width = max(sum(lengths[r] for r in rows) for rows in sequences)
         ids = completion_ids.new_zeros(len(sequences), width)
