@@ -57,12 +57,10 @@ def micro_batches(prompts, lengths, size: int, vocab: int):
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/loss_pass.json")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--micro_batch", type=int, default=16)
-    args = parser.parse_args(argv)
+def step_workload():
+    """``(pool, prompts, lengths)``: the embedded SmolLM2-135M-Instruct in float32 with one LoRA adapter "solver" (r 16,
+    alpha 32, B drawn non-zero, seeded) in training mode; the step's 48 prompts (:func:`loss_positions.step_prompts`)
+    and their completion lengths, drawn from 5 to 40 tokens (seeded)."""
     torch.manual_seed(0)
     pool = AgentPool([AgentSpec("solver", model="smollm2-135m-instruct", lora_r=16, lora_alpha=32)])
     with torch.no_grad():
@@ -70,11 +68,20 @@ def main(argv=None) -> int:
             if "lora_B" in name:
                 p.normal_(0, 0.02)
     pool.train()
-    model = functools.partial(pool, "solver")
-    params = pool.policy_parameters("solver")
     prompts = step_prompts(pool.tokenizer_of("solver"))
     rng = random.Random(0)
-    lengths = [rng.randint(5, 40) for _ in prompts]
+    return pool, prompts, [rng.randint(5, 40) for _ in prompts]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/results/teacher_forcing/loss_pass.json")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--micro_batch", type=int, default=16)
+    args = parser.parse_args(argv)
+    pool, prompts, lengths = step_workload()
+    model = functools.partial(pool, "solver")
+    params = pool.policy_parameters("solver")
     batches = micro_batches(prompts, lengths, args.micro_batch, pool.tokenizer_of("solver").vocab_size)
 
     def before(batch, store):

@@ -29,19 +29,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import random
 import sys
 import tempfile
 import time
 
 import torch
-from loss_pass import micro_batches
-from loss_positions import step_prompts
+from loss_pass import micro_batches, step_workload
 from measure import matmul_flops, paired_medians, write_result
 from targets import MAIN_JOB
 
 from trl_multiagent import teacher_forcing
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.logprobs import completion_logps
 from trl_multiagent.provenance import cpu_flags, cpu_model
 from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
@@ -103,18 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("--micro_batches", type=int, nargs="+", default=[64, 16])
     parser.add_argument("--main_job_steps", type=int, default=4)
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    pool = AgentPool([AgentSpec("solver", model="smollm2-135m-instruct", lora_r=16, lora_alpha=32)])
-    with torch.no_grad():
-        for name, p in pool.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.02)
-    pool.train()
+    pool, prompts, lengths = step_workload()
     model = functools.partial(pool, "solver")
     params = pool.policy_parameters("solver")
-    prompts = step_prompts(pool.tokenizer_of("solver"))
-    rng = random.Random(0)
-    lengths = [rng.randint(5, 40) for _ in prompts]
     calls: list[tuple[int, int]] = []
 
     def counted(**inputs):

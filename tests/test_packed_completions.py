@@ -101,21 +101,23 @@ def test_a_completion_sees_its_prompt_and_its_own_earlier_tokens_only(tiny_text_
     assert cached_prompt.sum() > 0 and cached_prompt[-1]
 
 
-def test_a_model_given_without_its_config_keeps_one_row_per_completion(tiny_text_model):
-    pool = _pool(tiny_text_model)
+def _last_call(pool, with_config: bool):
+    """The last model call (input shape, mask) of the log-probs of 3 samples of one prompt, and their completions."""
     prompt_ids, prompt_mask, completion_ids, completion_mask, _, comp = _batch(
         pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
     calls = []
     with torch.no_grad():
-        completion_logps(_recording(pool, calls, with_config=False), prompt_ids, prompt_mask, completion_ids,
+        completion_logps(_recording(pool, calls, with_config=with_config), prompt_ids, prompt_mask, completion_ids,
                          completion_mask, 0.7)
-    assert [shape for shape, _ in calls][-1] == (3, max(map(len, comp)))
-    assert calls[-1][1].dim() == 2
-    calls.clear()
-    with torch.no_grad():
-        completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask, completion_ids,
-                         completion_mask, 0.7)
-    assert [shape for shape, _ in calls][-1] == (1, sum(map(len, comp)))
+    return calls[-1], comp
+
+
+def test_a_model_given_without_its_config_keeps_one_row_per_completion(tiny_text_model):
+    pool = _pool(tiny_text_model)
+    (shape, mask), comp = _last_call(pool, with_config=False)
+    assert shape == (3, max(map(len, comp))) and mask.dim() == 2
+    (shape, mask), comp = _last_call(pool, with_config=True)
+    assert shape == (1, sum(map(len, comp))) and mask.dim() == 4
 
 
 def test_which_models_pack():
@@ -134,14 +136,8 @@ def test_which_models_pack():
 
 
 def test_eager_attention_keeps_one_row_per_completion(tiny_text_model):
-    pool = _pool(tiny_text_model, attention="eager")
-    prompt_ids, prompt_mask, completion_ids, completion_mask, _, comp = _batch(
-        pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
-    calls = []
-    with torch.no_grad():
-        completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask, completion_ids,
-                         completion_mask, 0.7)
-    assert calls[-1][0] == (3, max(map(len, comp))) and calls[-1][1].dim() == 2
+    (shape, mask), comp = _last_call(_pool(tiny_text_model, attention="eager"), with_config=True)
+    assert shape == (3, max(map(len, comp))) and mask.dim() == 2
 
 
 def test_the_config_is_found_through_a_pool_bound_to_a_policy_and_through_a_wrapper(tiny_text_model):
