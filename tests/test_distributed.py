@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,7 +141,13 @@ def _step_records(out: Path) -> list[dict]:
 
 
 def _fail_message(proc) -> str:
-    return f"exit code {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
+    """The exit code, every error line of any rank (a rank that fails makes the others fail as well, and their
+    tracebacks can fill the tail: the CLI's one-line errors and each rank's exception lines come first), then the
+    tails of stdout and stderr."""
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines()
+              if re.search(r": error: |^(\[rank\d+\]: )?\w+(Error|Exception)\b", line)]
+    return (f"exit code {proc.returncode}\nerror lines:\n" + "\n".join(errors[-20:]) +
+            f"\n--- stdout (tail)\n{proc.stdout[-3000:]}\n--- stderr (tail)\n{proc.stderr[-8000:]}")
 
 
 @pytest.mark.slow
