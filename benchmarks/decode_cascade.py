@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from measure import write_result
 from targets import MAIN_JOB
 
-from trl_multiagent.generation import lean_step as lean, team
+from trl_multiagent.generation import lean_step as lean
+from trl_multiagent.generation import team
 from trl_multiagent.provenance import cpu_model
 
 
