@@ -1,8 +1,8 @@
-"""Stage 3 of the teacher-forced pass, packed against one row per completion: the loss's log-prob pass of one step of
-the main job, forward and backward, both ways alternating in one process.
+"""The teacher-forced pass packed against one row per completion: the loss's log-prob pass of one step of the main
+job, forward and backward, the ways alternating in one process.
 
     python benchmarks/packed_completions.py [--micro_batches 64 16] [--main_job_steps 4] [--repeats 5] \
-        [--out docs/results/teacher_forcing/packed_completions.json]
+        [--baseline COMMIT] [--out docs/results/teacher_forcing/packed_completions.json]
 
 The step's 48 samples are ``benchmarks/loss_pass.py``'s (``loss_positions.step_prompts``: the math team's prompts of
 4 training problems, both agents, first and second turns, K = 4 each; completion lengths drawn from 5 to 40, seeded;
@@ -10,19 +10,24 @@ random completion tokens), on the embedded SmolLM2-135M-Instruct in float32 with
 non-zero), run as the trainer runs an update: micro-batches in prompt order, the shared prefixes stored once when
 there are several, each micro-batch's ``sum(logps x mask)`` sent backward.
 
-- ``rows``: one row per completion in stage 3 (each row's prompt cache gathered, completions in length buckets, each
-  padded to its bucket's longest): the library before packing, and still the path of models that cannot take the
-  packed mask (``teacher_forcing.packs_completions``); selected here by emptying ``PACKED_MODEL_TYPES``;
-- ``packed``: the library (``teacher_forcing._packed_completions``).
+- ``rows``: the distinct prompts' rests in one stage, then one row per completion (each row's prompt cache gathered,
+  completions in length buckets, each padded to its bucket's longest): the library before packing, and still the
+  path of models that cannot take the packed mask (``teacher_forcing.packs_completions``); selected here by emptying
+  ``PACKED_MODEL_TYPES``;
+- ``packed``: the library (``teacher_forcing._packed_rests_and_completions``: each distinct prompt's rest and its
+  completions as one sequence);
+- ``baseline`` (with ``--baseline COMMIT``): the teacher-forced pass of the library at ``COMMIT`` (its
+  ``teacher_forcing.py``, loaded from git beside this one), with packing as that commit packs.
 
 The main job's own batches too (``--main_job_steps``, 0: skip): the script first trains make demo's recipe
 (``targets.MAIN_JOB``, no evaluation) for that many steps in this process, keeping the batch of every log-prob pass
 with gradients that the trainer runs (one per step: the recipe's step is one micro-batch) and the callable it runs
-it with (the pool bound to the policy). After training, each batch runs both ways, alternating, on the trained
+it with (the pool bound to the policy). After training, each batch runs every way, alternating, on the trained
 adapter, with the process's allocator as the trainer left it (the recipe keeps freed memory).
 
-Before timing, both ways' log-probs and LoRA gradients are compared. The result keeps every round's seconds, the
-medians and the median of the paired ratios rows / packed, per micro-batch size and per main-job batch.
+Before timing, each way's log-probs and LoRA gradients are compared with ``rows``'. The result keeps every round's
+seconds, the medians and the medians of the paired ratios rows / packed (and baseline / packed), per micro-batch
+size and per main-job batch.
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ from loss_pass import micro_batches, step_workload
 from measure import matmul_flops, paired_medians, write_result
 from targets import MAIN_JOB
 
-from trl_multiagent import teacher_forcing
+from trl_multiagent import logprobs, teacher_forcing
 from trl_multiagent.logprobs import completion_logps
 from trl_multiagent.provenance import cpu_flags, cpu_model
-from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
+from trl_multiagent.teacher_forcing import PrefixStore, completion_outputs, lm_forward
 
 TEMPERATURE = 0.7
 PACKED_TYPES = teacher_forcing.PACKED_MODEL_TYPES
@@ -71,26 +76,52 @@ def main_job_batches(steps: int) -> list:
     return kept
 
 
-def compare(step, label: str, repeats: int) -> dict:
-    """Both ways of ``step(way) -> (logps, grads, calls)``: checked against each other, then timed alternately."""
-    reference, packed = step("rows"), step("packed")
-    check = {"logps_max_abs_diff": (packed[0] - reference[0]).abs().max().item(),
-             "grad_max_abs_diff": max((a - b).abs().max().item() for a, b in zip(packed[1], reference[1])),
-             "grad_max_abs": max(g.abs().max().item() for g in reference[1])}
-    if check["logps_max_abs_diff"] > 1e-3 or check["grad_max_abs_diff"] > 1e-4 * check["grad_max_abs"]:
-        raise SystemExit(f"packed differs from rows ({label}): {check}")
-    times = {"rows": [], "packed": []}
+def compare(step, label: str, repeats: int, ways=("rows", "packed")) -> dict:
+    """Each way of ``step(way) -> (logps, grads, calls)``: checked against ``rows``, then all timed alternately."""
+    results = {way: step(way) for way in ways}
+    reference = results["rows"]
+    check = {}
+    for way in ways[1:]:
+        got = results[way]
+        found = {"logps_max_abs_diff": (got[0] - reference[0]).abs().max().item(),
+                 "grad_max_abs_diff": max((a - b).abs().max().item() for a, b in zip(got[1], reference[1])),
+                 "grad_max_abs": max(g.abs().max().item() for g in reference[1])}
+        if found["logps_max_abs_diff"] > 1e-3 or found["grad_max_abs_diff"] > 1e-4 * found["grad_max_abs"]:
+            raise SystemExit(f"{way} differs from rows ({label}): {found}")
+        check[way] = found
+    times = {way: [] for way in ways}
     for _ in range(repeats):
         for way in times:
             start = time.perf_counter()
             step(way)
             times[way].append(time.perf_counter() - start)
     medians, ratios = paired_medians(times, "rows")
-    print(label, medians, ratios, flush=True)
-    return {"check": check, "model_calls": {"rows": reference[2], "packed": packed[2]},
-            "positions_computed": {"rows": sum(r * w for r, w in reference[2]),
-                                   "packed": sum(r * w for r, w in packed[2])},
-            "seconds_median": medians, "seconds_all": times, "rows_over_packed": ratios}
+    out = {"check": check if len(ways) > 2 else check["packed"],
+           "model_calls": {way: r[2] for way, r in results.items()},
+           "positions_computed": {way: sum(rows * width for rows, width in r[2]) for way, r in results.items()},
+           "seconds_median": medians, "seconds_all": times, "rows_over_packed": ratios["packed"]}
+    if "baseline" in ways:
+        out["rows_over"] = ratios
+        out["baseline_over_packed"] = paired_medians(times, "baseline")[1]["packed"]
+    print(label, medians, {k: v for k, v in out.items() if k.endswith("_over_packed")}, flush=True)
+    return out
+
+
+def baseline_completion_outputs(commit: str):
+    """``completion_outputs`` of the library at ``commit``: its ``teacher_forcing.py`` (``git show``) loaded as a
+    module of this package, so that its relative imports resolve to the checkout's other modules."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    source = subprocess.run(["git", "show", f"{commit}:trl_multiagent/teacher_forcing.py"], check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="baseline-")) / "teacher_forcing.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("trl_multiagent._baseline_teacher_forcing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv=None) -> int:
@@ -99,7 +130,21 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro_batches", type=int, nargs="+", default=[64, 16])
     parser.add_argument("--main_job_steps", type=int, default=4)
+    parser.add_argument("--baseline", default=None,
+                        help="a commit whose teacher-forced pass runs as a third way, 'baseline' (packed as it packs)")
     args = parser.parse_args(argv)
+    ways = ("rows", "packed") + (("baseline",) if args.baseline else ())
+    baseline = baseline_completion_outputs(args.baseline) if args.baseline else None
+
+    def using(way: str):
+        """Set the pass of ``way``; returns what undoes it."""
+        teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES if way != "rows" else frozenset()
+        logprobs.completion_outputs = baseline.completion_outputs if way == "baseline" else completion_outputs
+
+        def undo():
+            teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES
+            logprobs.completion_outputs = completion_outputs
+        return undo
     pool, prompts, lengths = step_workload()
     model = functools.partial(pool, "solver")
     params = pool.policy_parameters("solver")
@@ -112,7 +157,7 @@ def main(argv=None) -> int:
     counted.config = pool.config_of("solver")
 
     def step(way: str, batches):
-        teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES if way == "packed" else frozenset()
+        undo = using(way)
         pool.zero_grad()
         calls.clear()
         store = PrefixStore.build(lm_forward(model), prompts, torch.device("cpu")) if len(batches) > 1 else None
@@ -123,7 +168,7 @@ def main(argv=None) -> int:
             logps.append(lp[batch[3].bool()].detach())
         if store is not None:
             store.backward()
-        teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES
+        undo()
         return torch.cat(logps), [p.grad.clone() for p in params], list(calls)
 
     rate_before = matmul_flops()
@@ -131,7 +176,8 @@ def main(argv=None) -> int:
     for size in args.micro_batches:
         batches = micro_batches(prompts, lengths, size, pool.tokenizer_of("solver").vocab_size)
         runs[str(size)] = {"micro_batches": len(batches),
-                           **compare(functools.partial(step, batches=batches), f"micro-batch {size}", args.repeats)}
+                           **compare(functools.partial(step, batches=batches), f"micro-batch {size}", args.repeats,
+                                           ways)}
     main_job = []
     if args.main_job_steps:
         del pool, model, counted, params  # the trained pool takes their place
@@ -145,22 +191,22 @@ def main(argv=None) -> int:
             counted_run.config = trained.config_of(policy)
 
             def main_step(way, _pool=trained, _policy=policy, _batch=batch, _counted=counted_run):
-                teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES if way == "packed" else frozenset()
+                undo = using(way)
                 _pool.zero_grad()
                 calls.clear()
                 lp = completion_logps(_counted, *_batch, TEMPERATURE, compute_entropy=True)[0]
                 (lp * _batch[3]).sum().backward()
-                teacher_forcing.PACKED_MODEL_TYPES = PACKED_TYPES
+                undo()
                 return (lp[_batch[3].bool()].detach(), [p.grad.clone() for p in _pool.policy_parameters(_policy)],
                         list(calls))
 
             main_job.append({"rows": int(batch[2].size(0)), "completion_tokens": int(batch[3].sum()),
                              "distinct_prompts": len({tuple(r[m.bool()].tolist()) for r, m in zip(batch[0], batch[1])}),
-                             **compare(main_step, f"main job batch {n + 1}", args.repeats)})
+                             **compare(main_step, f"main job batch {n + 1}", args.repeats, ways)})
     result = {
         "command": "python benchmarks/packed_completions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "samples": len(prompts), "distinct_prompts": len({tuple(p) for p in prompts}),
+        "baseline": args.baseline, "samples": len(prompts), "distinct_prompts": len({tuple(p) for p in prompts}),
         "completion_tokens": sum(lengths), "repeats": args.repeats,
         "matmul_gflops": (rate_before + matmul_flops()) / 2e9,
         "by_micro_batch": runs,

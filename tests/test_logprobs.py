@@ -237,7 +237,8 @@ def test_activation_checkpointing_keeps_no_cache_so_the_prompts_run_in_full(tiny
 
 def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_in_each(tiny_text_model):
     """PrefixStore: the prefix several prompts share runs once for two micro-batches, the gradients gathered on its
-    keys and values are sent back once, and logps and LoRA gradients equal the micro-batches each running it."""
+    keys and values are sent back once, and logps and LoRA gradients equal the micro-batches each running it, and
+    one plain pass per row."""
     from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
 
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], dtype="float64")
@@ -268,9 +269,18 @@ def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_
             store.backward()  # ...until the store sends it back, once, and lets its graph go
             assert any(not torch.equal(a, p.grad) for a, p in zip(before, params)) and not store.prefixes
         results[stored] = (torch.cat(logps).detach(), [p.grad.clone() for p in params])
+    pool.zero_grad()  # and both equal one plain pass per row (the pool's model packs: the other two run packed)
+    plain = []
+    for prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ in batches:
+        lp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                 share_prompts=False)
+        (lp * completion_mask).sum().backward()
+        plain.append(lp[completion_mask.bool()])
+    results["plain"] = (torch.cat(plain).detach(), [p.grad.clone() for p in params])
     terms = sum(_terms(b[0], b[2]) for b in batches)
-    assert_same_computation(results[True][0], results[False][0], terms=terms, what="logps")
-    assert_same_computation(results[True][1], results[False][1], terms=terms, what="LoRA gradients")
+    for way in (True, "plain"):
+        assert_same_computation(results[way][0], results[False][0], terms=terms, what=f"logps ({way})")
+        assert_same_computation(results[way][1], results[False][1], terms=terms, what=f"LoRA gradients ({way})")
 
 
 def test_token_logps_and_entropies_by_hand_on_three_tokens():

@@ -1,7 +1,8 @@
-"""Stage 3 of the teacher-forced pass with packed completions (trl_multiagent/teacher_forcing.py:
-``_packed_completions``): the completions of one distinct prompt run as one sequence on its cache row, under a 4D
-mask. The log-probs, entropies and LoRA gradients must equal the plain pass (every row's prompt and completion run
-whole) and a row-at-a-time computation; the calls must have the packed shapes; models that cannot take the mask keep
+"""Stages 2 and 3 of the teacher-forced pass packed (trl_multiagent/teacher_forcing.py:
+``_packed_rests_and_completions``): the rest of each distinct prompt and then its completions run as one sequence on
+its prefix's cache row, under a 4D mask. The log-probs, entropies and LoRA gradients must equal the plain pass (every
+row's prompt and completion run whole) and a row-at-a-time computation; the calls must have the packed shapes
+(``packed_buckets``' grouping, worked out by hand); models that cannot take the mask keep a call for the rests and
 one row per completion.
 
 The tiny model runs in float64; tolerances come from the number of summed terms (tests/numerics.py)."""
@@ -17,7 +18,7 @@ from trl_multiagent.logprobs import completion_logps
 from trl_multiagent.teacher_forcing import lm_forward, model_config, packs_completions
 
 from .numerics import assert_same_computation
-from .test_logprobs import PREFIX_COMPLETIONS, PREFIX_PROMPTS, _batch, _by_hand, _randomise_lora, _terms
+from .test_logprobs import PREFIX_COMPLETIONS, PREFIX_PROMPTS, _batch, _by_hand, _common, _randomise_lora, _terms
 
 
 def _pool(tiny_text_model, attention: str | None = None):
@@ -33,7 +34,7 @@ def _recording(pool, calls: list, with_config: bool):
     (so that stage 3 packs) or without (one row per completion)."""
 
     def model(**inputs):
-        calls.append((tuple(inputs["input_ids"].shape), inputs["attention_mask"]))
+        calls.append((tuple(inputs["input_ids"].shape), inputs["attention_mask"], inputs["input_ids"]))
         return pool("aux", **inputs)
 
     if with_config:
@@ -69,18 +70,24 @@ def test_packed_completions_give_the_logps_entropies_and_gradients_of_the_plain_
         hand = _by_hand(pool, enc, comp, 0.7)
     assert_same_computation([packed[0][row, :len(h)] for row, h in enumerate(hand)], hand, terms=terms,
                             what="logps vs one row at a time")
-    # the last call is stage 3: the 4 distinct prompts in one call, each the sum of its completions' lengths wide
-    # (prompts 0 and 2 are the same: "two." and "2" one after another)
+    # after the prefixes' call (the opening, and all but the last token of the prompt without it), the 4 distinct
+    # prompts as (rest, packed completions): (20, 4 + 1), (2, 11), (12, 7), (1, 2). In one call: 4 x (20 + 11) + 40
+    # = 164 positions; sorted by total length and cut in two, {(1, 2), (2, 11)} {(12, 7), (20, 5)}: 2 x (2 + 11) +
+    # 2 x (20 + 7) + 2 x 40 = 160, the least (packed_buckets)
     lengths = [len(c) for c in comp]
-    (rows, width), last_mask = calls[-1]
-    assert (rows, width) == (4, max(lengths[0] + lengths[2], lengths[1], lengths[3], lengths[4]))
-    assert last_mask.dim() == 4 and last_mask.dtype == torch.bool
+    opening = _common([enc[0], enc[1], enc[3]])
+    assert [len(enc[i]) - opening for i in (0, 1, 3)] == [20, 2, 12]
+    assert [shape for shape, _, _ in calls[1:]] == [(2, 2 + lengths[1]), (2, 20 + lengths[3])]
+    assert lengths[0] + lengths[2] < lengths[3] and len(calls) == 3
+    assert all(m.dim() == 4 and m.dtype == torch.bool for _, m, _ in calls[1:])
     assert pool.config_of("aux")._attn_implementation == GROUPED_SDPA
 
 
 def test_a_completion_sees_its_prompt_and_its_own_earlier_tokens_only(tiny_text_model):
-    """The mask of the packed call, read back: the packed sequence of prompt 0 holds "two." then "2"; the first token
-    of "2" sees the prompt's cached columns and itself, not "two."."""
+    """The mask of the last packed call, read back. It holds prompt 0 (rest of 20 tokens after the opening, then "two."
+    and "2") and prompt 3 (rest of 12, left-padded to 20, then "it is 7"). A rest's position sees the cached opening
+    and the rest up to itself; the first token of "2" sees the opening, the whole rest and itself, not "two."; no
+    position sees the padding; a padding position sees itself only (and the opening)."""
     pool = _pool(tiny_text_model)
     prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(pool, PREFIX_PROMPTS,
                                                                                   PREFIX_COMPLETIONS)
@@ -88,36 +95,52 @@ def test_a_completion_sees_its_prompt_and_its_own_earlier_tokens_only(tiny_text_
     with torch.no_grad():
         completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask, completion_ids,
                          completion_mask, 0.7)
-    (rows, width), mask = calls[-1]
-    first = len(comp[0])  # where "2" starts in its packed sequence
-    own = mask[:, 0, :, -width:]
-    cached = mask[:, 0, :, :-width]
-    sequence = 0  # distinct prompts keep their first appearance's order: prompt 0 is the first sequence
-    assert own[sequence, first].tolist() == [False] * first + [True] + [False] * (width - first - 1)
-    assert own[sequence, first - 1].tolist() == [True] * first + [False] * (width - first)
-    # every query of the sequence sees exactly its prompt's cached columns (left-padded: its last columns)
-    cached_prompt = cached[sequence, 0]
-    assert (cached[sequence] == cached_prompt).all()
-    assert cached_prompt.sum() > 0 and cached_prompt[-1]
+    (rows, width), mask, ids = calls[-1]
+    rest, two = 20, len(comp[0])
+    assert (rows, width) == (2, rest + len(comp[3]))
+    own, cached = mask[:, 0, :, -width:], mask[:, 0, :, :-width]
+    zero = next(s for s in range(rows) if ids[s, rest:rest + two + 1].tolist() == comp[0] + comp[2])
+    three = 1 - zero
+    assert ids[three, rest:rest + len(comp[3])].tolist() == comp[3]
+    assert ids[zero, :rest].tolist() == enc[0][-rest:] and ids[three, 8:rest].tolist() == enc[3][-12:]
+    # prompt 0: the last rest position, the last of "two.", the one of "2"
+    assert own[zero, rest - 1].tolist() == [True] * rest + [False] * (width - rest)
+    assert own[zero, rest + two - 1].tolist() == [True] * (rest + two) + [False] * (width - rest - two)
+    assert own[zero, rest + two].tolist() == [True] * rest + [False] * two + [True] + [False] * (width - rest - two - 1)
+    pad = rest + two + 1  # the first padding position after "2"
+    assert own[zero, pad].tolist() == [k == pad for k in range(width)]
+    # prompt 3: its 8 left-padding positions see only themselves, and no position sees them
+    for q in range(8):
+        assert own[three, q].tolist() == [k == q for k in range(width)]
+    assert not own[three, 8:, :8].any()
+    assert own[three, rest].tolist() == [False] * 8 + [True] * 13 + [False] * (width - rest - 1)
+    # every position of a sequence sees exactly its prompt's cached opening (left-padded: the last columns)
+    for s in range(rows):
+        assert (cached[s] == cached[s, 0]).all() and cached[s, 0].sum() > 0 and cached[s, 0, -1]
 
 
-def _last_call(pool, with_config: bool):
-    """The last model call (input shape, mask) of the log-probs of 3 samples of one prompt, and their completions."""
-    prompt_ids, prompt_mask, completion_ids, completion_mask, _, comp = _batch(
+def _calls(pool, with_config: bool):
+    """The model calls (input shape, mask, ids) of the log-probs of 3 samples of one prompt, the prompt's tokens and
+    the completions'."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask, enc, comp = _batch(
         pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
     calls = []
     with torch.no_grad():
         completion_logps(_recording(pool, calls, with_config=with_config), prompt_ids, prompt_mask, completion_ids,
                          completion_mask, 0.7)
-    return calls[-1], comp
+    return calls, enc[0], comp
 
 
 def test_a_model_given_without_its_config_keeps_one_row_per_completion(tiny_text_model):
+    """Packed, one prompt's samples are one call: the prompt, then the three completions. Without the config (the
+    mask's support unknown), the prompt runs in one call and the completions in another, a row each."""
     pool = _pool(tiny_text_model)
-    (shape, mask), comp = _last_call(pool, with_config=False)
-    assert shape == (3, max(map(len, comp))) and mask.dim() == 2
-    (shape, mask), comp = _last_call(pool, with_config=True)
-    assert shape == (1, sum(map(len, comp))) and mask.dim() == 4
+    calls, prompt, comp = _calls(pool, with_config=False)
+    assert [shape for shape, _, _ in calls] == [(1, len(prompt)), (3, max(map(len, comp)))]
+    assert all(mask.dim() == 2 for _, mask, _ in calls)
+    calls, prompt, comp = _calls(pool, with_config=True)
+    assert [shape for shape, _, _ in calls] == [(1, len(prompt) + sum(map(len, comp)))] and calls[0][1].dim() == 4
+    assert calls[0][2][0].tolist() == prompt + [t for c in comp for t in c]
 
 
 def test_which_models_pack():
@@ -136,8 +159,9 @@ def test_which_models_pack():
 
 
 def test_eager_attention_keeps_one_row_per_completion(tiny_text_model):
-    (shape, mask), comp = _last_call(_pool(tiny_text_model, attention="eager"), with_config=True)
-    assert shape == (3, max(map(len, comp))) and mask.dim() == 2
+    calls, prompt, comp = _calls(_pool(tiny_text_model, attention="eager"), with_config=True)
+    assert [shape for shape, _, _ in calls] == [(1, len(prompt)), (3, max(map(len, comp)))]
+    assert all(mask.dim() == 2 for _, mask, _ in calls)
 
 
 def test_the_config_is_found_through_a_pool_bound_to_a_policy_and_through_a_wrapper(tiny_text_model):
@@ -161,7 +185,7 @@ def test_empty_completions_give_zeros_as_one_row_per_completion_does(tiny_text_m
     """Rows whose completion is empty (all of them, or some) add no position to the packed calls; their values are
     zeros, as the plain pass's masked positions are read as."""
     pool = _pool(tiny_text_model)
-    prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ = _batch(
+    prompt_ids, prompt_mask, completion_ids, completion_mask, enc, _ = _batch(
         pool, ["what is one plus one"] * 3, ["two.", "2", "it is two"])
     completion_mask[1] = 0  # the second sample's completion is empty
     calls = []
@@ -171,12 +195,14 @@ def test_empty_completions_give_zeros_as_one_row_per_completion_does(tiny_text_m
         plain, _ = completion_logps(functools.partial(pool, "aux"), prompt_ids, prompt_mask, completion_ids,
                                     completion_mask, 0.7, share_prompts=False)
     lengths = completion_mask.sum(-1).tolist()
-    assert calls[-1][0] == (1, lengths[0] + lengths[2])
+    assert [c[0] for c in calls] == [(1, len(enc[0]) + lengths[0] + lengths[2])]
     mask = completion_mask.bool()
     assert_same_computation(packed[mask], plain[mask], terms=_terms(prompt_ids, completion_ids), what="logps")
     assert (packed[1, 1:] == 0).all()
     completion_mask[:] = 0
+    calls.clear()
     with torch.no_grad():
         none, _ = completion_logps(_recording(pool, calls, with_config=True), prompt_ids, prompt_mask, completion_ids,
                                    completion_mask, 0.7)
     assert none.shape == completion_ids.shape and (none[:, 1:] == 0).all()
+    assert [c[0] for c in calls] == [(1, len(enc[0]))]  # the prompt alone: its last position predicts the first token

@@ -9,10 +9,12 @@ different prompts of one environment share their opening (a system message, work
    (:func:`~trl_multiagent.generation.prefixes.shared_prefixes`, the grouping team-level generation prefills with);
    each group's prefix runs once;
 2. **distinct prompts**: the rest of every distinct prompt, on its group's cache rows;
-3. **completions**: on each distinct prompt's cache row, its completions (the K samples) packed into one sequence,
-   one after another, under a 4D mask that keeps them apart (:func:`_packed_completions`, for the models
-   :func:`packs_completions` accepts: the embedded Llama models among them); for other models, every row's
-   completion on its own copy of its prompt's cache row, in length buckets.
+3. **completions**: every row's completion, on its own copy of its prompt's cache row, in length buckets.
+
+For the models :func:`packs_completions` accepts (the embedded Llama models among them), stages 2 and 3 are one call
+per bucket instead (:func:`_packed_rests_and_completions`): each distinct prompt's rest and then its completions (the
+K samples), one after another, as one sequence on its prefix's cache row, under a 4D mask that keeps the completions
+apart.
 
 Cache rows are copied with a differentiable gather, so a gradient through a shared span is the sum of the gradients
 of every row that reads it: the outputs and their gradients are those of one separate pass per row (up to float
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -176,6 +179,9 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     ``i`` continues row ``cache_row[i]``, gathered once per bucket that reads it) and the distinct prompts' ``mask``
     of it, each stage in :func:`length_buckets` of similar lengths (a batch padded to its longest row computes every
     padded position: a second-turn prompt is several times as long as a first-turn one)."""
+    if getattr(forward, "packs_completions", False) and all(len(p) > prefix_len[g] for p, g in zip(unique, group_of)):
+        return _packed_rests_and_completions(forward, unique, owner, group_of, prefix_len, cache, cache_row, mask,
+                                             completion_ids, completion_mask, head)
     device, t = prompt_ids.device, completion_ids.size(1)
     done = torch.tensor([prefix_len[g] for g in group_of], device=device)  # real tokens already in the cache
 
@@ -195,11 +201,7 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     last = torch.cat([last for _, last, _, _ in pieces])
     done = done + torch.tensor([len(r) for r in rests], device=device)
 
-    # 3. the completions: packed, those of one distinct prompt one after another on its cache row; else every row's
-    # completion on its prompt's cache rows, gathered
-    if getattr(forward, "packs_completions", False):
-        return _packed_completions(forward, owner, row_of, cache, mask, done, last, completion_ids,
-                                   completion_mask, head)
+    # 3. every row's completion on its prompt's cache row, gathered
     lengths = completion_mask.sum(-1).tolist()
     heads, order = [], []
     for bucket in length_buckets(lengths):
@@ -227,56 +229,83 @@ def _rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len
     return joined[0] if head is None else joined
 
 
-def _packed_completions(forward: Forward, owner, row_of, cache, mask, done, last, completion_ids, completion_mask,
-                        head: Head | None):
-    """Stage 3 of :func:`completion_outputs` with the completions packed: the completions of one distinct prompt
-    (its K samples) run as one sequence, one after another, on the prompt's own cache row, in :func:`length_buckets`
-    of similar packed lengths. A boolean 4D mask lets each completion's positions see the prompt's cached columns
-    and the completion's own positions up to themselves, not the other completions; in every completion the
-    positions count on from the prompt's end. So no row's cache is gathered, no completion is padded to a longer
-    one, and the prompt's keys and values are read once per prompt instead of once per sample. The outputs are those
-    of one row per completion up to float summation order (``tests/test_packed_completions.py``)."""
+def _packed_rests_and_completions(forward: Forward, unique, owner, group_of, prefix_len, cache, cache_row, mask,
+                                  completion_ids, completion_mask, head: Head | None):
+    """Stages 2 and 3 of :func:`completion_outputs` in one call per bucket, for the models :func:`packs_completions`
+    accepts: each distinct prompt's rest (after its prefix) and then its completions (its K samples), one after
+    another, run as one sequence on the prefix's cache row, in groups of :func:`packed_buckets`.
+
+    In a bucket the rests are left-padded to the longest, so that every rest ends in the same column and the model's
+    outputs are kept from there on only (the rest's last position predicts each completion's first token; a rest's
+    other positions predict nothing used); the completions follow, right-padded. A boolean 4D mask lets the rest's
+    positions see the prefix's cached columns and the rest up to themselves, and each completion's positions see the
+    prefix, the whole rest and the completion's own positions up to themselves, never another completion; a padding
+    position sees itself (and the cached columns), so that no row of the attention is empty, and no other position
+    sees it. Positions count real tokens: the rest continues the prefix, every completion continues the rest.
+
+    So no distinct prompt's cache is kept between two calls, merged or gathered, no completion is padded to a longer
+    one, and a prompt's keys and values are computed and read once per prompt, not once per sample. The outputs are
+    those of one row per completion up to float summation order (``tests/test_packed_completions.py``)."""
     device, (b, t) = completion_ids.device, completion_ids.shape
     lengths = completion_mask.sum(-1).tolist()
-    members: dict[int, list[int]] = {}  # distinct prompt -> its rows with a non-empty completion
+    members: list[list[int]] = [[] for _ in unique]  # distinct prompt -> its rows with a non-empty completion
     for r, i in enumerate(owner):
         if lengths[r]:
-            members.setdefault(i, []).append(r)
-    prompts = list(members)
-    # the prompt's last position predicts each row's first token
-    firsts = last[torch.tensor([row_of[i] for i in owner], device=device)]
-    first = (firsts,) if head is None else head(firsts, completion_ids[:, :1])
-    # source[r, j]: where row r's value at completion position j + 1 lies among the calls' flattened outputs
+            members[i].append(r)
+    rests = [p[prefix_len[g]:] for p, g in zip(unique, group_of)]
+    tails = [sum(lengths[r] for r in members[i]) for i in range(len(unique))]
+    # source[r, j]: where row r's value at completion position j + 1 lies among the calls' flattened kept outputs
     # (position p of a packed sequence predicts the token after it); the last slot, a zero, for positions past a row
-    pieces, offset, slots = [], 0, []
-    for bucket in length_buckets([sum(lengths[r] for r in members[i]) for i in prompts]) if prompts else []:
-        sequences = [members[prompts[j]] for j in sorted(bucket, key=lambda j: row_of[prompts[j]])]
-        width = max(sum(lengths[r] for r in rows) for rows in sequences)
-        ids = completion_ids.new_zeros(len(sequences), width)
-        positions = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
-        segment = torch.arange(width, device=device).repeat(len(sequences), 1)  # where each position's completion
-        for s, rows in enumerate(sequences):                                    # starts (padding: at itself)
-            start = 0
-            for r in rows:
+    pieces, lasts, last_of, offset, slots, sequences = [], [], [0] * len(unique), 0, [], 0
+    for bucket in packed_buckets([len(r) for r in rests], tails):
+        rest_width = max(len(rests[i]) for i in bucket)
+        width = rest_width + max(tails[i] for i in bucket)
+        keep = width - rest_width + 1  # from the rests' last column on
+        ids = completion_ids.new_zeros(len(bucket), width)
+        positions = torch.zeros(len(bucket), width, dtype=torch.long, device=device)
+        real = torch.zeros(len(bucket), width, dtype=torch.bool, device=device)
+        segment = torch.arange(width, device=device).repeat(len(bucket), 1)  # the first column of each position's
+        for s, i in enumerate(bucket):                                       # completion (a rest's: 0)
+            rest, done = rests[i], prefix_len[group_of[i]]
+            pad = rest_width - len(rest)
+            ids[s, pad:rest_width] = torch.tensor(rest, dtype=ids.dtype, device=device)
+            positions[s, pad:rest_width] = done + torch.arange(len(rest), device=device)
+            real[s, pad:rest_width] = True
+            segment[s, :rest_width] = 0
+            start, done = rest_width, done + len(rest)
+            for r in members[i]:
                 n = lengths[r]
                 ids[s, start:start + n] = completion_ids[r, :n]
-                positions[s, start:start + n] = done[owner[r]] + torch.arange(n, device=device)
+                positions[s, start:start + n] = done + torch.arange(n, device=device)
+                real[s, start:start + n] = True
                 segment[s, start:start + n] = start
-                slots.append((r, offset + s * width + start, n))
+                slots.append((r, offset + s * keep + start - rest_width + 1, n))
                 start += n
-        index = torch.tensor([row_of[owner[rows[0]]] for rows in sequences], device=device)
-        cached = mask[index]
-        column = int(cached.any(0).long().argmax()) if cached.size(1) else 0  # columns no sequence reads
-        key = torch.arange(width, device=device)
-        own = (key.view(1, 1, -1) >= segment.unsqueeze(-1)) & (key.view(1, 1, -1) <= key.view(1, -1, 1))
-        visible = torch.cat([cached[:, column:].bool().unsqueeze(1).expand(-1, width, -1), own], dim=-1)
-        out, _ = forward(ids, visible.unsqueeze(1), positions, _cache_rows(cache, index, column), True, width)
+            last_of[i] = sequences + s
+        index = torch.tensor(bucket, device=device)
+        key = torch.arange(width, device=device).view(1, 1, -1)
+        query = key.view(1, -1, 1)
+        own = (key <= query) & ((real.unsqueeze(-1) & real.unsqueeze(1) &
+                                 ((key < rest_width) | (key >= segment.unsqueeze(-1)))) | (key == query))
+        if cache is None:
+            sub, visible = None, own
+        else:
+            cached = mask[index]
+            column = int(cached.any(0).long().argmax()) if cached.size(1) else 0  # columns no sequence reads
+            sub = _cache_rows(cache, cache_row[index], column)
+            visible = torch.cat([cached[:, column:].bool().unsqueeze(1).expand(-1, width, -1), own], dim=-1)
+        out, _ = forward(ids, visible.unsqueeze(1), positions, sub, True, keep)
+        lasts.append(out[:, 0])
         if head is None:
             values = (out,)
-        else:  # the token after each position (the last position of a completion predicts nothing used)
-            values = head(out, torch.cat([ids[:, 1:], ids.new_zeros(len(sequences), 1)], dim=1))
+        else:  # the token after each kept position (after the last, none: a zero, never read)
+            values = head(out, torch.cat([ids[:, rest_width:], ids.new_zeros(len(bucket), 1)], dim=1))
         pieces.append(tuple(v.flatten(0, 1) for v in values))
-        offset += len(sequences) * width
+        offset += len(bucket) * keep
+        sequences += len(bucket)
+    # the rest's last position predicts the first token of each of its prompt's rows
+    firsts = torch.cat(lasts)[torch.tensor([last_of[i] for i in owner], device=device)].unsqueeze(1)
+    first = (firsts,) if head is None else head(firsts, completion_ids[:, :1])
     source = torch.full((b, max(t - 1, 0)), offset, dtype=torch.long, device=device)
     for r, at, n in slots:
         source[r, :n - 1] = torch.arange(at, at + n - 1, device=device)
@@ -304,6 +333,35 @@ def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
     prefill grouping (:func:`~trl_multiagent.generation.decoding.prefill_buckets`, exact dynamic programming over the
     sorted lengths), any number of rows a group, :data:`CALL_COST_POSITIONS` per call."""
     return [rows for rows, _ in prefill_buckets(lengths, min_rows=1, overhead=CALL_COST_POSITIONS)]
+
+
+def packed_buckets(heads: Sequence[int], tails: Sequence[int]) -> list[list[int]]:
+    """The indices of sequences made of a left-padded head and a right-padded tail (a distinct prompt's rest and its
+    packed completions, :func:`_packed_rests_and_completions`) in groups, each computed ``max head + max tail`` wide:
+    runs of the sequences sorted by total length, chosen exactly by dynamic programming to minimise the positions
+    computed, ``sum(len(group) x width)``, plus :data:`CALL_COST_POSITIONS` per group. One group, in the original
+    order, when splitting saves nothing."""
+    n = len(heads)
+    single = [list(range(n))]
+    if n < 2:
+        return single
+    order = sorted(range(n), key=lambda i: (heads[i] + tails[i], heads[i]))
+    # best[j]: the least cost of the first j sorted sequences in groups; cut[j]: where the last group starts
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        head = tail = 0
+        for i in range(j - 1, -1, -1):  # the group order[i:j]
+            head, tail = max(head, heads[order[i]]), max(tail, tails[order[i]])
+            if (cost := best[i] + (j - i) * (head + tail) + CALL_COST_POSITIONS) < best[j]:
+                best[j], cut[j] = cost, i
+    if best[n] >= n * (max(heads) + max(tails)) + CALL_COST_POSITIONS:
+        return single
+    out, j = [], n
+    while j > 0:
+        out.append([order[k] for k in range(cut[j], j)])
+        j = cut[j]
+    return out[::-1]
 
 
 def _cache_like(template, layers):
