@@ -52,6 +52,20 @@ def paired_medians(times: dict[str, list[float]], base: str) -> tuple[dict[str, 
     return medians, ratios
 
 
+def child_result(argv: list[str], tag: str) -> dict | None:
+    """Run the command ``argv`` (a fresh process) and return the JSON it printed on its line beginning with ``tag``;
+    ``None``, with the tail of its stderr printed, when it failed or printed no such line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(argv, capture_output=True, text=True)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith(tag)), None)
+    if done.returncode != 0 or line is None:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return None
+    return json.loads(line[len(tag):])
+
+
 def write_result(path: str | Path | None, result: dict) -> None:
     """Print ``result`` as JSON and, when ``path`` is given, write it there (folders created)."""
     text = json.dumps(result, indent=2)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -78,7 +77,7 @@ def main(argv=None) -> int:
         n, packed, output_dir = json.loads(args.child)
         print(TAG + json.dumps(child(n, packed, output_dir)), flush=True)
         return 0
-    from measure import write_result
+    from measure import child_result, write_result
 
     from trl_multiagent.provenance import cpu_model
 
@@ -87,13 +86,11 @@ def main(argv=None) -> int:
         for n in (1, 4):
             for packed in (True, False):
                 spec = json.dumps([n, packed, f"{tmp}/out{n}{int(packed)}"])
-                done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True)
-                line = next((ln for ln in done.stdout.splitlines() if ln.startswith(TAG)), None)
-                if done.returncode != 0 or line is None:
-                    print(done.stderr[-3000:], file=sys.stderr)
+                found = child_result([sys.executable, __file__, "--child", spec], TAG)
+                if found is None:
                     return 1
-                runs.append(json.loads(line[len(TAG):]))
-                print(runs[-1], flush=True)
+                runs.append(found)
+                print(found, flush=True)
 
     def run(n, packed):
         return next(r for r in runs if r["agents"] == n and r["packed"] == packed)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -87,21 +86,18 @@ def main(argv=None) -> int:
         return 0
     import tempfile
 
-    from measure import write_result
+    from measure import child_result, write_result
 
     from trl_multiagent.provenance import cpu_model
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="memory-phases-") as tmp:
         for n in (1, 4):
-            done = subprocess.run([sys.executable, __file__, "--child", str(n), "--output-dir", f"{tmp}/out{n}"],
-                                  capture_output=True, text=True)
-            line = next((ln for ln in done.stdout.splitlines() if ln.startswith(TAG)), None)
-            if done.returncode != 0 or line is None:
-                print(done.stderr[-3000:], file=sys.stderr)
+            found = child_result([sys.executable, __file__, "--child", str(n), "--output-dir", f"{tmp}/out{n}"], TAG)
+            if found is None:
                 return 1
-            runs.append(json.loads(line[len(TAG):]))
-            print(runs[-1], flush=True)
+            runs.append(found)
+            print(found, flush=True)
     one, four = runs
     write_result(args.out, {
         "command": "python benchmarks/memory_phases.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -248,35 +248,35 @@ def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_
                      (["what is three plus three", "what is one plus one"], ["six!", "2"])]
     params = pool.policy_parameters("aux")
     model = functools.partial(pool, "aux")
+    batches = [_batch(pool, [opening + q for q in qs], cs) for qs, cs in micro_batches]
+
+    def passes(store=None, share=True):
+        """Every micro-batch's log-probs, each sent backward; the gradients gather on the adapter (and the store)."""
+        logps = []
+        for prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ in batches:
+            lp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
+                                     share_prompts=share, prefix_store=store)
+            (lp * completion_mask).sum().backward()
+            logps.append(lp[completion_mask.bool()])
+        return torch.cat(logps).detach()
+
     results = {}
     for stored in (False, True):
         pool.zero_grad()
-        batches = [_batch(pool, [opening + q for q in qs], cs) for qs, cs in micro_batches]
         store = PrefixStore.build(lm_forward(model), [e for b in batches for e in b[4]], torch.device("cpu")) \
             if stored else None
         if stored:  # the opening (and the chat tokens before it): one prefix, shared by all three prompts
             (prefix,) = store.prefixes
             assert all(list(prefix) == e[:len(prefix)] for b in batches for e in b[4])
-        logps = []
-        for prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ in batches:
-            lp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
-                                     prefix_store=store)
-            (lp * completion_mask).sum().backward()
-            logps.append(lp[completion_mask.bool()])
+        logps = passes(store)
         if stored:  # the prefix's share of the gradient waits on its stored keys and values...
             assert all(leaf.grad is not None for layer in store.prefixes[prefix] for leaf in layer)
             before = [p.grad.clone() for p in params]
             store.backward()  # ...until the store sends it back, once, and lets its graph go
             assert any(not torch.equal(a, p.grad) for a, p in zip(before, params)) and not store.prefixes
-        results[stored] = (torch.cat(logps).detach(), [p.grad.clone() for p in params])
+        results[stored] = (logps, [p.grad.clone() for p in params])
     pool.zero_grad()  # and both equal one plain pass per row (the pool's model packs: the other two run packed)
-    plain = []
-    for prompt_ids, prompt_mask, completion_ids, completion_mask, _, _ in batches:
-        lp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.7,
-                                 share_prompts=False)
-        (lp * completion_mask).sum().backward()
-        plain.append(lp[completion_mask.bool()])
-    results["plain"] = (torch.cat(plain).detach(), [p.grad.clone() for p in params])
+    results["plain"] = (passes(share=False), [p.grad.clone() for p in params])
     terms = sum(_terms(b[0], b[2]) for b in batches)
     for way in (True, "plain"):
         assert_same_computation(results[way][0], results[False][0], terms=terms, what=f"logps ({way})")

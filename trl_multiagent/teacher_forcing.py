@@ -45,7 +45,9 @@ from .padding import left_pad
 CACHE_KEYWORD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 #: ``forward(input_ids, attention_mask, position_ids, cache, use_cache, keep) -> (outputs, cache)``: one model call
-#: returning its per-position outputs of the last ``keep`` positions ``(B, keep, D)`` and the KV cache.
+#: returning its per-position outputs of the last ``keep`` positions ``(B, keep, D)`` (``keep`` an int), or of the
+#: columns ``keep`` lists for every row (a 1D tensor, repeats allowed; transformers' ``logits_to_keep``), and the KV
+#: cache.
 Forward = Callable[..., tuple[torch.Tensor, object]]
 
 #: ``head(outputs, token_ids) -> tuple of (b, w) tensors``: per-position values of one call's ``(b, w, D)`` outputs,
@@ -73,7 +75,8 @@ def hidden_forward(backbone) -> Forward:
     def forward(input_ids, attention_mask, position_ids, cache, use_cache, keep):
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=use_cache, **{CACHE_KEYWORD: cache})
-        return out.last_hidden_state[:, -keep:], _cache_of(out)
+        hidden = out.last_hidden_state
+        return (hidden[:, keep] if isinstance(keep, torch.Tensor) else hidden[:, -keep:]), _cache_of(out)
 
     forward.packs_completions = packs_completions(model_config(backbone))
     return forward
@@ -235,9 +238,11 @@ def _packed_rests_and_completions(forward: Forward, unique, owner, group_of, pre
     accepts: each distinct prompt's rest (after its prefix) and then its completions (its K samples), one after
     another, run as one sequence on the prefix's cache row, in groups of :func:`packed_buckets`.
 
-    In a bucket the rests are left-padded to the longest, so that every rest ends in the same column and the model's
-    outputs are kept from there on only (the rest's last position predicts each completion's first token; a rest's
-    other positions predict nothing used); the completions follow, right-padded. A boolean 4D mask lets the rest's
+    In a bucket the rests are left-padded to the longest, so that every rest ends in the same column; the completions
+    follow, right-padded. The model's outputs are kept (``logits_to_keep``) at that column once per completion (the
+    rest's last position predicts every completion's first token) and at the completions' columns, and nowhere else:
+    read once per completion as one kept tensor, not indexed out of the outputs (whose gradient would then be a
+    second tensor of the outputs' size). A boolean 4D mask lets the rest's
     positions see the prefix's cached columns and the rest up to themselves, and each completion's positions see the
     prefix, the whole rest and the completion's own positions up to themselves, never another completion; a padding
     position sees itself (and the cached columns), so that no row of the attention is empty, and no other position
@@ -254,14 +259,20 @@ def _packed_rests_and_completions(forward: Forward, unique, owner, group_of, pre
             members[i].append(r)
     rests = [p[prefix_len[g]:] for p, g in zip(unique, group_of)]
     tails = [sum(lengths[r] for r in members[i]) for i in range(len(unique))]
-    # source[r, j]: where row r's value at completion position j + 1 lies among the calls' flattened kept outputs
-    # (position p of a packed sequence predicts the token after it); the last slot, a zero, for positions past a row
-    pieces, lasts, last_of, offset, slots, sequences = [], [], [0] * len(unique), 0, [], 0
+    # source[r, j]: where row r's value at completion position j lies among the calls' flattened kept outputs; the
+    # last slot, a zero, for positions past a row
+    pieces, offset, slots = [], 0, []
     for bucket in packed_buckets([len(r) for r in rests], tails):
         rest_width = max(len(rests[i]) for i in bucket)
         width = rest_width + max(tails[i] for i in bucket)
-        keep = width - rest_width + 1  # from the rests' last column on
+        firsts = max(1, max(len(members[i]) for i in bucket))
+        # the columns whose outputs are kept: the rests' last one once per completion (it predicts every
+        # completion's first token), then every completion column (each predicts the token after it)
+        keep = torch.cat([torch.full((firsts,), rest_width - 1, device=device),
+                          torch.arange(rest_width, width, device=device)])
+        kept = int(keep.numel())
         ids = completion_ids.new_zeros(len(bucket), width)
+        targets = completion_ids.new_zeros(len(bucket), kept)  # the token each kept output is read at
         positions = torch.zeros(len(bucket), width, dtype=torch.long, device=device)
         real = torch.zeros(len(bucket), width, dtype=torch.bool, device=device)
         segment = torch.arange(width, device=device).repeat(len(bucket), 1)  # the first column of each position's
@@ -273,15 +284,16 @@ def _packed_rests_and_completions(forward: Forward, unique, owner, group_of, pre
             real[s, pad:rest_width] = True
             segment[s, :rest_width] = 0
             start, done = rest_width, done + len(rest)
-            for r in members[i]:
+            for j, r in enumerate(members[i]):
                 n = lengths[r]
                 ids[s, start:start + n] = completion_ids[r, :n]
                 positions[s, start:start + n] = done + torch.arange(n, device=device)
                 real[s, start:start + n] = True
                 segment[s, start:start + n] = start
-                slots.append((r, offset + s * keep + start - rest_width + 1, n))
+                targets[s, j] = completion_ids[r, 0]
+                slots.append((r, offset + s * kept + j, offset + s * kept + firsts + start - rest_width, n))
                 start += n
-            last_of[i] = sequences + s
+        targets[:, firsts:firsts + width - rest_width - 1] = ids[:, rest_width + 1:]
         index = torch.tensor(bucket, device=device)
         key = torch.arange(width, device=device).view(1, 1, -1)
         query = key.view(1, -1, 1)
@@ -295,24 +307,17 @@ def _packed_rests_and_completions(forward: Forward, unique, owner, group_of, pre
             sub = _cache_rows(cache, cache_row[index], column)
             visible = torch.cat([cached[:, column:].bool().unsqueeze(1).expand(-1, width, -1), own], dim=-1)
         out, _ = forward(ids, visible.unsqueeze(1), positions, sub, True, keep)
-        lasts.append(out[:, 0])
-        if head is None:
-            values = (out,)
-        else:  # the token after each kept position (after the last, none: a zero, never read)
-            values = head(out, torch.cat([ids[:, rest_width:], ids.new_zeros(len(bucket), 1)], dim=1))
+        values = (out,) if head is None else head(out, targets)
         pieces.append(tuple(v.flatten(0, 1) for v in values))
-        offset += len(bucket) * keep
-        sequences += len(bucket)
-    # the rest's last position predicts the first token of each of its prompt's rows
-    firsts = torch.cat(lasts)[torch.tensor([last_of[i] for i in owner], device=device)].unsqueeze(1)
-    first = (firsts,) if head is None else head(firsts, completion_ids[:, :1])
-    source = torch.full((b, max(t - 1, 0)), offset, dtype=torch.long, device=device)
-    for r, at, n in slots:
-        source[r, :n - 1] = torch.arange(at, at + n - 1, device=device)
+        offset += len(bucket) * kept
+    source = torch.full((b, t), offset, dtype=torch.long, device=device)
+    for r, first, rest, n in slots:
+        source[r, 0] = first
+        source[r, 1:n] = torch.arange(rest, rest + n - 1, device=device)
     joined = []
-    for k, f in enumerate(first):
-        flat = torch.cat([p[k] for p in pieces] + [f.new_zeros((1,) + f.shape[2:])])
-        joined.append(_to_width(torch.cat([f, flat[source]], dim=1), t))
+    for k in range(len(pieces[0])):
+        flat = torch.cat([p[k] for p in pieces])
+        joined.append(torch.cat([flat, flat.new_zeros((1,) + flat.shape[1:])])[source])
     return joined[0] if head is None else tuple(joined)
 
 
