@@ -1,10 +1,12 @@
 #!/bin/bash
 # make bench's memory runs only (bench.py --skip-speed --skip-targets), the library of BASE (a git worktree) and the
-# checkout's, alternating, 2 rounds; each run's record -> docs/results/memory_ab/{base,head}_{round}.json.
-#   bash docs/results/memory_ab/run.sh 90da415
+# checkout's, alternating, 2 rounds; each run's record -> OUT/{base,head}_{round}.json (OUT: docs/results/memory_ab).
+#   bash docs/results/memory_ab/run.sh 90da415 [OUT]
 set -e
 BASE=${1:?usage: run.sh BASE_COMMIT}
 ROOT=$(git rev-parse --show-toplevel)
+OUT=${2:-$ROOT/docs/results/memory_ab}
+mkdir -p "$OUT"
 WT=$(mktemp -d)/base
 git -C "$ROOT" worktree add --detach "$WT" "$BASE" -q
 trap 'git -C "$ROOT" worktree remove --force "$WT"' EXIT
@@ -14,7 +16,7 @@ for round in 1 2; do
     out=$(mktemp -d)
     (cd "$dir" && PYTHONPATH="$dir" "$ROOT/.venv/bin/python" benchmarks/bench.py --skip-speed --skip-targets \
         --out-dir "$out" > "$out/log" 2>&1)
-    cp "$out/bench.json" "$ROOT/docs/results/memory_ab/${lib}_${round}.json"
+    cp "$out/bench.json" "$OUT/${lib}_${round}.json"
     python3 -c "import json; d = json.load(open('$out/bench.json')); m = d['memory']; print('$lib', $round, \
 {k: round(v['shared_peak_mib']) for k, v in m['summary'].items()}, round(m['ratio_shared_nmax_over_one'], 4))"
   done
