@@ -1,6 +1,6 @@
 """What shared-prefix ("cascade") attention could save in the main job's decoding steps: an upper estimate.
 
-    python benchmarks/decode_cascade.py [--steps 3] [--out docs/results/generation/decode_cascade.json]
+    python benchmarks/decode_cascade.py [--steps 3] [--warm] [--out docs/results/generation/decode_cascade.json]
 
 After the prefill, ``decoding.decode`` copies each prompt's cache row to its K samples (``expand``), and every
 decoding step's attention then reads each row's own copy of its prompt's keys and values. Cascade attention would
@@ -18,6 +18,10 @@ of the step's shapes (the model's heads, key/value heads and head size), alterna
   takes one (``ONE_THREAD``);
 - ``cascade``: the prompt's columns once per distinct prompt, the live rows placed in a grid of (prompts, most rows
   of one prompt) as an implementation that keeps compaction would need, then the rows' own columns.
+
+Each call is timed cold by default: alone, after a 256 MiB write that fills the caches with other data, as in a
+decoding step, where all 30 layers' weights pass between two attentions of one layer (``--warm``: calls one after
+another on the same tensors, which then stay in the caches; that favours reading a prompt's keys K times).
 
 The estimate of a step's saving is the sum over its decoding steps of (per_row - cascade) x the model's layers: an
 upper estimate, since it counts every live row's prompt as one of the call's distinct prompts (after compaction a
@@ -106,8 +110,9 @@ def cascade(q, slot, grid, prompt_keys, prompt_values, prompt_attend, own_keys, 
 
 
 def time_shape(rows: int, length: int, prompts: int, width: int, shape: tuple[int, int, int], repeats: int,
-               generator: torch.Generator) -> dict:
-    """Seconds of one layer's attention both ways for ``rows`` live rows over ``length + 1`` cached positions."""
+               generator: torch.Generator, flush: torch.Tensor | None = None) -> dict:
+    """Seconds of one layer's attention both ways for ``rows`` live rows over ``length + 1`` cached positions; with
+    ``flush`` (a large tensor), each call timed alone after writing it."""
     heads, kv_heads, dim = shape
     group, scale, total = heads // kv_heads, dim ** -0.5, length + 1
     grid = -(-rows // prompts)
@@ -137,10 +142,19 @@ def time_shape(rows: int, length: int, prompts: int, width: int, shape: tuple[in
         for _ in range(3):
             for way, run in ways.items():
                 run()
-                start = time.perf_counter()
-                for _ in range(repeats):
+                if flush is None:  # warm: the same tensors again and again, in the caches after the first call
+                    start = time.perf_counter()
+                    for _ in range(repeats):
+                        run()
+                    seconds[way].append((time.perf_counter() - start) / repeats)
+                    continue
+                total = 0.0
+                for _ in range(repeats):  # cold: the caches filled with other data before each call, as in a
+                    flush.add_(1.0)       # decoding step, where every layer's weights pass between two attentions
+                    start = time.perf_counter()
                     run()
-                seconds[way].append((time.perf_counter() - start) / repeats)
+                    total += time.perf_counter() - start
+                seconds[way].append(total / repeats)
     finally:
         if one_thread:
             torch.set_num_threads(threads)
@@ -151,20 +165,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/results/generation/decode_cascade.json")
     parser.add_argument("--steps", type=int, default=3, help="steps of the main job to record")
-    parser.add_argument("--repeats", type=int, default=20, help="calls per timing (3 timings per way and shape)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="calls per timing, 3 timings per way and shape (default 5; --warm: 20)")
+    parser.add_argument("--warm", action="store_true",
+                        help="time the calls one after another on the same tensors (in the caches), not each after "
+                             "a 256 MiB write")
     args = parser.parse_args(argv)
     calls, logged, config = record_main_job(args.steps)
     shape = (config.num_attention_heads, config.num_key_value_heads,
              getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     layers = config.num_hidden_layers
     generator = torch.Generator().manual_seed(0)
+    repeats = args.repeats or (20 if args.warm else 5)
+    flush = None if args.warm else torch.zeros(256 * 2**20 // 4)
     timed, cache = [], {}
     for call in calls:
         seconds = {"per_row": 0.0, "cascade": 0.0}
         for rows, length in call["steps"]:
             key = (rows, length, min(call["prompts"], rows), call["width"])
             if key not in cache:
-                cache[key] = time_shape(*key, shape, args.repeats, generator)
+                cache[key] = time_shape(*key, shape, repeats, generator, flush)
             for way in seconds:
                 seconds[way] += cache[key][way] * layers
         timed.append({**call, "attention_s": seconds, "saving_s": seconds["per_row"] - seconds["cascade"]})
@@ -183,6 +203,7 @@ def main(argv=None) -> int:
     write_result(args.out, {
         "command": "python benchmarks/decode_cascade.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "timing": "warm" if args.warm else "cold (each call after a 256 MiB write)", "repeats": repeats,
         "attention_shape": {"heads": shape[0], "kv_heads": shape[1], "head_dim": shape[2], "layers": layers},
         "summary": summary, "logged_steps": logged, "calls": timed})
     return 0
