@@ -275,6 +275,38 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def gradients_in_one_block(params: Iterable) -> int:
+    """Give each parameter of ``params`` that requires a gradient and has none a zero gradient, all of them views of
+    one new buffer; returns how many parameters got one.
+
+    The backward pass then adds into these views in place, where it would otherwise allocate each parameter's first
+    gradient at the moment it is computed, amid the activations being freed. A LoRA adapter has a few hundred small
+    parameters; a team updates its policies one after another, and each policy's scattered gradients, live until the
+    optimizer's step, pin the freed activations' memory between them, so that glibc's heap, and the resident memory,
+    grow with every policy of the step (``benchmarks/memory_phases.py``; ``docs/results/memory_ab/README.md``). One
+    block per policy, allocated before its backward, pins nothing. Values are those of the usual first gradient
+    (zero plus the gradient, exactly); an optimizer's ``zero_grad`` (set to ``None``) frees the block.
+
+    Only for parameters the caller's backward passes will reach: a parameter that gets a zero gradient this way
+    but none from the backward is stepped by an optimizer as if its gradient were zero (Adam's moments then still
+    move it), where ``None`` would skip it."""
+    import torch
+
+    missing = [p for p in params if p.requires_grad and p.grad is None]
+    if not missing:
+        return 0
+    groups: dict[tuple, list] = {}
+    for p in missing:
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    for (dtype, device), group in groups.items():
+        block = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=device)
+        offset = 0
+        for p in group:
+            p.grad = block[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+    return len(missing)
+
+
 def _libc():
     import ctypes
     import ctypes.util

@@ -48,7 +48,7 @@ from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
 from ..teacher_forcing import PrefixStore, lm_forward
-from ..utils import configure_threads, keep_freed_cpu_memory, release_freed_memory
+from ..utils import configure_threads, gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
 from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
@@ -416,6 +416,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
             with self.accelerator.no_sync(model) if sync_at_end else contextlib.nullcontext():
                 for policy in plan:
                     chunks = chunked[policy]
+                    if chunk_counts[policy] and not is_fsdp(self.accelerator):  # FSDP shards its gradients itself
+                        gradients_in_one_block(self.pool.policy_parameters(policy))
                     # the prefixes the micro-batches share run once (their gradient is sent back after the last one)
                     with self.timed("forward"):
                         self.prefix_store = self.build_prefix_store(model, policy, chunks)
