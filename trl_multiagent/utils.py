@@ -260,9 +260,10 @@ def release_freed_memory() -> None:
     """Return freed heap memory to the OS (glibc ``malloc_trim``) on CPU, unless this process keeps its freed memory
     (:func:`keep_freed_cpu_memory`, the trainers' ``cpu_keep_freed_memory``).
 
-    Between policies the update frees large activation buffers while small, long-lived tensors (each policy's
-    gradients and optimizer state, created lazily) land between them; glibc then keeps the freed space, and the
-    resident memory of a team grows with its number of policies although the live tensors do not. Trimming after
+    Between policies the update frees large activation buffers while small, long-lived tensors (the optimizer's
+    state, created lazily; the gradients too, but for :func:`gradients_in_one_block`) land between them; glibc then
+    keeps the freed space, and the resident memory of a team grows with its number of policies although the live
+    tensors do not. Trimming after
     each policy's backward pass keeps a team on one shared base close to one agent's footprint (``make bench``),
     at the price of faulting those pages in again at the next step.
     """
