@@ -263,9 +263,8 @@ def release_freed_memory() -> None:
     Between policies the update frees large activation buffers while small, long-lived tensors (the optimizer's
     state, created lazily; the gradients too, but for :func:`gradients_in_one_block`) land between them; glibc then
     keeps the freed space, and the resident memory of a team grows with its number of policies although the live
-    tensors do not. Trimming after
-    each policy's backward pass keeps a team on one shared base close to one agent's footprint (``make bench``),
-    at the price of faulting those pages in again at the next step.
+    tensors do not. Trimming after each policy's backward pass keeps a team on one shared base close to one agent's
+    footprint (``make bench``), at the price of faulting those pages in again at the next step.
     """
     import torch
 
@@ -285,8 +284,9 @@ def gradients_in_one_block(params: Iterable) -> int:
     parameters; a team updates its policies one after another, and each policy's scattered gradients, live until the
     optimizer's step, pin the freed activations' memory between them, so that glibc's heap, and the resident memory,
     grow with every policy of the step (``benchmarks/memory_phases.py``; ``docs/results/memory_ab/README.md``). One
-    block per policy, allocated before its backward, pins nothing. Values are those of the usual first gradient
-    (zero plus the gradient, exactly); an optimizer's ``zero_grad`` (set to ``None``) frees the block.
+    block per policy, allocated before its backward pass, leaves the space the pass frees in one piece. Values are
+    those of the usual first gradient (zero plus the gradient, exactly); an optimizer's ``zero_grad`` (set to
+    ``None``) frees the block.
 
     Only for parameters the caller's backward passes will reach: a parameter that gets a zero gradient this way
     but none from the backward is stepped by an optimizer as if its gradient were zero (Adam's moments then still
