@@ -23,7 +23,9 @@ the device operations one step launches and their summed device time (``device_b
 kernels ran back to back); and ``step / bound``, the bound being ``max(bytes / bandwidth, FLOPs / matmul rate)`` of
 the weights the step reads (frozen linears, LM head, LoRA matrices, at their element size) and the FLOPs ``2 x rows x
 weights`` plus attention, with the bandwidth of a 1 GiB device copy (bytes read + written per second) and the matmul
-rate of an 8192^3 matmul in the model's dtype (on CPU: 1024^3 and a 64 MiB copy), both measured in this run.
+rate of an 8192^3 matmul in the model's dtype (on CPU: 1024^3 and a 64 MiB copy), both measured in this run: the
+copy's best of 5 (``decode_step.copy_bandwidth``), the matmul's mean over 5 after a warm-up (``measure.matmul_flops``;
+the record of 50a48ac, ``docs/results/gpu/2026-11-28-stop55/``, took the best of 5 matmul calls).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ import time
 from pathlib import Path
 
 import torch
-from decode_step import step_counts
+from decode_step import copy_bandwidth, step_counts
 from gpu_check import GPU_MODEL, TINY_MODEL, build_checkpoint
-from measure import write_result
+from measure import matmul_flops, synchronize, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch
@@ -48,38 +50,6 @@ from trl_multiagent.provenance import cpu_model
 
 PROMPT = 200
 ADAPTERS = ("first", "second")
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def copy_bandwidth(device: str, mib: int, repeats: int = 5) -> float:
-    """Bytes per second (read + written) of a ``mib`` MiB copy on ``device``, best of ``repeats``."""
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best
-
-
-def matmul_rate(device: str, n: int, dtype: torch.dtype, repeats: int = 5) -> float:
-    """FLOPs per second of an ``n``^3 matmul in ``dtype`` on ``device``, best of ``repeats``."""
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    best = float("inf")
-    for _ in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def device_profile(step, count: int, device: str) -> dict:
@@ -217,8 +187,8 @@ def main(argv=None) -> int:
         model_info = build_checkpoint(Path(tmp), TINY_MODEL if args.tiny else GPU_MODEL, dtype, device)
         model = two_adapter_model(tmp, device, "bfloat16" if dtype == torch.bfloat16 else "float32")
     big = device == "cuda"
-    bound = {"copy_bytes_per_s": copy_bandwidth(device, 1024 if big else 64),
-             "matmul_flops_per_s": matmul_rate(device, 8192 if big else 1024, dtype)}
+    bound = {"copy_bytes_per_s": copy_bandwidth(time.perf_counter, 1024 if big else 64, device=device),
+             "matmul_flops_per_s": matmul_flops(8192 if big else 1024, repeats=5, device=device, dtype=dtype)}
     result = {"command": "python " + " ".join(sys.argv), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
               "device": torch.cuda.get_device_name() if big else cpu_model(), "host_cpu": cpu_model(),
               "torch": torch.__version__, "dtype": str(dtype), "model": model_info, "bound": bound,

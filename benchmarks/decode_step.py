@@ -45,7 +45,7 @@ import time
 from collections import defaultdict
 
 import torch
-from measure import matmul_flops, packed_matmul_flops, write_result
+from measure import matmul_flops, packed_matmul_flops, synchronize, write_result
 
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
@@ -55,15 +55,18 @@ from trl_multiagent.generation.sampling import sample_next
 from trl_multiagent.provenance import cpu_model
 
 
-def copy_bandwidth(clock, mib: int = 256, repeats: int = 5) -> float:
-    """Bytes per second of a large tensor copy (read + written), best of ``repeats``."""
-    src = torch.ones(mib * 2**20 // 4)
+def copy_bandwidth(clock, mib: int = 256, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes per second of a large tensor copy on ``device`` (read + written), best of ``repeats`` (on CUDA each
+    timed between two synchronisations)."""
+    src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.zeros_like(src)
     dst.copy_(src)
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         start = clock()
         dst.copy_(src)
+        synchronize(device)
         best = min(best, clock() - start)
     return 2 * src.numel() * 4 / best
 

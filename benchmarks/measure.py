@@ -13,15 +13,25 @@ from pathlib import Path
 import torch
 
 
-def matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter) -> float:
-    """FLOP/s of an ``n``^3 float32 matmul on this process's threads (one warm-up call, then ``repeats`` timed by
-    ``clock``: wall-clock time by default; ``time.thread_time`` with one thread counts only the time it ran)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an ``n``^3 matmul in ``dtype`` on ``device`` (the CPU: this process's threads), one warm-up call,
+    then ``repeats`` timed by ``clock``: wall-clock time by default; ``time.thread_time`` with one thread counts only
+    the time it ran. On CUDA the device is synchronised before and after the timed calls."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
+    synchronize(device)
     start = clock()
     for _ in range(repeats):
         a @ b
+    synchronize(device)
     return repeats * 2 * n**3 / (clock() - start)
+
+
+def synchronize(device: str) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def packed_matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counter) -> float | None:
