@@ -1,7 +1,8 @@
 #!/bin/bash
 # make bench's memory runs only (bench.py --skip-speed --skip-targets), the library of BASE (a git worktree) and the
-# checkout's, alternating, 2 rounds; each run's record -> OUT/{base,head}_{round}.json (OUT: docs/results/memory_ab).
-#   bash docs/results/memory_ab/run.sh 90da415 [OUT]
+# checkout's, alternating, ROUNDS rounds (default 2); each run's record -> OUT/{base,head}_{round}.json (OUT:
+# docs/results/memory_ab).
+#   bash docs/results/memory_ab/run.sh 90da415 [OUT] [ROUNDS]
 set -e
 BASE=${1:?usage: run.sh BASE_COMMIT}
 ROOT=$(git rev-parse --show-toplevel)
@@ -10,7 +11,7 @@ mkdir -p "$OUT"
 WT=$(mktemp -d)/base
 git -C "$ROOT" worktree add --detach "$WT" "$BASE" -q
 trap 'git -C "$ROOT" worktree remove --force "$WT"' EXIT
-for round in 1 2; do
+for round in $(seq 1 "${3:-2}"); do
   for lib in base head; do
     if [ $lib = base ]; then dir=$WT; else dir=$ROOT; fi
     out=$(mktemp -d)
