@@ -1,5 +1,4 @@
-"""``cpu_keep_freed_memory`` (``utils.keep_freed_cpu_memory``): the process keeps the CPU memory it frees; without it
-(``utils.return_freed_cpu_memory``, the default) blocks of 1 MiB and more are mapped on their own and given back.
+"""``cpu_keep_freed_memory`` (``utils.keep_freed_cpu_memory``): the process keeps the CPU memory it frees.
 
 Each case runs in a fresh interpreter (the setting is process-wide and stays). A 64 MiB block is allocated with
 glibc's ``malloc`` and freed; ``mallinfo2`` tells where it came from (``hblkhd``: bytes in blocks with a mapping of
@@ -13,8 +12,6 @@ import os
 import platform
 import subprocess
 import sys
-
-import pytest
 
 from trl_multiagent import utils
 from trl_multiagent.trainers import MultiAgentGRPOConfig
@@ -111,123 +108,3 @@ def test_a_refused_1_gib_threshold_falls_back_to_the_ceiling(monkeypatch):
     assert utils.keep_freed_cpu_memory() is True
     assert fake.calls == [(-3, 1 << 30), (-3, 32 << 20), (-1, -1)]
     assert utils.cpu_allocator_record() == "keeps freed memory (mallopt: no trimming, mmap threshold 33554432)"
-
-
-# ------------------------------------------------------------------------------------- freed memory given back
-RETURN_PROBE = r"""
-import ctypes, json, sys
-from trl_multiagent.provenance import kernel_record
-from trl_multiagent.utils import return_freed_cpu_memory
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                                                "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-returned = return_freed_cpu_memory() if sys.argv[1] == "return" else None
-libc.free(libc.malloc(16 << 20))  # glibc's own threshold rises to a freed mapped block's size (here 16 MiB)
-before = libc.mallinfo2()
-block = libc.malloc(4 << 20)
-during = libc.mallinfo2()
-libc.free(block)
-after = libc.mallinfo2()
-print(json.dumps({"returned": returned, "mapped": during.hblkhd - before.hblkhd,
-                  "mapped_after": after.hblkhd - before.hblkhd, "allocator": kernel_record()["cpu_allocator"]}))
-"""
-
-
-def return_probe(mode: str) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", RETURN_PROBE, mode], env={**clean, "CUDA_VISIBLE_DEVICES": ""},
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def test_a_4_mib_block_is_mapped_on_its_own_when_freed_memory_is_given_back():
-    """With glibc's defaults, once a 16 MiB mapped block was freed a 4 MiB block comes from the heap; given back
-    (the trainers' default), it has a mapping of its own, unmapped when freed."""
-    if platform.libc_ver()[0] != "glibc":
-        assert return_probe("return")["returned"] is False
-        return
-    default, returned = return_probe("default"), return_probe("return")
-    assert default["mapped"] == 0 and default["allocator"] == "glibc's defaults"
-    assert returned["returned"] is True
-    assert returned["mapped"] >= 4 << 20 and returned["mapped_after"] == 0
-    assert returned["allocator"] == ("returns freed memory (mallopt: mmap threshold 1048576; the heap trimmed after "
-                                     "each update)")
-
-
-class _Libc:
-    """A libc whose mallopt takes every value; records the calls."""
-
-    def __init__(self, accepts: bool = True):
-        self.calls, self.accepts = [], accepts
-
-    def mallopt(self, param, value):
-        self.calls.append((param, value))
-        return int(self.accepts)
-
-
-def _stand_in(monkeypatch, libc) -> None:
-    monkeypatch.setattr(utils, "_libc", lambda: libc)
-    monkeypatch.setattr(utils, "_ALLOCATOR", {"keeps_freed": False, "returns_freed": False,
-                                              "note": "glibc's defaults"})
-    for name in utils.ALLOCATOR_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-
-
-def test_giving_back_sets_the_1_mib_threshold_once_and_keeping_overrides_it(monkeypatch):
-    """In process, on a stand-in libc: the threshold is set once (M_MMAP_THRESHOLD = -3, trimming left as it is);
-    keeping freed memory afterwards sets its own thresholds and wins; giving back after keeping changes nothing."""
-    fake = _Libc()
-    _stand_in(monkeypatch, fake)
-    assert utils.return_freed_cpu_memory() is True and utils.return_freed_cpu_memory() is True
-    assert fake.calls == [(-3, 1 << 20)]
-    assert utils.cpu_allocator_record().startswith("returns freed memory (mallopt: mmap threshold 1048576;")
-    assert utils.keep_freed_cpu_memory() is True
-    assert fake.calls == [(-3, 1 << 20), (-3, 1 << 30), (-1, -1)]
-    assert utils.return_freed_cpu_memory() is False
-    assert len(fake.calls) == 3 and utils.cpu_allocator_record().startswith("keeps freed memory")
-
-
-def test_giving_back_leaves_the_users_variables_and_cuda_alone_and_says_when_refused(monkeypatch):
-    fake = _Libc()
-    _stand_in(monkeypatch, fake)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert utils.return_freed_cpu_memory() is False and fake.calls == []
-    assert utils.cpu_allocator_record() == "set by the user's environment (MALLOC_MMAP_THRESHOLD_)"
-    _stand_in(monkeypatch, fake)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    assert utils.return_freed_cpu_memory() is False and fake.calls == []
-    refusing = _Libc(accepts=False)
-    _stand_in(monkeypatch, refusing)
-    with pytest.raises(RuntimeError, match="refused the mmap threshold"):
-        utils.return_freed_cpu_memory()
-
-
-def test_the_trainer_gives_freed_memory_back_unless_told_to_keep_it(tiny_text_model, tmp_path, monkeypatch):
-    """Which of the two a trainer asks for, by ``cpu_keep_freed_memory`` (stand-ins record the calls)."""
-    from datasets import Dataset
-
-    import trl_multiagent.trainers.base as trainer_base
-    from trl_multiagent.agents import AgentSpec
-    from trl_multiagent.environments import FunctionEnvironment
-    from trl_multiagent.trainers import MultiAgentGRPOTrainer
-
-    for keep in (False, True):
-        calls = []
-        monkeypatch.setattr(trainer_base, "return_freed_cpu_memory", lambda calls=calls: calls.append("return") or True)
-        monkeypatch.setattr(trainer_base, "keep_freed_cpu_memory", lambda calls=calls: calls.append("keep") or True)
-        env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]},  # noqa: E731
-                                          lambda completions, **_: 0.0)
-        args = MultiAgentGRPOConfig(output_dir=str(tmp_path / str(keep)), report_to=[], max_completion_length=4,
-                                    num_generations=2, save_strategy="no", disable_tqdm=True,
-                                    cpu_keep_freed_memory=keep)
-        MultiAgentGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env, args,
-                              Dataset.from_dict({"prompt": ["ab"] * 2}))
-        assert calls == (["keep"] if keep else ["return"])

@@ -209,14 +209,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: 1 GiB); where 1 GiB is refused, the ceiling is set.
 KEEP_FREED_MMAP_THRESHOLD = 1 << 30
 MMAP_THRESHOLD_CEILING = 32 << 20
-#: Blocks from this size on get their own mapping when the process gives freed memory back
-#: (:func:`return_freed_cpu_memory`, the trainers' default): a step's larger activations and buffers, not the small
-#: tensors (LoRA matrices, their gradients and Adam moments, per-token values).
-RETURN_FREED_MMAP_THRESHOLD = 1 << 20
 #: The environment variables by which a user sets glibc's trim and mmap thresholds themselves (then left alone).
 ALLOCATOR_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
-#: What :func:`keep_freed_cpu_memory` or :func:`return_freed_cpu_memory` did in this process (:func:`cpu_allocator_record` reports it).
-_ALLOCATOR = {"keeps_freed": False, "returns_freed": False, "note": "glibc's defaults"}
+#: What :func:`keep_freed_cpu_memory` did in this process (:func:`cpu_allocator_record` reports it).
+_ALLOCATOR = {"keeps_freed": False, "note": "glibc's defaults"}
 
 
 def keep_freed_cpu_memory() -> bool:
@@ -251,44 +247,7 @@ def keep_freed_cpu_memory() -> bool:
                       if libc.mallopt(_M_MMAP_THRESHOLD, t)), None)
     if threshold is None or not libc.mallopt(_M_TRIM_THRESHOLD, -1):
         raise RuntimeError("glibc's mallopt refused the mmap or trim threshold (cpu_keep_freed_memory); set it false")
-    _ALLOCATOR.update(keeps_freed=True, returns_freed=False, note=f"keeps freed memory (mallopt: no trimming, mmap threshold {threshold})")
-    return True
-
-
-def return_freed_cpu_memory() -> bool:
-    """Make this process give the CPU memory it frees back at once (glibc): blocks of at least
-    :data:`RETURN_FREED_MMAP_THRESHOLD` each get a mapping of their own (``M_MMAP_THRESHOLD`` fixed there), unmapped
-    when freed, and :func:`release_freed_memory` trims the heap after the rollout and after each policy's update.
-    What the trainers do unless ``cpu_keep_freed_memory``. Returns whether it set the threshold; it does nothing
-    (False) on CUDA, without glibc, when the user set any of :data:`ALLOCATOR_ENV`, and when the process already keeps
-    its freed memory (:func:`keep_freed_cpu_memory`, which is the opposite choice).
-
-    Why: glibc's own threshold rises to the size of the largest mapped block freed (up to 32 MiB), after which a
-    step's activations of a few MiB come from the heap. When several policies update one after another, each pass's
-    blocks land around what the passes before left alive, the heap grows from policy to policy, and a freed block in
-    its middle stays resident until a trim. Mapped on their own, those blocks leave no holes: measured with ``make
-    bench``'s memory runs, alternating, a 4-agent team on one base peaked 45-62 MiB lower (1.033-1.045 times one
-    agent's peak, against 1.050-1.055), at its floor of three more adapters (1.038); its steps took about 5% longer
-    (more page faults), one agent's steps no longer (``docs/results/memory_ab/README.md``, "Large blocks mapped on
-    their own"). Process-wide; it stays set."""
-    import torch
-
-    if _ALLOCATOR["keeps_freed"] or _ALLOCATOR["returns_freed"]:
-        return _ALLOCATOR["returns_freed"]
-    if torch.cuda.is_available():
-        return False
-    user = [k for k in ALLOCATOR_ENV if k in os.environ and (k != "GLIBC_TUNABLES" or "malloc" in os.environ[k])]
-    if user:
-        _ALLOCATOR["note"] = f"set by the user's environment ({', '.join(user)})"
-        return False
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    if not libc.mallopt(_M_MMAP_THRESHOLD, RETURN_FREED_MMAP_THRESHOLD):
-        raise RuntimeError("glibc's mallopt refused the mmap threshold of the freed memory given back; set "
-                           "MALLOC_MMAP_THRESHOLD_ to choose one yourself, or cpu_keep_freed_memory true")
-    _ALLOCATOR.update(returns_freed=True, note=f"returns freed memory (mallopt: mmap threshold "
-                                               f"{RETURN_FREED_MMAP_THRESHOLD}; the heap trimmed after each update)")
+    _ALLOCATOR.update(keeps_freed=True, note=f"keeps freed memory (mallopt: no trimming, mmap threshold {threshold})")
     return True
 
 

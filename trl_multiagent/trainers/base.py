@@ -48,14 +48,7 @@ from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
 from ..teacher_forcing import PrefixStore, lm_forward
-from ..utils import (
-    RETURN_FREED_MMAP_THRESHOLD,
-    configure_threads,
-    gradients_in_one_block,
-    keep_freed_cpu_memory,
-    release_freed_memory,
-    return_freed_cpu_memory,
-)
+from ..utils import configure_threads, gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
 from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
@@ -146,9 +139,6 @@ class MultiAgentTrainer(TeamTrainerSurface):
             logger.info("torch uses %d CPU threads in this process (num_threads)", threads)
         if args.cpu_keep_freed_memory and keep_freed_cpu_memory():
             logger.info("this process keeps the CPU memory it frees (cpu_keep_freed_memory)")
-        elif not args.cpu_keep_freed_memory and return_freed_cpu_memory():
-            logger.info("this process gives the CPU memory it frees back (blocks of %d bytes and more mapped on their "
-                        "own; cpu_keep_freed_memory false)", RETURN_FREED_MMAP_THRESHOLD)
         if isinstance(agents, AgentPool):
             self.check_pool(agents, args)
             pool = agents

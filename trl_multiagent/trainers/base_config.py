@@ -81,11 +81,9 @@ class MultiAgentConfig(GRPOConfig):
                 "blocks up to 1 GiB from the heap) instead of giving it back to the OS after the rollout and after "
                 "each policy's update, where every page was faulted in again at the next step. The main job (one "
                 "policy) took 0.89-0.93 times as long per step with it, at 1.015 times the peak memory "
-                "(docs/results/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: the "
-                "process then gives freed memory back (blocks of 1 MiB and more mapped on their own, the heap "
-                "trimmed between the updates of several policies), which keeps a team nearer one agent's memory (a "
-                "4-agent team on one base: 1.033-1.045 times one agent's peak, at about 5% longer steps; "
-                "docs/results/memory_ab/README.md, 'Large blocks mapped on their own'). Process-wide; "
+                "(docs/results/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: "
+                "between the updates of several policies the trims keep a team nearer one agent's memory (a 4-agent "
+                "team on one base: 1.059 times one agent's peak with it, 1.050 without, in one run). Process-wide; "
                 "left alone when MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_ or a GLIBC_TUNABLES "
                 "malloc setting is in the environment. summary.json records it (machine.cpu_allocator)."})
     dense_copy: str = field(default="auto", metadata={
