@@ -91,3 +91,28 @@ def test_packed_matmul_rate_counts_the_products_flops_and_is_none_without_onednn
     assert measure.packed_matmul_flops(n=64, repeats=3, clock=lambda: next(ticks)) == pytest.approx(3 * 2 * 64**3 / 2.0)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert measure.packed_matmul_flops(n=64, repeats=3) is None
+
+
+def test_the_memory_target_pairs_each_round_and_skips_incomplete_ones():
+    """bench.paired_memory_ratios: one ratio per round with both runs of the shared pair (a failed run, another
+    layout, or a 2-agent run does not count), in round order; the target is their median."""
+    import statistics
+
+    from bench import paired_memory_ratios
+
+    runs = [
+        {"n_agents": 1, "layout": "shared", "peak_rss_mib": 2900.0},            # round 1 (no key: round 1)
+        {"n_agents": 2, "layout": "shared", "peak_rss_mib": 3000.0, "round": 1},
+        {"n_agents": 4, "layout": "separate", "peak_rss_mib": 8700.0, "round": 1},
+        {"n_agents": 4, "layout": "shared", "peak_rss_mib": 3045.0, "round": 1},
+        {"n_agents": 4, "layout": "shared", "peak_rss_mib": 3016.0, "round": 2},
+        {"n_agents": 1, "layout": "shared", "peak_rss_mib": 2875.0, "round": 2},
+        {"n_agents": 1, "layout": "shared", "error": "killed", "round": 3},
+        {"n_agents": 4, "layout": "shared", "peak_rss_mib": 3100.0, "round": 3},
+        {"n_agents": 1, "layout": "shared", "peak_rss_mib": 2950.0, "round": 4},
+        {"n_agents": 4, "layout": "shared", "peak_rss_mib": 3068.0, "round": 4},
+    ]
+    ratios = paired_memory_ratios(runs, 4)
+    assert ratios == [3045.0 / 2900.0, 3016.0 / 2875.0, 3068.0 / 2950.0]
+    # 1.05, 1.049..., 1.04: the middle one is round 2's
+    assert statistics.median(ratios) == 3016.0 / 2875.0
