@@ -60,42 +60,36 @@ def analyse(events, optimizer) -> dict:
     if len(optimizer) < 2:
         raise RuntimeError(f"two optimizer steps were expected, the profile holds {len(optimizer)}")
     first_end, second_start = optimizer[0][1], optimizer[1][0]
+    # 1. what is still allocated when the second optimizer step begins, and was made before the first one ended
     live: dict[int, tuple[int, int, str]] = {}  # address -> (time, bytes, phase) of the allocation
-    kept: dict[str, list] = defaultdict(lambda: [0, 0, Counter()])
-    peaks: list[dict] = []
-    total = 0
     for time_ns, ptr, size, phase in events:
-        if time_ns >= second_start and kept is not None:  # what the first step made and is still allocated now
-            for made, nbytes, where in live.values():
-                if made < first_end:
-                    entry = kept[where]
-                    entry[0] += 1
-                    entry[1] += nbytes
-                    entry[2][nbytes] += 1
-            kept_report = {where: {"tensors": n, "mib": b / 2**20,
-                                   "sizes_bytes": [[s, c] for s, c in sizes.most_common(6)]}
-                           for where, (n, b, sizes) in sorted(kept.items(), key=lambda kv: -kv[1][1])}
-            kept = None
+        if time_ns >= second_start:
+            break
         if size > 0:
             live[ptr] = (time_ns, size, phase)
         else:
             live.pop(ptr, None)
+    kept: dict[str, list] = defaultdict(lambda: [0, 0, Counter()])
+    for made, nbytes, phase in live.values():
+        if made < first_end:
+            entry = kept[phase]
+            entry[0] += 1
+            entry[1] += nbytes
+            entry[2][nbytes] += 1
+    # 2. torch's live bytes at their peak in each stretch of one phase (a stretch outside the ranges ends none)
+    peaks: list[dict] = []
+    total = 0
+    for _, _, size, phase in events:
         total += size
+        if phase == "other":
+            continue
         if not peaks or peaks[-1]["phase"] != phase:
             peaks.append({"phase": phase, "peak_live_mib": total / 2**20})
         peaks[-1]["peak_live_mib"] = max(peaks[-1]["peak_live_mib"], total / 2**20)
-    if kept is not None:
-        raise RuntimeError("no allocation after the second optimizer step began")
-    # consecutive stretches of one phase, split only by a few allocations outside the ranges, are one occurrence
-    merged: list[dict] = []
-    for entry in peaks:
-        if entry["phase"] == "other" or not merged or merged[-1]["phase"] != entry["phase"]:
-            merged.append(dict(entry))
-        else:
-            merged[-1]["peak_live_mib"] = max(merged[-1]["peak_live_mib"], entry["peak_live_mib"])
-    merged = [e for e in merged if e["phase"] != "other"]
-    return {"kept_from_first_step": kept_report, "phase_peaks": [
-        {"phase": e["phase"], "peak_live_mib": round(e["peak_live_mib"], 1)} for e in merged]}
+    return {"kept_from_first_step": {phase: {"tensors": n, "mib": b / 2**20,
+                                             "sizes_bytes": [[s, c] for s, c in sizes.most_common(6)]}
+                                     for phase, (n, b, sizes) in sorted(kept.items(), key=lambda kv: -kv[1][1])},
+            "phase_peaks": [{"phase": e["phase"], "peak_live_mib": round(e["peak_live_mib"], 1)} for e in peaks]}
 
 
 def child(n_agents: int, output_dir: str) -> dict:
