@@ -603,8 +603,9 @@ TARGET_MEANING = {
     "memory_4_agents_vs_1": "peak RSS of a 4-agent team step on one shared 4-bit base over a 1-agent step; median of "
                             "3 paired rounds",
     "demo_step_s": "mean seconds of a training step of the main job's configuration (steps after the first)",
-    "train_pass_vs_matmul": "the main job's loss forward + backward seconds over their FLOPs (needed positions: each "
-                            "distinct prompt prefix once, every completion) at the matmul rate of the same run",
+    "train_pass_vs_matmul": "the main job's loss forward + backward seconds over their FLOPs (frozen linears, LoRA "
+                            "and attention's products; needed positions: each distinct prompt prefix once, every "
+                            "completion) at the matmul rate of the same run",
     "decode_vs_bound_1": "one decoding step at 1 row over max(weight bytes / bandwidth, FLOPs / matmul rate)",
     "decode_vs_bound_16": "one decoding step at 16 rows over its bound (as above)",
     "decode_vs_bound_64": "one decoding step at 64 rows over its bound (as above)",
@@ -633,6 +634,11 @@ def _targets_markdown(report: dict) -> list[str]:
     if d:
         parts = ", ".join(f"{k.split('/')[1]} {v:.1f} s" for k, v in d["mean_parts_after_first_s"].items())
         lines.append(f"- main job's step: {', '.join(f'{x:.1f}' for x in d['step_time_s'])} s ({parts}).")
+        tp = d["train_pass"]
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in tp["flops_share_after_first"].items())
+        lines.append(f"- `train_pass_vs_matmul`'s FLOPs (steps after the first): {shares}; against the frozen "
+                     f"linears' FLOPs alone (the bound until stop 57) the ratio would be "
+                     f"{tp['mean_after_first_frozen_linears_only']:.3f}.")
     k = m.get("decode")
     fast = d and d.get("train_pass_fastest_matmul")
     if fast and k:

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from decode_step import copy_bandwidth, step_counts
 from measure import matmul_flops, write_result
-from targets import MAIN_JOB, linear_flops_per_token, train_pass_bound
+from targets import MAIN_JOB, recipe_train_pass_flops, train_pass_bound
 
 from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
@@ -247,7 +247,7 @@ def demo_steps(dtype: str, steps: int, tmp: Path) -> dict:
     timed = [r for r in records if "step_time" in r]
     parts = {k: statistics.fmean(r[k] for r in timed[1:] if k in r)
              for k in ("time/generation", "time/forward", "time/backward", "time/environment")}
-    flops = linear_flops_per_token("smollm2-135m-instruct")
+    flops = recipe_train_pass_flops(json.loads((out / "summary.json").read_text())["recipe"])
     return {"command": " ".join(cmd[1:]).replace(str(out), f"<tmp>/{dtype}"),
             "step_time_s": [r["step_time"] for r in timed],
             "mean_step_s_after_first": statistics.fmean(r["step_time"] for r in timed[1:]),

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from measure import matmul_flops, write_result
-from targets import MAIN_JOB, linear_flops_per_token, train_pass_bound
+from targets import MAIN_JOB, recipe_train_pass_flops, train_pass_bound
 
 from trl_multiagent.provenance import cpu_flags, cpu_model
 
@@ -71,11 +71,10 @@ def run_main_job(out: Path, steps: int, options: list[str], library: str | None 
     times = [r["step_time"] for r in records if "step_time" in r]
     later = records[1:len(times)]
     summary = json.loads((out / "summary.json").read_text())
-    model = summary["recipe"].get("model", "smollm2-135m-instruct")
     return {"options": options, "library": library or "installed", "cpu_allocator": summary["machine"]["cpu_allocator"], "step_time_s": times,
             "mean_step_s_after_first": statistics.fmean(times[1:]),
             "mean_parts_after_first_s": {k: statistics.fmean(r[k] for r in later if k in r) for k in PARTS},
-            "train_pass": train_pass_bound(records, linear_flops_per_token(model), rate),
+            "train_pass": train_pass_bound(records, recipe_train_pass_flops(summary["recipe"]), rate),
             "grad_norm": [r["grad_norm"] for r in records[:len(times)] if "grad_norm" in r],
             "wall_s": wall, "minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
             "user_s": usage.ru_utime, "peak_rss_mib": usage.ru_maxrss / 1024}

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 from measure import matmul_flops, write_result
-from targets import MAIN_JOB, linear_flops_per_token
+from targets import MAIN_JOB, train_pass_flops, train_pass_step_flops
 from transformers import TrainerCallback
 
 from trl_multiagent.provenance import cpu_model
@@ -147,11 +147,12 @@ def main(argv=None) -> int:
     steps = [r for r in records if "step_time" in r]
     profiled = steps[-args.profile:]
     metrics = ("step_time", "time/generation", "time/environment", "time/forward", "time/backward",
-               "time/optimizer", "tokens/loss_needed", "tokens/loss_completions")
-    flops = linear_flops_per_token(recipe.model or "smollm2-135m-instruct")
+               "time/optimizer", "tokens/loss_needed", "tokens/loss_completions", "tokens/loss_attention_pairs")
+    flops = train_pass_flops(recipe.model or "smollm2-135m-instruct", recipe.lora_r)
     # forward and backward FLOPs of the profiled steps (as targets.train_pass_bound counts them), per step
-    loss_flops = statistics.fmean(2 * (r["tokens/loss_needed"] * flops["layers"]
-                                       + r["tokens/loss_completions"] * flops["lm_head"]) for r in profiled)
+    step_flops = [train_pass_step_flops(r, flops) for r in profiled]
+    loss_flops = statistics.fmean(f["all"] for f in step_flops)
+    frozen_flops = statistics.fmean(f["frozen"] for f in step_flops)
     passes = ("time/forward", "time/backward")
     frozen = sum(phases[p]["kinds"]["frozen matmuls"] for p in passes if p in phases)
     train = sum(phases[p]["seconds"] for p in passes if p in phases)
@@ -164,8 +165,9 @@ def main(argv=None) -> int:
         "phases": phases,
         "train_pass": {
             "forward_backward_s": train, "flops": loss_flops, "flops_at_matmul_rate_s": loss_flops / rate,
-            "ratio": train / (loss_flops / rate), "frozen_matmuls_s": frozen,
-            "frozen_matmuls_over_flops_at_rate": frozen / (loss_flops / rate),
+            "ratio": train / (loss_flops / rate), "frozen_flops": frozen_flops,
+            "ratio_frozen_linears_only": train / (frozen_flops / rate), "frozen_matmuls_s": frozen,
+            "frozen_matmuls_over_their_flops_at_rate": frozen / (frozen_flops / rate),
             "outside_frozen_matmuls_s": train - frozen},
     }
     write_result(args.out, result)

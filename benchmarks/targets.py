@@ -13,8 +13,8 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
 * ``demo step``: the main job, make demo's math team (:data:`MAIN_JOB`: AT-GRPO, reasoner and tool agent, two turns)
   for a few steps without evaluation; the mean ``step_time`` of the steps after the first -> ``demo_step_s`` (until
   2026-11-27 this measured the TL;DR writing job, the main job when issue 40 set the target); and the loss's forward plus backward seconds
-  against their FLOPs at the matmul rate measured around the run -> ``train_pass_vs_matmul``
-  (:func:`train_pass_bound`). Beside it, not a target: the same ratio at the faster of that rate (MKL's ``sgemm``)
+  against their FLOPs (frozen linears, LoRA and attention's products: :func:`train_pass_step_flops`) at the
+  matmul rate measured around the run -> ``train_pass_vs_matmul`` (:func:`train_pass_bound`). Beside it, not a target: the same ratio at the faster of that rate (MKL's ``sgemm``)
   and oneDNN's packed matmul (``measure.packed_matmul_flops``, the kernel of the library's frozen matmuls), which on
   some CPUs uses wider vector instructions than MKL (``docs/results/isa_caps/``) -> ``train_pass_fastest_matmul``.
 * ``decode``: ``benchmarks/decode_step.py``: one decoding step at 1, 16 and 64 rows against
@@ -85,8 +85,8 @@ def measure_agents(tmp: Path, log) -> dict:
 def linear_flops_per_token(model: str) -> dict[str, float]:
     """FLOPs per token of a Llama-architecture model's forward: ``layers``, the linear layers of its decoder layers
     (q, k, v, o and the gated MLP: 2 x their weights), and ``lm_head`` (2 x hidden x vocabulary, paid only where a
-    log-prob is needed). Attention's score products (4 x context x hidden per layer) are left out, so the bound is a
-    little low and a ratio against it a little high."""
+    log-prob is needed). Attention's products and LoRA are not in it (the training passes' bound adds them:
+    :func:`train_pass_flops`)."""
     from transformers import AutoConfig
 
     from trl_multiagent.models import resolve_model
@@ -99,23 +99,81 @@ def linear_flops_per_token(model: str) -> dict[str, float]:
     return {"layers": 2.0 * c.num_hidden_layers * (q_o + k_v + mlp), "lm_head": 2.0 * c.hidden_size * c.vocab_size}
 
 
+def train_pass_flops(model: str, lora_r: int) -> dict[str, float]:
+    """Forward FLOPs of the training passes' products, per unit of what the trainer counts: ``layers`` and ``lm_head``
+    per position (:func:`linear_flops_per_token`); ``lora`` per position, the LoRA matrices of rank ``lora_r`` on the
+    seven projections of every layer (PEFT's ``all-linear`` on a Llama model: 2 x r x (inputs + outputs) each);
+    ``attention_pair`` per (query, key) pair, the score product and the values' weighted sum of every query head in
+    every layer (2 x 2 x heads x head_dim)."""
+    from transformers import AutoConfig
+
+    from trl_multiagent.models import resolve_model
+
+    c = AutoConfig.from_pretrained(resolve_model(model))
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    q = c.num_attention_heads * head_dim
+    kv = c.num_key_value_heads * head_dim
+    sides = [(c.hidden_size, q), (c.hidden_size, kv), (c.hidden_size, kv), (q, c.hidden_size),
+             (c.hidden_size, c.intermediate_size), (c.hidden_size, c.intermediate_size),
+             (c.intermediate_size, c.hidden_size)]
+    return {**linear_flops_per_token(model),
+            "lora": 2.0 * lora_r * c.num_hidden_layers * sum(i + o for i, o in sides),
+            "attention_pair": 4.0 * c.num_hidden_layers * c.num_attention_heads * head_dim}
+
+
+def recipe_train_pass_flops(recipe: dict) -> dict[str, float]:
+    """:func:`train_pass_flops` of a run's recipe (its ``summary.json`` ``recipe``), which must put LoRA on every
+    projection (``lora_target_modules`` all-linear, the default)."""
+    if recipe.get("lora_target_modules", "all-linear") != "all-linear":
+        raise ValueError("train_pass_flops counts LoRA on the seven projections (all-linear); the recipe sets "
+                         f"lora_target_modules={recipe['lora_target_modules']!r}")
+    return train_pass_flops(recipe.get("model", "smollm2-135m-instruct"), recipe.get("lora_r", 16))
+
+
+def train_pass_step_flops(record: dict, flops: dict[str, float]) -> dict[str, float | None]:
+    """A step's forward plus backward FLOPs from its logged counts (``tokens/loss_needed``: each distinct prompt prefix
+    once, every completion; ``tokens/loss_completions``; ``tokens/loss_attention_pairs``, the pairs its causal
+    attention needs) and :func:`train_pass_flops`:
+
+    * ``frozen``: the frozen linears forward (every needed position through the layers, the LM head at the completion
+      positions) and their input gradients backward, the same again;
+    * ``lora``: forward, and twice that backward (the input's gradient and the matrices' own);
+    * ``attention``: forward, and twice that backward (the gradients of the scores, values, queries and keys);
+    * ``all``: their sum, the bound of ``train_pass_vs_matmul``. Until 2026-11-28 (stop 57) the bound was ``frozen``
+      alone, which :func:`train_pass_bound` reports beside it.
+
+    A record of a library that did not log the attention pairs yet (before stop 57) gets ``attention`` and ``all``
+    ``None``."""
+    missing = [k for k in ("tokens/loss_needed", "tokens/loss_completions") if k not in record]
+    if missing:
+        raise KeyError(f"the step's record has no {missing}")
+    frozen = 2 * (record["tokens/loss_needed"] * flops["layers"]
+                  + record["tokens/loss_completions"] * flops["lm_head"])
+    lora = 3 * record["tokens/loss_needed"] * flops["lora"]
+    pairs = record.get("tokens/loss_attention_pairs")
+    attention = None if pairs is None else 3 * pairs * flops["attention_pair"]
+    return {"frozen": frozen, "lora": lora, "attention": attention,
+            "all": None if attention is None else frozen + lora + attention}
+
+
 def train_pass_bound(records: list[dict], flops: dict[str, float], matmul_flops_per_s: float) -> dict:
-    """The loss's forward plus backward seconds of each step (``time/forward`` + ``time/backward``) against the
-    FLOPs they need at the matmul rate: forward = every needed position through the layers
-    (``tokens/loss_needed``: each distinct prompt prefix once, every completion) plus the LM head at the completion
-    positions (``tokens/loss_completions``); backward = the same again (the input gradients through frozen weights;
-    the LoRA weights' own gradients are small). Returns the per-step ratios and their mean over the steps after the
-    first."""
-    ratios = []
-    for r in records:
-        if not all(k in r for k in ("time/forward", "time/backward", "tokens/loss_needed", "tokens/loss_completions")):
-            continue
-        forward = r["tokens/loss_needed"] * flops["layers"] + r["tokens/loss_completions"] * flops["lm_head"]
-        ratios.append((r["time/forward"] + r["time/backward"]) / (2 * forward / matmul_flops_per_s))
-    if len(ratios) < 2:
+    """The loss's forward plus backward seconds of each step (``time/forward`` + ``time/backward``) against their
+    FLOPs (:func:`train_pass_step_flops`) at the matmul rate. Returns the per-step ratios and their mean over the
+    steps after the first (``None`` where the records lack the attention pairs: a library before stop 57), and the
+    same against the frozen linears' FLOPs alone (the bound until stop 57)."""
+    steps = [(r["time/forward"] + r["time/backward"], train_pass_step_flops(r, flops))
+             for r in records if "time/forward" in r and "time/backward" in r]
+    if len(steps) < 2:
         raise RuntimeError("the demo run logged fewer than two steps with the loss's times and token counts")
-    return {"per_step": ratios, "mean_after_first": statistics.fmean(ratios[1:]), "flops_per_token": flops,
-            "matmul_gflops": matmul_flops_per_s / 1e9}
+    frozen_only = [seconds / (f["frozen"] / matmul_flops_per_s) for seconds, f in steps]
+    complete = all(f["all"] is not None for _, f in steps)
+    ratios = [seconds / (f["all"] / matmul_flops_per_s) for seconds, f in steps] if complete else None
+    return {"per_step": ratios, "mean_after_first": statistics.fmean(ratios[1:]) if complete else None,
+            "per_step_frozen_linears_only": frozen_only,
+            "mean_after_first_frozen_linears_only": statistics.fmean(frozen_only[1:]),
+            "flops_share_after_first": {k: statistics.fmean(f[k] / f["all"] for _, f in steps[1:])
+                                        for k in ("frozen", "lora", "attention")} if complete else None,
+            "flops_per_token": flops, "matmul_gflops": matmul_flops_per_s / 1e9}
 
 
 #: make demo's recipe (the Makefile's ``demo`` target)
@@ -135,18 +193,20 @@ def measure_demo_step(tmp: Path, log, steps: int = 5) -> dict:
     packed = None if packed_before is None or packed_after is None else (packed_before + packed_after) / 2
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = [r["step_time"] for r in records if "step_time" in r]
-    model = json.loads((out / "summary.json").read_text())["recipe"].get("model", "smollm2-135m-instruct")
+    flops = recipe_train_pass_flops(json.loads((out / "summary.json").read_text())["recipe"])
+    if any("tokens/loss_attention_pairs" not in r for r in records if "time/forward" in r):
+        raise RuntimeError("the main job's steps logged no tokens/loss_attention_pairs: the bound needs them")
     parts = {k: statistics.fmean(r[k] for r in records[1:len(times)] if k in r)
              for k in ("time/generation", "time/forward", "time/backward", "time/optimizer", "time/environment")
              if any(k in r for r in records[1:len(times)])}
     return {"command": f"python -m trl_multiagent train --config {MAIN_JOB} --max_steps {steps} "
                        "--evaluator none", "step_time_s": times, "mean_step_s_after_first": statistics.fmean(times[1:]),
             "mean_parts_after_first_s": parts, "wall_s": wall,
-            "train_pass": train_pass_bound(records, linear_flops_per_token(model), rate),
+            "train_pass": train_pass_bound(records, flops, rate),
             # not a target: the same ratio against the faster of MKL's sgemm and oneDNN's packed matmul (the kernel
             # of the library's frozen matmuls), which may use wider vector instructions than MKL on the same CPU
             "train_pass_fastest_matmul": None if packed is None else
-            train_pass_bound(records, linear_flops_per_token(model), max(rate, packed))}
+            train_pass_bound(records, flops, max(rate, packed))}
 
 
 def measure_decode(tmp: Path, log) -> dict:

@@ -12,7 +12,7 @@ import torch
 from tests.tiny import save_tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from targets import TARGETS, decode_ratios, linear_flops_per_token, target, train_pass_bound  # noqa: E402
+from targets import TARGETS, decode_ratios, linear_flops_per_token, target, train_pass_bound, train_pass_flops  # noqa: E402
 
 
 def test_flops_per_token_are_twice_the_linear_weights_of_the_layers(tmp_path):
@@ -27,18 +27,45 @@ def test_flops_per_token_are_twice_the_linear_weights_of_the_layers(tmp_path):
     assert flops["lm_head"] == 2 * model.config.hidden_size * model.config.vocab_size
 
 
+def test_train_pass_flops_count_the_lora_matrices_and_attention_by_hand(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path = save_tiny(tmp_path / "m", chars=list("abcdef"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    c = model.config
+    lora = get_peft_model(model, LoraConfig(r=3, target_modules="all-linear", task_type="CAUSAL_LM"))
+    lora_weights = sum(p.numel() for name, p in lora.named_parameters() if "lora_" in name)
+    flops = train_pass_flops(path, 3)
+    assert flops["lora"] == 2 * lora_weights  # every LoRA weight multiplies once per position
+    head_dim = c.hidden_size // c.num_attention_heads
+    assert flops["attention_pair"] == c.num_hidden_layers * c.num_attention_heads * (2 * head_dim + 2 * head_dim)
+    assert flops["layers"] == linear_flops_per_token(path)["layers"]
+
+
 def test_train_pass_ratio_by_hand():
-    flops = {"layers": 10.0, "lm_head": 2.0}
-    records = [{"time/forward": 9.0, "time/backward": 9.0, "tokens/loss_needed": 5, "tokens/loss_completions": 3},
+    flops = {"layers": 10.0, "lm_head": 2.0, "lora": 1.0, "attention_pair": 0.5}
+    counts = {"tokens/loss_needed": 5, "tokens/loss_completions": 3, "tokens/loss_attention_pairs": 8}
+    records = [{"time/forward": 9.0, "time/backward": 9.0, **counts},
                {"step_time": 4.0},  # a line without the loss's numbers is skipped
-               {"time/forward": 1.0, "time/backward": 1.24, "tokens/loss_needed": 5, "tokens/loss_completions": 3},
-               {"time/forward": 0.56, "time/backward": 0.56, "tokens/loss_needed": 5, "tokens/loss_completions": 3}]
-    # forward FLOPs 5 x 10 + 3 x 2 = 56, backward as many: 112 FLOPs at 100 FLOP/s = 1.12 s
+               {"time/forward": 1.0, "time/backward": 1.78, **counts},
+               {"time/forward": 0.69, "time/backward": 0.70, **counts}]
+    # frozen: forward 5 x 10 + 3 x 2 = 56, backward as many: 112; LoRA: 5 x 1 forward, twice that backward: 15;
+    # attention: 8 x 0.5 forward, twice that backward: 12; 139 FLOPs at 100 FLOP/s = 1.39 s
     out = train_pass_bound(records, flops, 100.0)
-    assert out["per_step"] == pytest.approx([18 / 1.12, 2.0, 1.0])
+    assert out["per_step"] == pytest.approx([18 / 1.39, 2.0, 1.0])
     assert out["mean_after_first"] == pytest.approx(1.5)  # the first step (warm-up) is left out
+    assert out["per_step_frozen_linears_only"] == pytest.approx([18 / 1.12, 2.78 / 1.12, 1.39 / 1.12])
+    assert out["mean_after_first_frozen_linears_only"] == pytest.approx((2.78 + 1.39) / 2 / 1.12)
+    assert out["flops_share_after_first"] == pytest.approx({"frozen": 112 / 139, "lora": 15 / 139,
+                                                            "attention": 12 / 139})
     with pytest.raises(RuntimeError, match="fewer than two steps"):
         train_pass_bound(records[:2], flops, 100.0)
+    # a library that did not log the attention pairs: no full bound, the frozen linears' one still
+    old = [{k: v for k, v in r.items() if k != "tokens/loss_attention_pairs"} for r in records]
+    out = train_pass_bound(old, flops, 100.0)
+    assert out["mean_after_first"] is None and out["per_step"] is None and out["flops_share_after_first"] is None
+    assert out["mean_after_first_frozen_linears_only"] == pytest.approx((2.78 + 1.39) / 2 / 1.12)
 
 
 def test_the_issue_40_targets():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trl_multiagent.agents import Generation
-from trl_multiagent.generation.prefixes import distinct_prefix_tokens
+from trl_multiagent.generation.prefixes import distinct_prefix_tokens, needed_attention_pairs
 from trl_multiagent.rollout import Sample
 from trl_multiagent.teacher_forcing import length_buckets
 from trl_multiagent.trainers.micro_batches import prompt_grouped_chunks, prompt_order, weighted_chunks
@@ -29,6 +29,23 @@ def _rows():
 def test_distinct_prefix_tokens_counts_trie_nodes():
     assert distinct_prefix_tokens([[1, 2, 3], [1, 2, 4], [1, 2, 3]]) == 4
     assert distinct_prefix_tokens([[5], [6], [5, 6]]) == 3 and distinct_prefix_tokens([]) == 0
+
+
+def test_needed_attention_pairs_by_hand_and_by_enumeration():
+    # prefixes 1, 1 2, 1 3 attend 1 + 2 + 2 keys; the first completion (2 tokens after 2) 3 + 4; the second none
+    assert needed_attention_pairs([[1, 2], [1, 3]], [2, 0]) == 12
+    assert needed_attention_pairs([], []) == 0
+    with pytest.raises(ValueError, match="2 prompts but 1 completion"):
+        needed_attention_pairs([[1], [2]], [3])
+    # against an enumeration of the pairs themselves: a prompt position is the prefix ending there (shared prefixes
+    # are one position), a completion position its sample and index; each attends every earlier key and itself
+    rows, _ = _rows()
+    prompts = [s.generation.prompt_ids for s in rows]
+    lengths = [len(s.generation.completion_ids) for s in rows]
+    pairs = {(tuple(p[:i]), key) for p in prompts for i in range(1, len(p) + 1) for key in range(i)}
+    pairs |= {(row, j, key) for row, (p, n) in enumerate(zip(prompts, lengths)) for j in range(n)
+              for key in range(len(p) + j + 1)}
+    assert needed_attention_pairs(prompts, lengths) == len(pairs)
 
 
 def test_length_buckets_pad_least_for_their_cost_per_call(monkeypatch):

@@ -88,6 +88,12 @@ def test_max_grad_norm_bounds_each_policy_separately(tiny_ab_model, tmp_path):
     together = one_step(samples("agent1", 100.0) + samples("agent2", 1.0))
     norms = trainer._metrics["train"]
     assert norms["policy/agent2/grad_norm"][-1] > 0.01  # clipping is active for agent2 too
+    # the counts behind make bench's train-pass bound: per policy one prompt of n tokens run once (n positions
+    # attending 1 + ... + n keys) and two one-token completions (n + 1 positions, attending n + 1 keys each)
+    lengths = [len(pool.encode_prompt(agent, "AB")) for agent in ("agent1", "agent2")]
+    assert norms["tokens/loss_completions"][-1] == 4
+    assert norms["tokens/loss_needed"][-1] == sum(n + 2 for n in lengths)
+    assert norms["tokens/loss_attention_pairs"][-1] == sum(n * (n + 1) // 2 + 2 * (n + 1) for n in lengths)
     assert norms["policy/agent1/grad_norm"][-1] > 50 * norms["policy/agent2/grad_norm"][-1]
     alone = one_step(samples("agent2", 1.0))
     moved = [n for n in lora if ".agent2" in n and not torch.equal(alone[n], start[n])]

@@ -68,19 +68,37 @@ def shared_prefixes(prompts: Sequence[Sequence[int]], keys: Sequence[object]) ->
     return group_of, prefix_len
 
 
+def _distinct_prefix_depths(prompts: Sequence[Sequence[int]]):
+    """The length of every distinct non-empty prefix of ``prompts`` (the depth of each node of their token trie),
+    each once."""
+    root: dict = {}
+    for prompt in prompts:
+        node = root
+        for depth, token in enumerate(prompt, 1):
+            child = node.get(token)
+            if child is None:
+                child = node[token] = {}
+                yield depth
+            node = child
+
+
 def distinct_prefix_tokens(prompts: Sequence[Sequence[int]]) -> int:
     """The token positions a pass over ``prompts`` needs at least when every shared prefix runs once: the number of
     distinct non-empty prefixes (the nodes of their token trie). ``[[1, 2, 3], [1, 2, 4], [1, 2, 3]]`` needs 4:
     ``1``, ``1 2``, ``1 2 3``, ``1 2 4``. The physical bound of the training passes counts prompts this way
     (``tokens/loss_needed``)."""
-    root: dict = {}
-    count = 0
-    for prompt in prompts:
-        node = root
-        for token in prompt:
-            child = node.get(token)
-            if child is None:
-                child = node[token] = {}
-                count += 1
-            node = child
-    return count
+    return sum(1 for _ in _distinct_prefix_depths(prompts))
+
+
+def needed_attention_pairs(prompts: Sequence[Sequence[int]], completion_lengths: Sequence[int]) -> int:
+    """The (query, key) position pairs a causal pass over ``prompts`` and their completions needs at least, counted
+    as :func:`distinct_prefix_tokens` counts positions: each distinct prompt prefix once, its last position attending
+    to its every position (itself included), and the ``j``-th token of a completion of a prompt of ``n`` tokens to
+    ``n + j`` positions. ``[[1, 2], [1, 3]]`` with completions of 2 and 0 tokens: the prefixes ``1``, ``1 2``, ``1 3``
+    attend 1 + 2 + 2 positions, the first completion 3 + 4: 12 pairs. Masked pairs that a kernel computes anyway
+    (padding, other completions packed into one sequence) are not counted. The physical bound of the training passes
+    counts attention's score products by these pairs (``tokens/loss_attention_pairs``)."""
+    if len(prompts) != len(completion_lengths):
+        raise ValueError(f"{len(prompts)} prompts but {len(completion_lengths)} completion lengths")
+    return sum(_distinct_prefix_depths(prompts)) + sum(
+        c * len(p) + c * (c + 1) // 2 for p, c in zip(prompts, completion_lengths))

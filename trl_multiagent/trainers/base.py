@@ -43,7 +43,7 @@ from transformers.trainer_utils import TrainOutput
 from ..agents import AgentPool, AgentSpec, check_team
 from ..environments.base import Environment
 from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES
-from ..generation.prefixes import distinct_prefix_tokens
+from ..generation.prefixes import distinct_prefix_tokens, needed_attention_pairs
 from ..losses import RESPONSE_LOSS, response_policy_loss
 from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
 from ..rollout import Experience, Sample
@@ -390,6 +390,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self.log_metric("tokens/loss_completions", float(completions))
         self.log_metric("tokens/loss_needed", float(completions + sum(
             distinct_prefix_tokens([s.generation.prompt_ids for s in experience.samples_of(p)])
+            for p in self.pool.policies)))
+        # and the (query, key) pairs their causal attention needs at least (the bound's attention FLOPs)
+        self.log_metric("tokens/loss_attention_pairs", float(sum(
+            needed_attention_pairs([s.generation.prompt_ids for s in experience.samples_of(p)],
+                                   [len(s.generation.completion_ids) for s in experience.samples_of(p)])
             for p in self.pool.policies)))
         # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
         sync_at_end = world > 1 and not is_fsdp(self.accelerator)
