@@ -47,7 +47,8 @@ from trl_multiagent.provenance import cpu_model
 
 KINDS = ("frozen matmuls", "other matmuls", "attention kernels", "softmax", "copies and gathers", "autograd engine",
          "element-wise and other", "python")
-_MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv"}
+_MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
+            "aten::addbmm", "aten::mv"}
 _COPIES = {"aten::copy_", "aten::index_select", "aten::cat", "aten::index", "aten::index_put_", "aten::gather",
            "aten::clone", "aten::contiguous", "aten::embedding", "aten::embedding_dense_backward",
            "aten::index_add_", "aten::scatter_add_", "aten::constant_pad_nd", "aten::fill_", "aten::zero_",

@@ -273,12 +273,52 @@ def prefill_positions(pool, requests) -> int:
     return sum(prefix_len) + sum(len(t) - prefix_len[g] for t, g in zip(tokens, group_of))
 
 
-def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3) -> dict:
+def profile_calls(pools: dict, requests: dict, config, calls: int = 2) -> dict:
+    """``calls`` generation calls of each pool of ``pools`` (1 and 4 agents), alternately, each under
+    ``torch.profiler``: per pool the median over its calls of the wall seconds and of the operators' self CPU time by
+    kind (``step_profile.kind``; Python ranges such as ``time/generation`` count as ``python``) and per operator, and
+    the operators whose median time differs most between the 4-agent and the 1-agent call. The profiler adds a few
+    microseconds per operator, so the 4-agent call's additional operators weigh a little more than unprofiled."""
+    import torch
+    from step_profile import KINDS, kind
+
+    records: dict[int, list] = {1: [], 4: []}
+    for r in range(calls):
+        for n in ((1, 4) if r % 2 == 0 else (4, 1)):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                pools[n].generate_many(requests[n], config)
+                wall = time.perf_counter() - start
+            ops = {e.key: (e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()}
+            records[n].append((wall, ops))
+    out = {}
+    for n, runs in records.items():
+        names = {k for _, ops in runs for k in ops}
+        operators = {k: {"seconds": statistics.median(ops.get(k, (0.0, 0))[0] for _, ops in runs),
+                         "count": statistics.median(ops.get(k, (0.0, 0))[1] for _, ops in runs)} for k in names}
+        kinds = dict.fromkeys(KINDS, 0.0)
+        for k, v in operators.items():
+            kinds[kind(k)] += v["seconds"]
+        out[f"{n}_agents"] = {"wall_s": [w for w, _ in runs], "kinds_s": kinds, "operators": operators}
+    one, four = out["1_agents"]["operators"], out["4_agents"]["operators"]
+    zero = {"seconds": 0.0, "count": 0}
+    diffs = sorted(((four.get(k, zero)["seconds"] - one.get(k, zero)["seconds"], k) for k in set(one) | set(four)),
+                   reverse=True)
+    out["largest_differences_s"] = {k: {"4_minus_1_s": d, "1_agent": one.get(k, zero), "4_agents": four.get(k, zero)}
+                                    for d, k in diffs[:12] + diffs[-6:]}
+    out["kinds_4_minus_1_s"] = {k: out["4_agents"]["kinds_s"][k] - out["1_agents"]["kinds_s"][k] for k in KINDS}
+    return out
+
+
+def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3,
+                profile: int = 0) -> dict:
     """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent and by 4 agents on one base (agent
     i takes every 4th prompt), every row forced to ``new_tokens``: both pools loaded, then ``rounds`` rounds each
     timing one call of each, alternately (the order swapped every round), so that a round's two calls share the
     machine's state. ``per_token_4_agents_vs_1`` is the median over rounds of the paired ratios of seconds per token
-    (until 2026-11-27: the faster of two calls of each, the 1-agent calls all before the 4-agent ones)."""
+    (until 2026-11-27: the faster of two calls of each, the 1-agent calls all before the 4-agent ones). ``profile``:
+    that many more calls of each team afterwards, under the profiler (:func:`profile_calls`), not timed for the
+    target."""
     import torch
     from transformers import GenerationConfig
 
@@ -325,6 +365,8 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
                 + tokens[n] * (flops["layers"] + flops["lm_head"])) / tokens[n] for n in (1, 4)}
     result["linear_flops_per_token"] = work
     result["flops_per_token_4_agents_vs_1"] = work[4] / work[1]
+    if profile:
+        result["profile"] = profile_calls(pools, requests, config, profile)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -333,8 +375,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["agents"])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                        help="after the timed rounds, profile CALLS more calls of each team (profile_calls)")
     args = parser.parse_args(argv)
-    print(json.dumps(agents_main(args.out), indent=2))
+    print(json.dumps(agents_main(args.out, profile=args.profile), indent=2))
     return 0
 
 

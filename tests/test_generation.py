@@ -585,3 +585,37 @@ def test_mixed_order_rows_of_several_adapters_give_each_agents_greedy_answer(tin
     out = pool.generate_many(requests, GenerationConfig(max_new_tokens=8, do_sample=False))
     for req, gens in zip(requests, out):
         _assert_greedy(pool, req, gens[0].completion_ids, _hf_greedy(pool, req.agent, req.prompt, 8), 8)
+
+
+def test_the_cache_rows_move_once_per_forward(tiny_text_model, monkeypatch):
+    """Two agents in mixed order, two samples per prompt, a shared prefix and prompts in several prefill buckets:
+    the prefixes' cache rows go to their prompts in bucket order in one copy, and the prompts' rows to their samples
+    sorted by adapter in another (each copy moves every layer's whole cache), and every answer is its agent's own
+    greedy answer."""
+    from trl_multiagent.generation import decoding
+
+    monkeypatch.setattr(decoding, "PREFILL_BUCKET_MIN_ROWS", 2)
+    made = decoding.preallocated_cache
+    moves = []
+
+    def counted(model, capacity):
+        cache = made(model, capacity)
+        select = cache.batch_select_indices
+        cache.batch_select_indices = lambda indices: moves.append(indices.numel()) or select(indices)
+        return cache
+
+    monkeypatch.setattr(decoding, "preallocated_cache", counted)
+    pool = _pool(tiny_text_model)
+    task = "please read this text about apples and pears, then answer: "
+    prompts = [task + w for w in ("a", "what is it", "a much longer question that goes on and on", "x")]
+    # the buckets ("a", "x") and the two longer prompts put the agents in mixed order: main aux aux main
+    requests = [GenerationRequest(a, p, num_samples=2) for p, a in zip(prompts, ("main", "aux", "main", "aux"))]
+    config = GenerationConfig(max_new_tokens=4, min_new_tokens=4, do_sample=False)  # no row leaves the batch early
+    out = pool.generate_many(requests, config)
+    for req, gens in zip(requests, out):
+        expected = _hf_greedy_with(pool, req.agent, req.prompt, config)
+        for g in gens:
+            _assert_greedy(pool, req, g.completion_ids, expected, 4)
+    # the 4 prompts' rows from their prefixes, then the 8 samples' rows from their prompts (one copy each where
+    # there were two: prefixes to prompts, prompts to buckets; prompts to samples, samples sorted by adapter)
+    assert moves == [4, 8]

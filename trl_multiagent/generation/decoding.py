@@ -137,12 +137,16 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     width = input_ids.size(1) + (prefix[0].size(1) if prefix is not None else 0)
     cache = preallocated_cache(model, width + max_new)
     start = 0
+    # Every move of the cache's rows copies all of it (every layer, its whole capacity), so moves that follow each
+    # other with no forward between them are composed into one index: the prefixes' rows to their prompts then the
+    # prompts into prefill buckets; the prompts' rows to their samples then the samples sorted by adapter.
+    moved = None  # the cache rows the prompt rows come from, not applied yet
     if prefix is not None:  # the groups' prefixes first; their cache rows are copied to the group's prompts
         prefix_ids, prefix_mask, group = (t.to(device) for t in prefix)
         model(input_ids=prefix_ids, attention_mask=prefix_mask,
               position_ids=(prefix_mask.long().cumsum(-1) - 1).clamp(min=0), cache=cache, use_cache=True,
               logits_to_keep=1)
-        cache.batch_select_indices(group)
+        moved = group
         if batch is not None:
             batch.select(group)
         start = prefix_ids.size(1)
@@ -152,6 +156,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     buckets = prefill_buckets(attention_mask[:, start:].sum(-1).tolist()) if cache.supports_row_views() else [()]
     if len(buckets) == 1:
+        if moved is not None:
+            cache.batch_select_indices(moved)
         out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask,
                     position_ids=position_ids[:, start:], cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]
@@ -160,7 +166,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         if start == 0:  # nothing cached yet: allocate the rows the buckets write into
             cache.allocate(rows, device, model.get_input_embeddings().weight.dtype)
         else:
-            cache.batch_select_indices(order)
+            cache.batch_select_indices(moved[order])
         if batch is not None:
             batch.select(order)
         input_ids, attention_mask, position_ids = input_ids[order], attention_mask[order], position_ids[order]
@@ -169,13 +175,11 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         back = torch.empty_like(order)
         back[order] = torch.arange(rows, device=device)
         expand = back if expand is None else back[expand.to(device)]  # the prompt rows' new places
+    moved = None  # the cache rows the decoding rows come from, not applied yet
     if expand is not None:
-        expand = expand.to(device)
-        cache.batch_select_indices(expand)
+        moved = expand = expand.to(device)
         if batch is not None:
             batch.select(expand)
-        logits, input_ids, attention_mask, position_ids = (t[expand] for t in (logits, input_ids, attention_mask,
-                                                                                 position_ids))
         rows = int(expand.numel())
     live = torch.arange(rows, device=device)  # original row of each live row
     blocks = batch.blocks if batch is not None else None
@@ -184,10 +188,12 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         # the LoRA deltas view in place (lora_batch.AdapterBlocks); the sampler still sees them in their original
         # order (sampling_order), so the draws are the same
         live = torch.argsort(batch.row_index, stable=True).to(device)
-        cache.batch_select_indices(live)
         batch.select(live)
-        logits, input_ids, attention_mask, position_ids = (t[live] for t in (logits, input_ids, attention_mask,
-                                                                             position_ids))
+        moved = live if moved is None else moved[live]
+    if moved is not None:
+        cache.batch_select_indices(moved)
+        logits, input_ids, attention_mask, position_ids = (t[moved] for t in (logits, input_ids, attention_mask,
+                                                                              position_ids))
     order = sampling_order(live)
     completions: list[list[int]] = [[] for _ in range(rows)]
     need_seen = config.repetition_penalty not in (None, 1.0)
