@@ -619,3 +619,24 @@ def test_the_cache_rows_move_once_per_forward(tiny_text_model, monkeypatch):
     # the 4 prompts' rows from their prefixes, then the 8 samples' rows from their prompts (one copy each where
     # there were two: prefixes to prompts, prompts to buckets; prompts to samples, samples sorted by adapter)
     assert moves == [4, 8]
+
+
+def test_prefill_rows_of_several_adapters_are_grouped_into_blocks_in_place(tiny_text_model, monkeypatch):
+    """Prompts of two agents in mixed order, as many each: the prefill runs them grouped by adapter, so every LoRA
+    layer views the rows as blocks in place (no gather into blocks and back), and each answer is its agent's own."""
+    from trl_multiagent.generation import lora_batch
+
+    calls = []
+    add = lora_batch.add_block_lora
+    monkeypatch.setattr(lora_batch, "add_block_lora",
+                        lambda y, x, blocks, *a: calls.append((x.dim(), blocks.in_place)) or add(y, x, blocks, *a))
+    pool = _pool(tiny_text_model)
+    agents = ("main", "aux", "main", "aux")
+    prompts = ("a", "bc", "what is it", "x y")
+    requests = [GenerationRequest(a, p) for a, p in zip(agents, prompts)]
+    config = GenerationConfig(max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    out = pool.generate_many(requests, config)
+    for req, gens in zip(requests, out):
+        _assert_greedy(pool, req, gens[0].completion_ids, _hf_greedy_with(pool, req.agent, req.prompt, config), 3)
+    prefill = [in_place for dim, in_place in calls if dim == 3]  # (rows, positions, features): the prefill's calls
+    assert prefill and all(prefill)

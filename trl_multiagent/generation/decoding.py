@@ -155,13 +155,20 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
     rows = input_ids.size(0)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     buckets = prefill_buckets(attention_mask[:, start:].sum(-1).tolist()) if cache.supports_row_views() else [()]
-    if len(buckets) == 1:
+    if batch is not None and cache.supports_row_views():
+        # each bucket's rows grouped by adapter (stable): where a bucket holds as many rows of each adapter, its LoRA
+        # deltas view the rows as blocks in place, instead of gathering them into blocks and back at every layer
+        adapter = batch.row_index.tolist()
+        grouped = [(sorted(rows, key=adapter.__getitem__), width) for rows, width in buckets]
+        if any(g != rows for (g, _), (rows, _) in zip(grouped, buckets)):
+            buckets = grouped
+    if buckets == [()] or (len(buckets) == 1 and buckets[0][0] == list(range(rows))):  # one call, rows as they are
         if moved is not None:
             cache.batch_select_indices(moved)
         out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask,
                     position_ids=position_ids[:, start:], cache=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]
-    else:  # rows of similar length prefill together, each bucket only as wide as its longest prompt
+    else:  # rows of similar length prefill together, each bucket only as wide as its longest prompt (or in order)
         order = torch.tensor([row for bucket, _ in buckets for row in bucket], dtype=torch.long, device=device)
         if start == 0:  # nothing cached yet: allocate the rows the buckets write into
             cache.allocate(rows, device, model.get_input_embeddings().weight.dtype)
