@@ -310,15 +310,10 @@ def profile_calls(pools: dict, requests: dict, config, calls: int = 2) -> dict:
     return out
 
 
-def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3,
-                profile: int = 0) -> dict:
-    """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent and by 4 agents on one base (agent
-    i takes every 4th prompt), every row forced to ``new_tokens``: both pools loaded, then ``rounds`` rounds each
-    timing one call of each, alternately (the order swapped every round), so that a round's two calls share the
-    machine's state. ``per_token_4_agents_vs_1`` is the median over rounds of the paired ratios of seconds per token
-    (until 2026-11-27: the faster of two calls of each, the 1-agent calls all before the 4-agent ones). ``profile``:
-    that many more calls of each team afterwards, under the profiler (:func:`profile_calls`), not timed for the
-    target."""
+def agents_workload(n: int, prompts: int = 8, samples: int = 4, new_tokens: int = 48):
+    """``(pool, requests, config)`` of the ``agents`` measurement at ``n`` agents on one 4-bit SmolLM2-135M base
+    (LoRA r=16, B drawn so the adapters are not no-ops): ``prompts`` TL;DR prompts, agent i taking every n-th,
+    ``samples`` each, every row forced to ``new_tokens``; the pool warmed up by one call."""
     import torch
     from transformers import GenerationConfig
 
@@ -330,19 +325,34 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
     texts = [env.reset(task)["summary"] for task in TLDREnv.make_rows(prompts)]
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
                               temperature=0.8, top_p=0.95)
+    names = [f"agent{i}" for i in range(n)]
+    pool = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)
+                      for a in names])
+    with torch.no_grad():  # adapters as after training (B = 0 at initialisation would be a no-op)
+        for name, p in pool.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    requests = [GenerationRequest(names[i % n], t, num_samples=samples) for i, t in enumerate(texts)]
+    pool.generate_many(requests[:n], config)  # warm-up
+    return pool, requests, config
+
+
+def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 48, rounds: int = 3,
+                profile: int = 0) -> dict:
+    """Team-level generation of the same ``prompts`` x ``samples`` rows by 1 agent and by 4 agents on one base
+    (:func:`agents_workload`), every row forced to ``new_tokens``: both pools loaded, then ``rounds`` rounds each
+    timing one call of each, alternately (the order swapped every round), so that a round's two calls share the
+    machine's state. ``per_token_4_agents_vs_1`` is the median over rounds of the paired ratios of seconds per token
+    (until 2026-11-27: the faster of two calls of each, the 1-agent calls all before the 4-agent ones). ``profile``:
+    that many more calls of each team afterwards, under the profiler (:func:`profile_calls`), not timed for the
+    target."""
+    import torch
+
     result = {"prompts": prompts, "samples": samples, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
               "rounds": rounds}
     pools, requests = {}, {}
     for n in (1, 4):
-        names = [f"agent{i}" for i in range(n)]
-        pool = pools[n] = AgentPool([AgentSpec(a, model="smollm2-135m-instruct", quantization="4bit", lora_r=16,
-                                               lora_alpha=32) for a in names])
-        with torch.no_grad():  # adapters as after training (B = 0 at initialisation would be a no-op)
-            for name, p in pool.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.01)
-        requests[n] = [GenerationRequest(names[i % n], t, num_samples=samples) for i, t in enumerate(texts)]
-        pool.generate_many(requests[n][:n], config)  # warm-up
+        pools[n], requests[n], config = agents_workload(n, prompts, samples, new_tokens)
     seconds, tokens = {1: [], 4: []}, {}
     for r in range(rounds):
         for n in ((1, 4) if r % 2 == 0 else (4, 1)):
@@ -371,14 +381,36 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
     return result
 
 
+def team_time_main(out: str, agents: int, calls: int) -> dict:
+    """``calls`` timed calls of the ``agents`` workload at ``agents`` agents (:func:`agents_workload`), in the library
+    this process imports (``PYTHONPATH`` decides: ``docs/results/agents_paired/ab.sh`` times two commits so)."""
+    import trl_multiagent
+
+    pool, requests, config = agents_workload(agents)
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        pool.generate_many(requests, config)
+        seconds.append(time.perf_counter() - start)
+    result = {"library": str(Path(trl_multiagent.__file__).resolve().parents[1]), "agents": agents,
+              "seconds": seconds, "median_s": statistics.median(seconds)}
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["agents"])
+    parser.add_argument("what", choices=["agents", "team-time"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--profile", type=int, default=0, metavar="CALLS",
-                        help="after the timed rounds, profile CALLS more calls of each team (profile_calls)")
+                        help="agents: after the timed rounds, profile CALLS more calls of each team (profile_calls)")
+    parser.add_argument("--agents", type=int, default=4, help="team-time: the team's size")
+    parser.add_argument("--calls", type=int, default=5, help="team-time: timed calls")
     args = parser.parse_args(argv)
-    print(json.dumps(agents_main(args.out, profile=args.profile), indent=2))
+    if args.what == "team-time":
+        print(json.dumps(team_time_main(args.out, args.agents, args.calls)))
+    else:
+        print(json.dumps(agents_main(args.out, profile=args.profile), indent=2))
     return 0
 
 
