@@ -7,7 +7,7 @@
 set -e
 BASE=${1:?usage: ab.sh BASE_COMMIT [OUT] [ROUNDS] [CALLS]}
 ROOT=$(git rev-parse --show-toplevel)
-OUT=${2:-$ROOT/docs/results/agents_paired/ab}
+OUT=$(realpath -m "${2:-$ROOT/docs/results/agents_paired/ab}")  # absolute: the runs start in the libraries' trees
 mkdir -p "$OUT"
 WT=$(mktemp -d)/base
 git -C "$ROOT" worktree add --detach "$WT" "$BASE" -q
