@@ -159,8 +159,8 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torc
         # each bucket's rows grouped by adapter (stable): where a bucket holds as many rows of each adapter, its LoRA
         # deltas view the rows as blocks in place, instead of gathering them into blocks and back at every layer
         adapter = batch.row_index.tolist()
-        grouped = [(sorted(rows, key=adapter.__getitem__), width) for rows, width in buckets]
-        if any(g != rows for (g, _), (rows, _) in zip(grouped, buckets)):
+        grouped = [(sorted(members, key=adapter.__getitem__), width) for members, width in buckets]
+        if any(new != old for (new, _), (old, _) in zip(grouped, buckets)):
             buckets = grouped
     if buckets == [()] or (len(buckets) == 1 and buckets[0][0] == list(range(rows))):  # one call, rows as they are
         if moved is not None:
