@@ -1,7 +1,8 @@
 """What stops the decoding step at its bound: the step against a pure read of its weights, its frozen matmuls alone,
 and the same step compiled whole by inductor, all in one run.
 
-    python benchmarks/decode_limits.py [--rows 1,16] [--rounds 5] [--out docs/results/generation/decode_limits.json]
+    python benchmarks/decode_limits.py [--rows 1,16] [--rounds 5] [--skip-compiled]
+        [--out docs/results/generation/decode_limits.json]
 
 The main job's base as in ``benchmarks/decode_step.py`` (4-bit SmolLM2-135M computing with its de-quantised copy,
 two LoRA adapters r=16 with random B matrices, rows alternating between them), a 200-token prompt prefilled, then per
@@ -9,8 +10,16 @@ round, in turn:
 
 * ``lean``: 8 one-token steps of :class:`~trl_multiagent.generation.LeanStep` with packed weights (what generation
   runs), milliseconds per step;
+* ``lean_without_lora``: the same step made with the adapters disabled (PEFT's ``disable_adapter``), so without its
+  LoRA groups: ``lean`` minus this is what the rows' LoRA deltas cost (``lora_ms``);
+* ``lean_rows_by_adapter``: the lean step with the rows sorted by adapter, as the decoding loop lays out a batch
+  with as many rows of each adapter: its LoRA deltas in the block form (one batched matmul per group on the rows
+  viewed as blocks) instead of the masked form of the alternating rows;
 * ``frozen``: the same step's frozen matmuls alone (its own packed q/k/v, o, gate/up, down and LM-head copies, on
   inputs of the step's shapes): what the step's weights cost through oneDNN;
+* ``attention``: the step's attention alone (``LeanStep.attention``, the same calls on the same threads) over the
+  30 layers' caches of the run, at the timed steps' mean length: the caches are read from memory as in the step
+  (``attention_kv_read_gb_s``: the keys and values read per second);
 * ``read``: ``sum()`` of every float32 weight the step reads (frozen linears, LM head, LoRA matrices; the same bytes
   the bound counts), the fastest way torch reads those bytes once;
 * ``compiled``: the step written as one function of static shapes (the cache at its full capacity, the new key and
@@ -23,7 +32,10 @@ round, in turn:
   which the step's bound ``max(weight bytes / bandwidth, FLOPs / matmul rate)`` is made as in ``decode_step.py``.
 
 Reported per row count: medians over rounds of each time and of each over the round's bound, the lean step's time
-outside its frozen matmuls, and where the compiled step's time goes (its profile's shares of self CPU time).
+outside its frozen matmuls, the step split into its parts (``parts_ms``: frozen matmuls, attention, LoRA, and the
+rest, ``lean_without_lora - frozen - attention``: norms, rotary, cache writes, residuals, activation, the LM head's
+input and every operation's dispatch and Python), and where the compiled step's time goes (its profile's shares of
+self CPU time). ``--skip-compiled`` leaves the two compiled paths out (no compilation).
 """
 
 # ruff: noqa: E402  (the inductor cache is switched off before torch is imported)
@@ -46,8 +58,8 @@ from measure import matmul_flops, write_result
 
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.generation.lean_step import PACKED_MIN_ROWS
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.generation.lean_step import ONE_THREAD, PACKED_MIN_ROWS
+from trl_multiagent.provenance import cpu_model, kernel_record
 
 PROMPT, STEPS = 200, 8
 
@@ -169,6 +181,22 @@ def frozen_only(step: LeanStep, rows: int) -> Callable[[], None]:
     return run
 
 
+def attention_only(step: LeanStep, cache, rows: int, length: int) -> Callable[[], None]:
+    """The step's attention alone over every layer's cache (its first ``length`` positions), with a random query of
+    the step's shape and no padding, on the threads the step would use."""
+    group = step.heads // step.kv_heads
+    q = torch.randn(rows, step.kv_heads, group, step.head_dim)
+    attend = torch.zeros(rows, 1, 1, length)
+    threads = torch.get_num_threads()
+    small = threads > 1 and 2 * rows * step.heads * length * step.head_dim < ONE_THREAD
+
+    def run():
+        for kv in cache.layers:
+            step.attention(q, kv._k[:, :, :length], kv._v[:, :, :length], attend, threads if small else 0)
+
+    return run
+
+
 def step_weights(step: LeanStep) -> list[torch.Tensor]:
     """Every float32 weight the step reads: frozen linears, LM head, LoRA matrices."""
     out = list(step.head.weights)
@@ -189,7 +217,8 @@ def timed(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def measure_rows(model, rows: int, rounds: int) -> dict:
+def measure_rows(peft_model, rows: int, rounds: int, compiled_paths: bool = True) -> dict:
+    model = peft_model.get_base_model()
     adapters = [("first", "second")[i % 2] for i in range(rows)]
     capacity = PROMPT + STEPS + 1
     ids = torch.randint(100, 1000, (rows, PROMPT))
@@ -204,6 +233,13 @@ def measure_rows(model, rows: int, rounds: int) -> dict:
             kv._k[:, :, PROMPT:] = 0
             kv._v[:, :, PROMPT:] = 0
         lean = LeanStep(model, batch, packed=True)
+        with peft_model.disable_adapter():  # the LoRA layers are read when the step is made: none then
+            bare = LeanStep(model, batch, packed=True)
+        assert all(lora is None for layer in bare.layers for lora in layer.loras)
+        # the same rows sorted by adapter (the step reads only the batch's row layout; the cache's rows are the same)
+        by_adapter = MultiAdapterBatch(model, sorted(adapters))
+        assert rows < 2 or by_adapter.blocks.in_place
+        sorted_step = LeanStep(model, by_adapter, packed=True)
         unpacked = LeanStep(model, batch, packed=False)
         unpacked._check_rows(rows)
         lean._rotary_table(capacity)
@@ -219,7 +255,8 @@ def measure_rows(model, rows: int, rounds: int) -> dict:
         cache.set_length(PROMPT)
         reference = lean(tokens, mask[:, :PROMPT + 1], torch.full((rows,), PROMPT), cache)
         compiled, compile_s, checks = {}, {}, {}
-        for name, static in (("compiled", StaticStep(unpacked)), ("compiled_onednn", StaticStep(unpacked, lean))):
+        for name, static in (("compiled", StaticStep(unpacked)), ("compiled_onednn", StaticStep(unpacked, lean))) \
+                if compiled_paths else ():
             torch._dynamo.reset()
             compiled[name] = torch.compile(static, dynamic=False)
             start = time.perf_counter()
@@ -244,10 +281,17 @@ def measure_rows(model, rows: int, rounds: int) -> dict:
             for w in weights:
                 w.sum()
 
+        attention = attention_only(lean, cache, rows, PROMPT + STEPS // 2)
         paths = {"lean": lambda: run_steps(model, cache, batch, "lean", lean, tokens, mask, PROMPT, STEPS, clock),
-                 "frozen": lambda: timed(frozen, STEPS), "read": lambda: timed(read, STEPS),
-                 "compiled": lambda: compiled_steps("compiled"),
-                 "compiled_onednn": lambda: compiled_steps("compiled_onednn")}
+                 "lean_without_lora": lambda: run_steps(model, cache, batch, "lean", bare, tokens, mask, PROMPT,
+                                                        STEPS, clock),
+                 "lean_rows_by_adapter": lambda: run_steps(model, cache, by_adapter, "lean", sorted_step, tokens,
+                                                           mask, PROMPT, STEPS, clock),
+                 "frozen": lambda: timed(frozen, STEPS), "attention": lambda: timed(attention, STEPS),
+                 "read": lambda: timed(read, STEPS)}
+        if compiled_paths:
+            paths.update(compiled=lambda: compiled_steps("compiled"),
+                         compiled_onednn=lambda: compiled_steps("compiled_onednn"))
         for path in paths.values():  # warm-up
             path()
         times = {name: [] for name in paths}
@@ -279,6 +323,17 @@ def measure_rows(model, rows: int, rounds: int) -> dict:
         entry[f"{name}_over_bound"] = statistics.median(t / b for t, b in zip(values_, bounds))
     entry["lean_outside_frozen_ms_median"] = statistics.median(
         1000 * (t - f) for t, f in zip(times["lean"], times["frozen"]))
+    # the step in parts, per round (the paths of one round ran back to back)
+    per_round = {"frozen": times["frozen"], "attention": times["attention"],
+                 "lora": [t - b for t, b in zip(times["lean"], times["lean_without_lora"])],
+                 "rest": [b - f - a for b, f, a in zip(times["lean_without_lora"], times["frozen"],
+                                                       times["attention"])]}
+    per_round["lora_rows_by_adapter"] = [t - b for t, b in zip(times["lean_rows_by_adapter"],
+                                                               times["lean_without_lora"])]
+    entry["parts_ms"] = {name: round(1000 * statistics.median(v), 2) for name, v in per_round.items()}
+    entry["parts_over_bound"] = {name: round(statistics.median(t / b for t, b in zip(v, bounds)), 3)
+                                 for name, v in per_round.items()}
+    entry["attention_kv_read_gb_s"] = counts["kv_cache_bytes"] / statistics.median(times["attention"]) / 1e9
     entry["read_gb_s"] = counts["weight_bytes"] / statistics.median(times["read"]) / 1e9
     entry["frozen_gflops"] = frozen_flops / statistics.median(times["frozen"]) / 1e9
     entry["compiled_profile_share"] = shares
@@ -291,6 +346,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="docs/results/generation/decode_limits.json")
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-compiled", action="store_true", help="leave out the compiled paths")
     args = parser.parse_args(argv)
     import torch._inductor.config as inductor_config
 
@@ -298,20 +354,23 @@ def main(argv=None) -> int:
     inductor_config.freezing = True
     torch.manual_seed(0)
     load_before = load()
-    _, _, model = two_adapter_base()
+    pool, key, _ = two_adapter_base()
     steps, summary = [], {}
     for rows in [int(r) for r in args.rows.split(",")]:
-        entry = measure_rows(model, rows, args.rounds)
+        entry = measure_rows(pool.bases[key], rows, args.rounds, compiled_paths=not args.skip_compiled)
         steps.append(entry)
         summary[str(rows)] = {k: round(entry[k], 2) for k in (
-            "bound_ms", "read_ms_median", "frozen_ms_median", "lean_ms_median", "compiled_ms_median",
-            "compiled_onednn_ms_median", "lean_outside_frozen_ms_median", "read_over_bound", "frozen_over_bound",
-            "lean_over_bound", "compiled_over_bound", "compiled_onednn_over_bound")}
+            "bound_ms", "read_ms_median", "frozen_ms_median", "attention_ms_median", "lean_without_lora_ms_median",
+            "lean_ms_median", "lean_rows_by_adapter_ms_median", "compiled_ms_median", "compiled_onednn_ms_median", "lean_outside_frozen_ms_median",
+            "read_over_bound", "frozen_over_bound", "lean_over_bound", "compiled_over_bound",
+            "compiled_onednn_over_bound", "attention_kv_read_gb_s", "copy_bandwidth_gb_s") if k in entry}
+        summary[str(rows)]["parts_ms"] = entry["parts_ms"]
+        summary[str(rows)]["parts_over_bound"] = entry["parts_over_bound"]
         summary[str(rows)]["compile_s"] = {k: round(v, 1) for k, v in entry["compile_s"].items()}
         print(rows, summary[str(rows)], flush=True)
     result = {"command": "python benchmarks/decode_limits.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "clock": "wall clock",
-              "torch": torch.__version__, "load_before": load_before, "load_after": load(),
+              "torch": torch.__version__, "kernels": kernel_record(), "load_before": load_before, "load_after": load(),
               "summary": summary, "steps": steps}
     write_result(args.out, result)
     return 0

@@ -281,3 +281,40 @@ def test_embedded_model_lean_step_and_greedy_answers():
     requests.append(GenerationRequest("main", prompts[2], use_adapter=False))
     out = pool.generate_many(requests, GenerationConfig(max_new_tokens=8, do_sample=False))
     _assert_greedy_answers(pool, requests, out, 8, "SmolLM2", widest)
+
+
+@pytest.mark.parametrize("rows", [1, 8])  # scaled_dot_product_attention below MATMUL_ATTENTION_MIN_ROWS, matmuls from it
+def test_lean_step_attention_is_softmax_attention_with_the_padding_masked(tiny_text_model, rows):
+    """LeanStep.attention (one layer's attention of the step, which decode_limits.py also times alone) against
+    softmax(q k^T * scaling + mask) v written out in float64 per row and head, the query heads of a key/value head
+    reading that head's keys; the masked positions get no weight; the caller's thread count comes back."""
+    from trl_multiagent.generation.lean_step import MATMUL_ATTENTION_MIN_ROWS
+
+    assert 1 < MATMUL_ATTENTION_MIN_ROWS <= 8
+    pool = _pool(tiny_text_model)
+    model = pool.bases["base0"].get_base_model().eval()
+    with MultiAdapterBatch(model, ["aux"] * rows) as batch:
+        step = LeanStep(model, batch)
+    heads, kv_heads, dim = step.heads, step.kv_heads, step.head_dim
+    group, cached = heads // kv_heads, 7
+    torch.manual_seed(0)
+    q = torch.randn(rows, kv_heads, group, dim)
+    keys, values = torch.randn(rows, kv_heads, cached, dim), torch.randn(rows, kv_heads, cached, dim)
+    padding = torch.zeros(rows, cached, dtype=torch.bool)
+    padding[0, :3] = True  # the first row's first 3 positions are padding
+    attend = torch.zeros(rows, cached).masked_fill_(padding, -torch.inf)[:, None, None, :]
+    threads = torch.get_num_threads()
+    got = step.attention(q, keys, values, attend, one_thread_of=threads)
+    assert torch.get_num_threads() == threads
+    expected = torch.empty(rows, heads, dim, dtype=torch.float64)
+    for r in range(rows):
+        for h in range(heads):
+            g = h // group  # the key/value head of query head h
+            scores = [float(q[r, g, h % group].double() @ keys[r, g, j].double()) * step.scaling
+                      for j in range(cached)]
+            weights = [0.0 if padding[r, j] else torch.tensor(s).exp().item() for j, s in enumerate(scores)]
+            total = sum(weights)
+            expected[r, h] = sum(w / total * values[r, g, j].double() for j, w in enumerate(weights))
+    assert got.shape == (rows, heads * dim)
+    assert_same_computation(got, expected.reshape(rows, heads * dim), terms=cached * dim,
+                            what=f"attention of {rows} row(s)")

@@ -371,6 +371,27 @@ class LeanStep:
             found = self._scales[lora.key] = lora.scales(self._index.to(lora.a.device))
         return found
 
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor,
+                  one_thread_of: int = 0) -> torch.Tensor:
+        """One layer's attention of the step, ``(rows, heads x head_dim)``: ``q`` ``(rows, kv_heads, heads /
+        kv_heads, head_dim)`` (the query heads of a key/value head stacked), ``keys`` and ``values`` ``(rows,
+        kv_heads, cached + 1, head_dim)``, ``attend`` ``(rows, 1, 1, cached + 1)`` (0 or -inf). Two batched matmuls
+        and a softmax from :data:`MATMUL_ATTENTION_MIN_ROWS` rows on, else ``scaled_dot_product_attention``; on one
+        thread where ``one_thread_of`` (the threads to restore afterwards) is given."""
+        rows = q.size(0)
+        if one_thread_of:
+            torch.set_num_threads(1)
+        try:
+            if rows >= MATMUL_ATTENTION_MIN_ROWS:
+                scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scaling).add_(attend)
+                a = torch.matmul(torch.softmax(scores, dim=-1), values)
+            else:
+                a = F.scaled_dot_product_attention(q, keys, values, attn_mask=attend, scale=self.scaling)
+        finally:
+            if one_thread_of:
+                torch.set_num_threads(one_thread_of)
+        return a.reshape(rows, self.heads * self.head_dim)
+
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """The logits ``(rows, vocab)`` after ``tokens`` (``(rows,)`` or ``(rows, 1)``) at ``positions`` (``(rows,)``
@@ -427,18 +448,7 @@ class LeanStep:
             kv.keys, kv.values = kv._k[:, :, :length + 1], kv._v[:, :, :length + 1]
             # the heads of one key/value head are the rows of one query of that head (transformers' pack_gqa)
             q = qk[:, :heads].view(rows, kv_heads, heads // kv_heads, dim)
-            if small_attention:
-                torch.set_num_threads(1)
-            try:
-                if rows >= MATMUL_ATTENTION_MIN_ROWS:
-                    scores = torch.matmul(q, kv.keys.transpose(-1, -2)).mul_(self.scaling).add_(attend)
-                    a = torch.matmul(torch.softmax(scores, dim=-1), kv.values)
-                else:
-                    a = F.scaled_dot_product_attention(q, kv.keys, kv.values, attn_mask=attend, scale=self.scaling)
-            finally:
-                if small_attention:
-                    torch.set_num_threads(threads)
-            a = a.reshape(rows, heads * dim)
+            a = self.attention(q, kv.keys, kv.values, attend, threads if small_attention else 0)
             if padding is not None:
                 a = torch.cat([a, padding])
             o = layer.o(a)
