@@ -63,8 +63,10 @@ def main(argv=None) -> int:
     def timed_step(self, tokens, mask, positions, cache):
         start = time.perf_counter()
         out = step_call(self, tokens, mask, positions, cache)
+        # one position's keys and values over the layers, in the cache's dtype (the embedding's)
+        per_position = len(self.layers) * 2 * self.kv_heads * self.head_dim * self.embed.element_size()
         steps.append({"rows": int(tokens.numel()), "positions": int(mask.size(1)), "s": time.perf_counter() - start,
-                      "kv_bytes": int(tokens.numel()) * int(mask.size(1)) * self.kv_bytes_per_position})
+                      "kv_bytes": int(tokens.numel()) * int(mask.size(1)) * per_position})
         return out
 
     def timed_decode(model, input_ids, attention_mask, config, *rest, **kw):
@@ -80,10 +82,6 @@ def main(argv=None) -> int:
                       "other_s": seconds - sum(s["s"] for s in mine), "first_step": first})
         return out
 
-    def kv_bytes(step):  # bytes of one position's keys and values over the layers, float32
-        return len(step.layers) * 2 * step.kv_heads * step.head_dim * step.embed.element_size()
-
-    LeanStep.kv_bytes_per_position = property(kv_bytes)
     LeanStep.__call__ = timed_step
     team.decode = timed_decode
     try:
@@ -105,7 +103,6 @@ def main(argv=None) -> int:
             records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     finally:
         LeanStep.__call__ = step_call
-        del LeanStep.kv_bytes_per_position
         team.decode = decode
     metrics = [r for r in records if "step_time" in r]
     per_step = []
