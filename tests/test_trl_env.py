@@ -69,7 +69,8 @@ def test_reward_functions_join_get_reward_and_max_turns_ends_the_episode():
         seen.update(prompts=prompts, completions=completions, target=target)
         return [float(environments[0].moves)]
 
-    env = team(reward_fns=[moves], reward_weights=[0.5], env_reward_weight=2.0, max_turns=1)
+    env = team(reward_fns=[moves], reward_weights=[0.5], env_reward_weight=2.0, max_turns=1,
+               reward_scope="transcript")
     env.reset({"prompt": "Go.", "target": 3})
     result = env.step({"adder": call("increment", amount=3), "subtractor": "fine"})
     assert result.done and result.info["moves"] == 1.0 and result.info["CounterEnv"] == 1.0

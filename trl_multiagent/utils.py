@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -61,6 +62,14 @@ def import_object(spec: str | Callable, what: str = "object") -> Any:
         where = f" ({module.__file__})" if getattr(module, "__file__", None) else ""
         raise ImportError(f"Cannot import {what} {spec!r}: module {module_name!r}{where} defines no {attr!r} (it "
                           f"defines: {', '.join(_defined_names(module)) or 'nothing callable'})") from None
+
+
+def call_with_supported_kwargs(fn: Callable, **kwargs: Any) -> Any:
+    """Call ``fn`` with the keyword arguments it declares (all of them if it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
 #: Examples of each field's two forms for the error messages (the generic pair for other fields).

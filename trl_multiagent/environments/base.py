@@ -17,13 +17,13 @@ Users who do not want to write a class wrap plain functions with :class:`Functio
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..generation.requests import Prompt
-from ..utils import import_object
+from ..utils import call_with_supported_kwargs, import_object
+from .trl_rewards import COMPLETION_FORMATS, AgentRewards, as_completion, checked_reward, reward_name, warn_no_reward
 
 
 @dataclass
@@ -130,14 +130,6 @@ def revise_last_message(prompt: Prompt, revise: Callable[[str], str]) -> Prompt:
 RewardFunc = Callable[..., float]
 
 
-def _call_with_supported_kwargs(fn: Callable, **kwargs: Any) -> Any:
-    """Call ``fn`` with the keyword arguments it declares (all of them if it takes ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
-
-
 class FunctionEnvironment(Environment):
     """An environment assembled from plain functions, so that users need not write a class.
 
@@ -145,46 +137,92 @@ class FunctionEnvironment(Environment):
     ``"path/to/file.py:function"`` (:func:`~trl_multiagent.utils.import_object`), so that a recipe can assemble one
     (``environment: trl_multiagent.environments:FunctionEnvironment`` with the functions in ``env_kwargs``).
 
+    It takes rewards of two shapes, alone or together:
+
+    * ``reward_funcs``: TRL's reward functions as they are (``trl.rewards.accuracy_reward``, a ``GRPOTrainer``
+      script's own): batched, ``fn(prompts, completions, **columns) -> [float | None]``. Each scores EACH AGENT's
+      response on its own, as TRL would score that agent alone (:mod:`~trl_multiagent.environments.trl_rewards`):
+      a list scores every agent with every function, ``{agent: [functions]}`` names each agent's. Each agent's
+      weighted sum is its local reward.
+    * ``reward_fns``: functions of the joint action, ``fn(completions={agent: response}, ...) -> float``, for a
+      reward that needs several agents' responses at once.
+
+    The team reward is the weighted sum of both kinds. A reward of ``None`` is missing (left out of the sum, as in
+    TRL); a joint action no function scores gets 0 with a warning. A NaN or infinite reward is an error naming the
+    function and the agent, or a missing reward with ``nonfinite_rewards="missing"``.
+
     Args:
         agents: role names in acting order.
         prompt_fns: one function per agent, ``fn(task) -> Prompt`` giving its first prompt.
-        reward_fns: functions returning a float. Each is called with the keyword arguments it declares among
-            ``completions`` (``{agent: response}``), ``task`` (the dataset row), ``turn``, ``history`` (earlier
-            joint actions) and every task field by name. Their weighted sum is the team reward; each one is
-            also reported in ``info`` under its function name.
-        reward_weights: one weight per reward function (default 1.0 each).
+        reward_fns: functions of the joint action, returning a float or ``None``. Each is called with the keyword
+            arguments it declares among ``completions`` (``{agent: response}``), ``task`` (the dataset row),
+            ``turn``, ``history`` (earlier joint actions) and every task field by name; reported in ``info`` under
+            its function name.
+        reward_funcs: TRL reward functions (above), a list or ``{agent: [functions]}``; reported in ``info`` as
+            ``<agent>/<function>``.
+        reward_weights: one weight per reward function, in the order of :attr:`reward_names` (``reward_fns``
+            first, then the distinct ``reward_funcs`` in order of appearance); default 1.0 each. A recipe's
+            top-level ``reward_weights`` (TRL's ``GRPOConfig`` field) is passed here.
         transition_fn: ``fn(task=, history=, completions=, turn=) -> {agent: next prompt}``; without it the task
             is single-turn.
         done_fn: optional ``fn(task=, history=, completions=, turn=, team_reward=) -> bool`` for early termination.
-        local_reward_fns: optional ``{agent: fn}`` per-agent rewards, called like the reward functions.
+        local_reward_fns: optional ``{agent: fn}`` per-agent rewards, called like ``reward_fns``; an agent named
+            here takes this local reward instead of its ``reward_funcs`` sum.
         max_turns: the turn budget.
         required_columns: dataset columns the prompt functions read.
+        completion_format: how ``reward_funcs`` get a response: ``"auto"`` (chat messages when the agent's prompt is
+            a list of messages, the text when it is a string, as TRL decides by the dataset), ``"conversational"``
+            or ``"standard"``.
+        nonfinite_rewards: ``"error"`` (default) or ``"missing"``.
     """
+
+    #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
+    takes_reward_weights = True
 
     def __init__(
         self,
         agents: Sequence[str],
         prompt_fns: Mapping[str, Callable[[Mapping[str, Any]], Prompt] | str],
-        reward_fns: Sequence[RewardFunc | str] | RewardFunc | str,
+        reward_fns: Sequence[RewardFunc | str] | RewardFunc | str | None = None,
         reward_weights: Sequence[float] | None = None,
         transition_fn: Callable[..., Mapping[str, Prompt]] | str | None = None,
         done_fn: Callable[..., bool] | str | None = None,
         local_reward_fns: Mapping[str, RewardFunc | str] | None = None,
         max_turns: int = 1,
         required_columns: Sequence[str] = (),
+        reward_funcs: Sequence[Callable | str] | Mapping[str, Sequence[Callable | str]] | Callable | str | None = None,
+        completion_format: str = "auto",
+        nonfinite_rewards: str = "error",
     ):
         self.agents = tuple(agents)
         if set(prompt_fns) != set(self.agents):
             raise ValueError(f"prompt_fns must have one function per agent {list(self.agents)}, got {list(prompt_fns)}")
         self.prompt_fns = {a: import_object(fn, "prompt_fn") for a, fn in prompt_fns.items()}
-        if isinstance(reward_fns, str) or not isinstance(reward_fns, Sequence):
+        if reward_fns is None:
+            reward_fns = []
+        elif isinstance(reward_fns, str) or not isinstance(reward_fns, Sequence):
             reward_fns = [reward_fns]
         self.reward_fns = [import_object(fn, "reward_fn") for fn in reward_fns]
-        if not self.reward_fns:
-            raise ValueError("FunctionEnvironment needs at least one reward function")
-        self.reward_weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.reward_fns)
-        if len(self.reward_weights) != len(self.reward_fns):
-            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_fns)} reward functions")
+        if isinstance(reward_funcs, str) or callable(reward_funcs):
+            reward_funcs = [reward_funcs]
+        self.agent_rewards = AgentRewards(reward_funcs, self.agents, nonfinite=nonfinite_rewards) \
+            if reward_funcs else None
+        if not self.reward_fns and self.agent_rewards is None:
+            raise ValueError("FunctionEnvironment needs at least one reward function (reward_fns of the joint action, "
+                             "or TRL-style reward_funcs scoring each agent)")
+        if completion_format not in COMPLETION_FORMATS:
+            raise ValueError(f"completion_format must be one of {COMPLETION_FORMATS}, got {completion_format!r}")
+        self.completion_format, self.nonfinite_rewards = completion_format, nonfinite_rewards
+        self.reward_names = [reward_name(fn) for fn in self.reward_fns] + \
+            (self.agent_rewards.names if self.agent_rewards else [])
+        self.reward_weights = [float(w) for w in reward_weights] if reward_weights is not None \
+            else [1.0] * len(self.reward_names)
+        if len(self.reward_weights) != len(self.reward_names):
+            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_names)} reward functions "
+                             f"{self.reward_names}")
+        if self.agent_rewards is not None:
+            own = self.reward_weights[len(self.reward_fns):]
+            self.agent_rewards.weights = dict(zip(self.agent_rewards.names, own))
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
         if max_turns > 1 and transition_fn is None:
@@ -199,6 +237,7 @@ class FunctionEnvironment(Environment):
         self.required_columns = tuple(required_columns)
         self.task: Mapping[str, Any] = {}
         self.history: list[dict[str, str]] = []
+        self.prompts: dict[str, Prompt] = {}
 
     def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
         missing = [c for c in self.required_columns if c not in columns]
@@ -207,24 +246,63 @@ class FunctionEnvironment(Environment):
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         self.task, self.history = dict(task), []
-        return {agent: self.prompt_fns[agent](self.task) for agent in self.agents}
+        self.prompts = {agent: self.prompt_fns[agent](self.task) for agent in self.agents}
+        return dict(self.prompts)
+
+    @property
+    def alone_agents(self) -> tuple[str, ...]:
+        """The agents that ``reward_funcs`` score on their own: each can be evaluated alone (``<agent>_alone``)."""
+        return tuple(a for a in self.agents if self.agent_rewards is not None and self.agent_rewards.funcs.get(a))
+
+    def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
+        """``response``, written by ``agent`` alone for ``task``, scored by that agent's ``reward_funcs`` as in a
+        team step (the evaluation's ``<agent>_alone`` baseline, :mod:`trl_multiagent.evaluation.alone`)."""
+        self.reset(task)
+        prompt = self.prompts[agent]
+        team, _, info = self.agent_rewards.score({agent: prompt}, {agent: as_completion(
+            response, prompt, self.completion_format)}, {agent: response}, self.task)
+        return StepResult(team_reward=0.0 if team is None else team, done=True, info=info)
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
         turn = len(self.history)
         kwargs = {**self.task, "task": self.task, "completions": dict(joint_action), "turn": turn,
                   "history": list(self.history)}
-        info, team = {}, 0.0
+        info: dict[str, float] = {}
+        team: float | None = None
+        joint_text = "; ".join(f"{a}: {t}" for a, t in joint_action.items())
         for fn, weight in zip(self.reward_fns, self.reward_weights):
-            value = float(_call_with_supported_kwargs(fn, **kwargs))
-            info[getattr(fn, "__name__", type(fn).__name__)] = value
-            team += weight * value
-        local = {a: float(_call_with_supported_kwargs(fn, **kwargs)) for a, fn in self.local_reward_fns.items()}
+            value = call_with_supported_kwargs(fn, **kwargs)
+            value = checked_reward(None if value is None else float(value), fn, "(joint action)", joint_text,
+                                   self.nonfinite_rewards)
+            if value is not None:
+                info[getattr(fn, "__name__", type(fn).__name__)] = value
+                team = (team or 0.0) + weight * value
+        local: dict[str, float] = {}
+        if self.agent_rewards is not None:
+            completions = {a: as_completion(t, self.prompts.get(a, ""), self.completion_format)
+                           for a, t in joint_action.items()}
+            own_team, local, own_info = self.agent_rewards.score(self.prompts, completions, joint_action, self.task)
+            info.update(own_info)
+            if own_team is not None:
+                team = (team or 0.0) + own_team
+        if team is None:
+            warn_no_reward(self.task, turn)
+            team = 0.0
+        for agent, fn in self.local_reward_fns.items():
+            value = call_with_supported_kwargs(fn, **kwargs)
+            value = checked_reward(None if value is None else float(value), fn, agent, joint_action.get(agent, ""),
+                                   self.nonfinite_rewards)
+            if value is None:
+                local.pop(agent, None)
+            else:
+                local[agent] = value
         self.history.append(dict(joint_action))
         done = turn + 1 >= self.max_turns
         if not done and self.done_fn is not None:
-            done = bool(_call_with_supported_kwargs(self.done_fn, **kwargs, team_reward=team))
+            done = bool(call_with_supported_kwargs(self.done_fn, **kwargs, team_reward=team))
         next_prompts = None
         if not done:
-            next_prompts = dict(_call_with_supported_kwargs(self.transition_fn, **kwargs))
+            next_prompts = dict(call_with_supported_kwargs(self.transition_fn, **kwargs))
+            self.prompts.update(next_prompts)
         return StepResult(team_reward=team, next_prompts=next_prompts, done=done, local_rewards=local or None,
                           info=info)

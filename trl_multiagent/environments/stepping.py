@@ -2,7 +2,8 @@
 
 :func:`reset_env` and :func:`step_env` call the environment (user code: its methods, the reward functions and tools
 they call) and turn any exception into one :class:`~trl_multiagent.errors.UserCodeError` that names the task, the
-turn, each acting agent with the start of its text, and the user's own frame.
+turn, each acting agent with the start of its text, and the user's own frame. A step whose team or local reward is
+not a finite number is such an error too (:func:`check_finite_rewards`).
 
 An environment whose ``step`` waits on subprocesses (sandboxed tests, tools) sets ``concurrent_steps = True``; its
 steps then run from a thread pool with one worker per CPU core, every other environment's in order in the calling
@@ -12,6 +13,7 @@ started call has ended (``ThreadPoolExecutor.map`` inside its ``with``).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,12 +55,29 @@ def step_env(env: Environment, joint_action: Mapping[str, str], task: Mapping[st
     """``env.step(joint_action)``; an exception becomes a :class:`~trl_multiagent.errors.UserCodeError` naming the
     task, the turn and each acting agent with the start of its text."""
     try:
-        return env.step(joint_action)
+        result = env.step(joint_action)
+        check_finite_rewards(result)
     except UserCodeError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise user_code_error(exc, f"{type(env).__name__}.step", task=task, turn=turn,
                               joint_action=joint_action) from exc
+    return result
+
+
+def check_finite_rewards(result: StepResult) -> None:
+    """A ``ValueError`` when a step's team reward or a local reward is not a finite number: a NaN that reached the
+    advantages would reach every adapter (an environment that means "no reward" says so itself, e.g. with 0)."""
+    rewards = {"team reward": result.team_reward, **{f"local reward of {a!r}": r
+                                                     for a, r in (result.local_rewards or {}).items()}}
+    for what, value in rewards.items():
+        try:
+            finite = math.isfinite(value)
+        except TypeError:
+            raise ValueError(f"step returned a {what} of {value!r}, not a number") from None
+        if not finite:
+            raise ValueError(f"step returned a non-finite {what} ({value}); a NaN or infinite reward would reach the "
+                             "adapters")
 
 
 def step_all(envs: Sequence[Environment], actions: Sequence[Mapping[str, str]],

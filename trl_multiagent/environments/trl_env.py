@@ -11,15 +11,20 @@ the rollout. :class:`TRLEnvironmentTeam` takes such a class UNCHANGED and makes 
 * **whose turn it is**: at every turn each agent writes one response; their tool calls run on the shared instance in
   the agents' order (``agents``), at most ``max_tool_calls_per_turn`` per response; a sampler that steps agents one
   at a time (AT-GRPO's sequential order) shows each agent the actions taken before it in the turn. A turn in which no agent calls a
-  tool ends the episode (TRL's rollout ends when the model stops calling tools), as does ``max_turns``;
+  tool ends the episode (TRL's rollout ends when the model stops calling tools; ``stop_without_tool_calls=False``
+  plays on to ``max_turns``, for a class whose turns are a structure of their own), as does ``max_turns``;
 * **what each agent observes**: the dataset prompt with ``reset``'s text, then the transcript: ``observe="team"``
   shows every agent's messages and tool results (the others' as user messages naming the agent), ``"own"`` only
   its own; an agent's own calls and their results are assistant and ``tool`` messages, rendered by its chat template
   with its tools' schemas (``ToolPrompt``);
 * **where the team reward comes from**: ``get_reward()`` times ``env_reward_weight`` and/or ``reward_fns``: TRL
-  reward functions, called as TRL calls them for a batch of one (``prompts``, ``completions`` (the team's transcript
-  as messages), ``environments`` and every dataset column, each a list), weighted by ``reward_weights``. The team
-  reward comes when the episode ends (0 before); each component is logged in ``info``.
+  reward functions, called as TRL calls them for a batch of one (``prompts``, ``completions``, ``environments`` and
+  every dataset column, each a list), weighted by ``reward_weights``. With ``reward_scope="agent"`` (the default)
+  each agent's completion is its own messages (its responses and its tool calls' results), scored on its own as TRL
+  would score that agent alone (:mod:`~trl_multiagent.environments.trl_rewards`; ``reward_fns`` may then be
+  ``{agent: [functions]}``), and each agent's weighted sum is its local reward; with ``reward_scope="transcript"``
+  the completion is the whole team's transcript (every agent's messages, each naming its agent), scored once. The
+  team reward comes when the episode ends (0 before); each component is logged in ``info``.
 
 Tool calls are parsed from each response's text in the ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 format (:func:`trl_multiagent.tools.parse_text`), and bad calls (unknown tool, bad arguments, a raising method)
@@ -47,9 +52,20 @@ from typing import Any
 
 from ..generation.requests import Prompt, ToolPrompt
 from ..utils import import_object
-from .base import Environment, StepResult, _call_with_supported_kwargs
+from .base import Environment, StepResult
+from .trl_rewards import (
+    NONFINITE,
+    AgentRewards,
+    call_reward,
+    checked_reward,
+    resolve_reward_func,
+    reward_name,
+    warn_no_reward,
+)
 
 OBSERVE = ("team", "own")
+#: Whose messages a reward function scores: each agent's own (each scored apart) or the team's whole transcript.
+REWARD_SCOPES = ("agent", "transcript")
 _RESERVED = ("reset", "get_reward")
 
 
@@ -72,8 +88,14 @@ class TRLEnvironmentTeam(Environment):
         agents: the team's roles, in acting order.
         tools: ``{agent: [method names]}``; agents left out get every tool (default: all of them, every agent).
         observe: ``"team"`` (everyone's messages and results) or ``"own"``.
-        reward_fns: TRL reward functions (callables or specs); their weighted sum joins ``get_reward``'s.
-        reward_weights: one weight per reward function (default 1.0 each).
+        reward_fns: TRL reward functions (callables or specs; a bare name is one of ``trl.rewards``): a list, or with
+            ``reward_scope="agent"`` ``{agent: [functions]}``; their weighted sum joins ``get_reward``'s.
+        reward_weights: one weight per reward function (default 1.0 each), in the order of :attr:`reward_names`.
+            A recipe's top-level ``reward_weights`` (TRL's ``GRPOConfig`` field) is passed here.
+        reward_scope: ``"agent"`` (each agent's own messages scored on their own) or ``"transcript"`` (the team's
+            transcript scored once).
+        stop_without_tool_calls: end the episode after a turn in which no agent called a tool (TRL's rule).
+        nonfinite_rewards: ``"error"`` (a NaN or infinite reward stops the run naming it) or ``"missing"``.
         env_reward_weight: the weight of ``get_reward()`` (where the class has one; 0 leaves it out).
         max_turns: the turn budget.
         max_tool_calls_per_turn: the most calls of one response that run (later ones are answered with an error).
@@ -87,7 +109,9 @@ class TRLEnvironmentTeam(Environment):
                  reward_fns: Sequence[Callable | str] | Callable | str | None = None,
                  reward_weights: Sequence[float] | None = None, env_reward_weight: float = 1.0, max_turns: int = 3,
                  max_tool_calls_per_turn: int = 5, prompt_column: str = "prompt",
-                 environment_column: str = "environment"):
+                 environment_column: str = "environment", reward_scope: str = "agent",
+                 stop_without_tool_calls: bool = True, nonfinite_rewards: str = "error"):
+
         self.agents = tuple(agents)
         if not self.agents or len(set(self.agents)) != len(self.agents):
             raise ValueError(f"agents must be distinct role names, got {list(agents)}")
@@ -129,13 +153,31 @@ class TRLEnvironmentTeam(Environment):
                 raise ValueError(f"tools of {agent!r} name {missing}, which are not tools of the environment "
                                  f"(its public methods: {every})")
         self.agent_tools = {a: list(tools.get(a, every)) for a in self.agents}
+        if reward_scope not in REWARD_SCOPES:
+            raise ValueError(f"reward_scope must be one of {REWARD_SCOPES}, got {reward_scope!r}")
+        if nonfinite_rewards not in NONFINITE:
+            raise ValueError(f"nonfinite_rewards must be one of {NONFINITE}, got {nonfinite_rewards!r}")
         if isinstance(reward_fns, str) or callable(reward_fns):
             reward_fns = [reward_fns]
-        self.reward_fns = [import_object(fn, "reward_fn") for fn in reward_fns or ()]
+        self.reward_scope, self.nonfinite_rewards = reward_scope, nonfinite_rewards
+        self.stop_without_tool_calls = bool(stop_without_tool_calls)
+        self.agent_rewards = None
+        if reward_scope == "agent" and reward_fns:
+            self.agent_rewards = AgentRewards(reward_fns, self.agents, nonfinite=nonfinite_rewards)
+            self.reward_fns = [fn for fns in self.agent_rewards.funcs.values() for fn in fns]
+            self.reward_names = list(self.agent_rewards.names)
+        else:
+            if isinstance(reward_fns, Mapping):
+                raise ValueError("reward_fns per agent ({agent: [functions]}) need reward_scope 'agent'")
+            self.reward_fns = [resolve_reward_func(fn) for fn in reward_fns or ()]
+            self.reward_names = [reward_name(fn) for fn in self.reward_fns]
         self.reward_weights = [float(w) for w in reward_weights] if reward_weights is not None \
-            else [1.0] * len(self.reward_fns)
-        if len(self.reward_weights) != len(self.reward_fns):
-            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_fns)} reward functions")
+            else [1.0] * len(self.reward_names)
+        if len(self.reward_weights) != len(self.reward_names):
+            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_names)} reward functions "
+                             f"{self.reward_names}")
+        if self.agent_rewards is not None:
+            self.agent_rewards.weights = dict(zip(self.reward_names, self.reward_weights))
         self.env_reward_weight = float(env_reward_weight)
         if not self.reward_fns and not (self.env_reward_weight and all(self.has_reward.values())):
             raise ValueError("No reward source: pass reward_fns, or an environment class that defines get_reward() "
@@ -153,6 +195,8 @@ class TRLEnvironmentTeam(Environment):
         self.turn_calls = 0
 
     supports_partial_actions = True
+    #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
+    takes_reward_weights = True
 
     def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
         missing = [c for c in self.required_columns if c not in columns]
@@ -208,14 +252,14 @@ class TRLEnvironmentTeam(Environment):
         if self.acted != set(self.agents):  # the turn goes on: the agents still to act see these actions
             return StepResult(team_reward=0.0, next_prompts={a: self.observation(a) for a in self.agents}, info=info)
         self.turn += 1
-        done = self.turn >= self.max_turns or self.turn_calls == 0
+        done = self.turn >= self.max_turns or (self.stop_without_tool_calls and self.turn_calls == 0)
         self.acted, self.turn_calls = set(), 0
-        reward = 0.0
+        reward, local = 0.0, None
         if done:
-            reward, components = self.team_reward()
+            reward, local, components = self.team_reward()
             info.update(components)
         next_prompts = None if done else {a: self.observation(a) for a in self.agents}
-        return StepResult(team_reward=reward, next_prompts=next_prompts, done=done, info=info)
+        return StepResult(team_reward=reward, next_prompts=next_prompts, done=done, local_rewards=local, info=info)
 
     # -------------------------------------------------------------------------------------------- views
     def observation(self, agent: str) -> ToolPrompt:
@@ -247,34 +291,59 @@ class TRLEnvironmentTeam(Environment):
             parts.append(f"calls {fn.get('name')}({fn.get('arguments')})")
         return " ".join(p for p in parts if p) or "(nothing)"
 
-    def completion_messages(self) -> list[dict[str, Any]]:
-        """The team's transcript as chat messages (each agent's text as an assistant message naming it, each tool
-        result as a tool message): the ``completions`` the reward functions get."""
+    def completion_messages(self, agent: str | None = None) -> list[dict[str, Any]]:
+        """The transcript as chat messages: each response as an assistant message, each tool result as a tool
+        message. For one ``agent``, its own messages (what TRL would hand a reward function for that agent alone);
+        for the team (``None``), every agent's, each assistant message naming its agent."""
         out: list[dict[str, Any]] = []
         for who, message, results in self.transcript:
-            out.append({"role": "assistant", "name": who, "content": message.get("content", ""),
+            if agent is not None and who != agent:
+                continue
+            named = {"name": who} if agent is None else {}
+            out.append({"role": "assistant", **named, "content": message.get("content", ""),
                         **({"tool_calls": message["tool_calls"]} if message.get("tool_calls") else {})})
             out.extend(dict(r) for r in results)
         return out
 
-    def team_reward(self) -> tuple[float, dict[str, float]]:
-        """``env_reward_weight * get_reward()`` (where the class has one) plus the weighted reward functions; the
-        components by name."""
+    def team_reward(self) -> tuple[float, dict[str, float] | None, dict[str, float]]:
+        """``(team reward, local rewards, components by name)``: ``env_reward_weight * get_reward()`` (where the class
+        has one) plus the weighted reward functions (per agent under ``reward_scope="agent"``, each agent's sum its
+        local reward; else on the transcript). A reward of ``None`` is missing; a non-finite one is an error
+        (``nonfinite_rewards``)."""
         components: dict[str, float] = {}
-        total = 0.0
+        total: float | None = None
+        local = None
         if self.env_reward_weight and self.has_reward[self.kind]:
-            value = float(self.instance.get_reward())
-            components[type(self.instance).__name__] = value
-            total += self.env_reward_weight * value
-        columns = {k: [v] for k, v in self.task.items()}
-        for fn, weight in zip(self.reward_fns, self.reward_weights):
-            values = _call_with_supported_kwargs(fn, **columns, prompts=[copy.deepcopy(self.base)],
-                                                 completions=[self.completion_messages()],
-                                                 environments=[self.instance])
-            value = float(values[0] if isinstance(values, (list, tuple)) else values)
-            components[getattr(fn, "__name__", type(fn).__name__)] = value
-            total += weight * value
-        return total, components
+            value = self.instance.get_reward()
+            value = checked_reward(None if value is None else float(value), type(self.instance).get_reward, "(team)",
+                                   self._said_all(), self.nonfinite_rewards)
+            if value is not None:
+                components[type(self.instance).__name__] = value
+                total = self.env_reward_weight * value
+        extra = {"environments": [self.instance]}
+        if self.agent_rewards is not None:
+            prompts = {a: copy.deepcopy(self.base) for a in self.agents}
+            completions = {a: self.completion_messages(a) for a in self.agents}
+            texts = {a: " ".join(m.get("content", "") for m in completions[a] if m["role"] == "assistant")
+                     for a in self.agents}
+            own, local, info = self.agent_rewards.score(prompts, completions, texts, self.task, **extra)
+            components.update(info)
+            if own is not None:
+                total = (total or 0.0) + own
+        else:
+            for fn, weight in zip(self.reward_fns, self.reward_weights):
+                value = call_reward(fn, copy.deepcopy(self.base), self.completion_messages(), self.task, **extra)
+                value = checked_reward(value, fn, "(team transcript)", self._said_all(), self.nonfinite_rewards)
+                if value is not None:
+                    components[reward_name(fn)] = value
+                    total = (total or 0.0) + weight * value
+        if total is None:
+            warn_no_reward(self.task, self.turn - 1)
+            total = 0.0
+        return total, local or None, components
+
+    def _said_all(self) -> str:
+        return " | ".join(f"{who}: {self._said(message)}" for who, message, _ in self.transcript)
 
 
 __all__ = ["TRLEnvironmentTeam"]
