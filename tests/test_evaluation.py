@@ -226,10 +226,11 @@ def test_episode_baselines_play_one_turn_of_the_bases_with_only_their_agents():
 
     pool = ManyPool(["reasoner", "tool"], script)
     evaluator = EpisodeEvaluator(MathToolEnv, num_turns=2)
-    assert evaluator.baselines == ("single", "no_exchange") and evaluator.methods[0] == TEAM
+    assert evaluator.baselines == ("reasoner_alone", "tool_alone", "no_exchange") and evaluator.methods[0] == TEAM
     result = evaluate_team(pool, evaluator, [task], methods=(TEAM, "single", "no_exchange"),
                            generation_config=GREEDY)
-    single, none, team = (result.methods[m] for m in ("single", "no_exchange", TEAM))
+    assert list(result.methods) == [TEAM, "reasoner_alone", "no_exchange"]  # single: reasoner_alone's old name
+    single, none, team = (result.methods[m] for m in ("reasoner_alone", "no_exchange", TEAM))
     # single: the reasoner alone, once, adapters off: 4 is wrong and no tool ran
     assert single.per_task("final/team_correct") == [0.0] and single.per_task("turns") == [1.0]
     assert single.per_task("final/tool_executes") == [0.0]
@@ -243,7 +244,8 @@ def test_episode_baselines_play_one_turn_of_the_bases_with_only_their_agents():
     # the baselines: the reasoner's first prompt with adapters off is one request, its draw shared by both
     assert requests.count(("reasoner", False)) == 1 and requests.count(("tool", False)) == 1
     assert requests.count(("reasoner", True)) == 2 and requests.count(("tool", True)) == 2  # two team turns
-    assert evaluator.expected_sequences("single", 3, 2) == 6 and evaluator.expected_sequences("no_exchange", 3, 2) == 12
+    assert evaluator.expected_sequences("reasoner_alone", 3, 2) == 6
+    assert evaluator.expected_sequences("no_exchange", 3, 2) == 12
     from trl_multiagent.environments import MatrixGameEnv
     from trl_multiagent.evaluation import play_episodes
 
@@ -267,7 +269,7 @@ def test_before_training_the_baselines_share_the_teams_draws():
     assert ("reasoner", False) not in requests and ("tool", False) not in requests  # no draw of their own
     assert requests.count(("reasoner", True)) == 2 and requests.count(("tool", True)) == 2  # the team's two turns
     assert result.methods["no_exchange"].per_task("final/tool_correct") == [1.0]
-    assert result.methods["single"].per_task("final/tool_executes") == [0.0]  # still the reasoner alone
+    assert result.methods["reasoner_alone"].per_task("final/tool_executes") == [0.0]  # still the reasoner alone
     assert result.generated_sequences == 4
 
 

@@ -126,6 +126,29 @@ def test_teamwork_measures_say_who_the_exchange_corrected_or_misled():
     assert last.info["tool_corrected"] == 0.0 and last.info["tool_misled"] == 0.0
 
 
+def test_each_agent_alone_is_scored_as_the_teams_answer():
+    env = MathToolEnv(max_turns=2)
+    # the tool alone: its program runs in the sandbox and its last printed line, 3.5, is the team's answer (7/2)
+    tool = env.score_alone("tool", "```python\nprint(1)\nprint(7 / 2)\n```", TASK)
+    assert tool.team_reward == 1.0 and tool.info["team_correct"] == 1.0 and tool.info["tool_correct"] == 1.0
+    assert tool.info["tool_executes"] == 1.0 and tool.info["reasoner_correct"] == 0.0
+    assert tool.local_rewards == {"tool": 1.0}  # 0.2 * executes + 0.8 * correct
+    wrong = env.score_alone("tool", "```python\nprint(7 // 2)\n```", TASK)  # prints 3
+    assert wrong.team_reward == 0.0 and wrong.info["tool_executes"] == 1.0
+    crash = env.score_alone("tool", "```python\nprint(1 / 0)\n```", TASK)
+    assert crash.team_reward == 0.0 and crash.info["tool_executes"] == 0.0
+    # the reasoner alone (the baseline once called single): its boxed answer
+    reasoner = env.score_alone("reasoner", "7 / 2 = 3.5, so \\boxed{3.5}", TASK)
+    assert reasoner.team_reward == 1.0 and reasoner.info["tool_executes"] == 0.0
+    assert env.score_alone("reasoner", "\\boxed{4}", TASK).team_reward == 0.0
+    # a second call starts from the task again: nothing of the earlier answers is left
+    assert env.score_alone("tool", "no program", TASK).info["reasoner_correct"] == 0.0
+    with pytest.raises(ValueError, match="not 'coder'"):
+        env.score_alone("coder", "x", TASK)
+    assert MathToolEnv.method_aliases == {"single": "reasoner_alone"}
+    assert MathToolEnv.episode_baselines == {"no_exchange": ("reasoner", "tool")}
+
+
 def test_sequential_partial_actions_clone_and_failures():
     env = MathToolEnv(max_turns=3)
     first = env.reset(TASK)
@@ -386,7 +409,8 @@ def test_generalisation_recipe_holds_out_both_sets_and_names_its_baselines(tmp_p
     recipe, config = load_recipe(["--config", str(ROOT / "recipes/configs/math_generalisation_at_grpo.yaml"),
                                   "--output_dir", str(tmp_path)])
     assert resolve_environment(recipe.environment) is MathToolGeneralisationEnv
-    assert recipe.eval_methods == ["team", "single", "no_exchange"] and recipe.eval_metric == "final/team_correct"
+    assert recipe.eval_methods == ["team", "reasoner_alone", "tool_alone", "no_exchange"]
+    assert recipe.eval_metric == "final/team_correct"
     held = list(held_out_tasks(recipe, config, recipe.eval_num_problems))
     assert [r["held_out_set"] for r in held] == ["unseen_operands"] * 80 + ["unseen_form"] * 40
     train = MathToolGeneralisationEnv.make_dataset(num_tasks=recipe.num_tasks, seed=config.seed, split="train")

@@ -20,6 +20,7 @@ import difflib
 import functools
 import json
 import logging
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -35,8 +36,12 @@ if TYPE_CHECKING:  # the command line reads this module without importing torch 
 
 logger = logging.getLogger(__name__)
 
-#: The methods an evaluation can name (the team and the coding baselines of MAGRPO App. E).
-EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion", "no_exchange")
+#: The methods an evaluation can name (the team, the coding baselines of MAGRPO App. E, the math team's no_exchange)
+#: and ``alone``: every ``<agent>_alone`` / ``<agent>_alone_turns`` baseline of the environment
+#: (trl_multiagent/evaluation/alone.py), which a recipe may also name one by one.
+EVAL_METHOD_NAMES = ("team", "single", "naive", "sequential", "discussion", "no_exchange", "alone")
+#: The names of one agent alone (checked against the environment's agents when the evaluation is planned).
+ALONE_METHOD = re.compile(r"\S+_alone(_turns)?")
 #: ``evaluator:`` values besides ``"module:Class"``.
 EVALUATOR_NAMES = ("auto", "none", "episodes", "coding", "debate", "pipeline", "writing")
 EVAL_STAGES = ("before", "after")
@@ -101,8 +106,12 @@ class RecipeArguments:
         "When to evaluate: 'before' and/or 'after' training; an empty list evaluates nothing."))
     eval_methods: list[str] = field(default_factory=lambda: list(EVAL_METHOD_NAMES), metadata=_help(
         "The trained team and the baselines to evaluate (the baselines exist for the coding and writing "
-        "evaluations: single, naive, sequential, discussion; and for environments that name episode_baselines, e.g. "
-        "the math tool team: single, the reasoner alone, and no_exchange, both agents answering once)."))
+        "evaluations: single, naive, sequential, discussion; for environments that name episode_baselines, e.g. "
+        "the math tool team's no_exchange, both agents answering once; and, for environments that score one agent "
+        "alone, <agent>_alone, e.g. reasoner_alone (also called single) and tool_alone, and <agent>_alone_turns; "
+        "'alone' names all of those). The default lists every name above, 'alone' included, so that each "
+        "evaluation plays all of its baselines; the best baseline is the highest of them before training, whatever "
+        "agent's answer it scores."))
     eval_metric: str | None = field(default=None, metadata=_help(
         "The headline metric of the summary and the report (empty: the evaluator's own, e.g. 'reward' for coding, "
         "'success' or 'return' for episodes, 'majority_accuracy' for debates, 'f1' for the search pipeline)."))
@@ -156,12 +165,13 @@ class RecipeArguments:
              f"one of {list(EVALUATOR_NAMES)} or 'module:Class'")
         need(all(s in EVAL_STAGES for s in self.eval_stages) and len(set(self.eval_stages)) == len(self.eval_stages),
              "eval_stages", f"a list of distinct stages among {list(EVAL_STAGES)}")
-        unknown = [m for m in self.eval_methods if m not in EVAL_METHOD_NAMES]
+        unknown = [m for m in self.eval_methods
+                   if m not in EVAL_METHOD_NAMES and not (isinstance(m, str) and ALONE_METHOD.fullmatch(m))]
         if unknown:
             close = difflib.get_close_matches(unknown[0], EVAL_METHOD_NAMES, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"eval_methods: unknown method {unknown[0]!r}; choose from {list(EVAL_METHOD_NAMES)}"
-                             f"{hint}")
+            raise ValueError(f"eval_methods: unknown method {unknown[0]!r}; choose from {list(EVAL_METHOD_NAMES)} "
+                             f"or <agent>_alone / <agent>_alone_turns{hint}")
         need(bool(self.eval_methods) and len(set(self.eval_methods)) == len(self.eval_methods), "eval_methods",
              "a non-empty list of distinct methods")
         need(whole(self.eval_num_problems) and self.eval_num_problems >= 0, "eval_num_problems",
@@ -322,6 +332,27 @@ def resolve_environment(name: str):
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise RecipeError(f"Unknown environment {name!r}{hint}; registered: {sorted(ENVIRONMENTS)}, or use 'module:Class' "
                       "or 'path/to/file.py:Class'")
+
+
+def pass_reward_weights(recipe: RecipeArguments, config) -> None:
+    """The top-level ``reward_weights`` (TRL's ``GRPOConfig`` field: one weight per reward function) given to the
+    environment as its ``reward_weights``, where it weighs reward functions of TRL's kind (it sets
+    ``takes_reward_weights``: ``FunctionEnvironment``, ``TRLEnvironmentTeam``); refused with one line elsewhere, so
+    that no weight is accepted and then ignored."""
+    weights = getattr(config, "reward_weights", None)
+    if weights is None:
+        return
+    env_cls = resolve_environment(recipe.environment)
+    if not getattr(env_cls, "takes_reward_weights", False):
+        raise RecipeError(f"reward_weights: {env_cls.__name__} has no list of reward functions to weigh (TRL's "
+                          "reward_weights weighs reward functions, as FunctionEnvironment's reward_fns / reward_funcs "
+                          "and TRLEnvironmentTeam's reward_fns are); set its own weights in env_kwargs, where it has "
+                          "some, and leave reward_weights out")
+    weights = [float(w) for w in weights]
+    given = recipe.env_kwargs.get("reward_weights")
+    if given is not None and [float(w) for w in given] != weights:
+        raise RecipeError(f"reward_weights {weights} and env_kwargs.reward_weights {list(given)} differ; give one")
+    recipe.env_kwargs = {**recipe.env_kwargs, "reward_weights": weights}
 
 
 def environment_factory(recipe: RecipeArguments):

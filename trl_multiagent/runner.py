@@ -37,6 +37,7 @@ from .recipe import (
     environment_factory,
     finish_distributed,
     held_out_tasks,
+    pass_reward_weights,
 )
 from .trainers.outputs import write_run_status
 
@@ -60,6 +61,7 @@ class Run:
     def prepare(self) -> None:
         """Every check that needs no model (each failure is a :class:`RecipeError` naming the problem)."""
         recipe, config = self.recipe, self.config
+        pass_reward_weights(recipe, config)
         self.env_cls, self.env_factory, probe = environment_factory(recipe)
         self.specs = build_team(recipe, probe.agents)
         if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:
@@ -97,11 +99,16 @@ class Run:
                                             "sequential" if sequential else "parallel")
         except (ValueError, TypeError, ImportError) as exc:
             raise RecipeError(f"evaluator {recipe.evaluator!r}: {exc}") from exc
-        methods = [m for m in recipe.eval_methods if m in self.evaluator.methods]
-        extra = [m for m in recipe.eval_methods if m not in self.evaluator.methods]
+        # aliases (the math team's single) become their methods and 'alone' every agent-alone baseline
+        resolved = self.evaluator.resolve_methods(recipe.eval_methods)
+        methods = [m for m in resolved if m in self.evaluator.methods]
+        extra = [m for m in resolved if m not in self.evaluator.methods]
         if extra and "eval_methods" in self.given:
+            asks_alone = any(m == "alone" or recipe_module.ALONE_METHOD.fullmatch(m) for m in extra)
+            alone = f"; {type(probe).__name__} scores no agent alone (no score_alone), so it has no <agent>_alone" \
+                if asks_alone and not self.evaluator.alone else ""
             raise RecipeError(f"eval_methods: the {self.evaluator.name} evaluation has the methods "
-                              f"{list(self.evaluator.methods)}, not {extra}")
+                              f"{list(self.evaluator.methods)}, not {extra}{alone}")
         if not methods:
             methods = ["team"]
         self.methods = methods
@@ -251,6 +258,9 @@ class Run:
                                               "num_samples_per_method": dict(self.method_samples)},
                 task_sets=task_sets_of(self.tasks), tasks=self.tasks)
             team = section["methods"].get("team", {})
+            if section.get("baseline_means"):
+                logger.info("baselines before training (%s): %s; the best: %s", metric, ", ".join(
+                    f"{m} {v:.4f}" for m, v in section["baseline_means"].items()), section["best_baseline"])
             if "gain" in team:
                 logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],
                             team["after"]["mean"], team["gain"]["mean"], team["gain"]["ci95"])

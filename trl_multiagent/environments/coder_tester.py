@@ -49,6 +49,10 @@ both run with the setup of the golden tests (which binds ``candidate``). Outcome
 in a cache that clones share, so the K candidates of one agent and later turns re-run only what is new; a program
 that does not parse is never run.
 
+Alone (the held-out evaluation's ``coder_alone`` baseline, :meth:`CoderTesterEnv.score_alone`): the coder's code
+is the team's answer, so the coder alone is scored as the team is, by the golden pass rate of its first code. The
+tester's tests answer no task (the team's answer is code), so there is no ``tester_alone``.
+
 Data: :meth:`CoderTesterEnv.make_dataset` gives the HumanEval problems of a split (``train``: 131 problems, ``test``:
 33; the fixed rule of :func:`trl_multiagent.environments.coding.split_of`).
 """
@@ -221,6 +225,8 @@ class CoderTesterEnv(Environment):
     required_columns = ("prompt", "entry_point", "test", "canonical_solution")
     concurrent_steps = True
     supports_partial_actions = True
+    #: The agents whose answer alone the team's reward scores (:meth:`score_alone`).
+    alone_agents = ("coder",)
 
     def __init__(self, max_turns: int = 3, sandbox: SandboxConfig | Mapping | None = None, max_tests: int = 10,
                  coder_weights: Mapping[str, float] | None = None,
@@ -388,6 +394,14 @@ class CoderTesterEnv(Environment):
             return self.first_prompts["tester"]
         return TESTER_REVISION.format(first_prompt=self.first_prompts["tester"], tests=tests, code=code,
                                       report=self._report(on_generated, False))
+
+    def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
+        """The coder's first-turn ``response`` on ``task`` as the team's code (the ``coder_alone`` baseline): one
+        step with only the coder acting, whose team reward is the golden pass rate."""
+        if agent not in self.alone_agents:
+            raise ValueError(f"{type(self).__name__} scores only {list(self.alone_agents)} alone, not {agent!r}")
+        self.reset(task)
+        return self.step({agent: response})
 
     def clone(self) -> CoderTesterEnv:
         return copy.deepcopy(self)

@@ -14,6 +14,9 @@ previous answer and every other agent's previous answer, and writes an updated a
 * ``done``: after ``max_turns`` turns, or as soon as every agent gives the same answer (early stop, ``early_stop``);
 * ``info``: ``majority_accuracy``, ``agreed``, ``answered`` (fraction of agents with a boxed answer), ``accuracy``.
 
+Alone (the held-out evaluation's ``<agent>_alone`` baselines, :meth:`DebateEnv.score_alone`): one agent's first
+answer, scored as a debate's answer is (a majority vote over one answer is that answer's correctness).
+
 :attr:`DebateEnv.outcomes` keeps, per turn played, every agent's extracted answer, its answer-group key (agents with
 equal answers share a key) and its correctness; the debate sampler reads them for the incentives and the evaluation.
 
@@ -165,6 +168,17 @@ class DebateEnv(Environment):
                 "answered": sum(a is not None for a in answers) / len(answers)}
         return StepResult(team_reward=majority, next_prompts=None if done else self._revision_prompts(), done=done,
                           local_rewards={a: float(c) for a, c in zip(self.agents, correct)}, info=info)
+
+    def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
+        """``agent``'s first-turn ``response`` on ``task`` alone: the majority vote over its one answer, i.e. its
+        correctness (``majority_accuracy``, the team reward), and whether it gave an answer (``answered``)."""
+        if agent not in self.agents:
+            raise ValueError(f"{type(self).__name__} has the agents {list(self.agents)}, not {agent!r}")
+        self.reset(task)
+        correct = float(self.is_correct(response))
+        info = {"majority_accuracy": correct, "accuracy": correct,
+                "answered": float(self.extract_answer(response) is not None)}
+        return StepResult(team_reward=correct, done=True, local_rewards={agent: correct}, info=info)
 
     # ------------------------------------------------------------------------------------------- internals
     def _equal(self, a: str, b: str) -> bool:

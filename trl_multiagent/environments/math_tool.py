@@ -31,8 +31,10 @@ Rewards of one step (AT-GRPO Eq. 3 mixes them as ``alpha * team + local``):
 Teamwork measures in every step's ``info`` (read at the episode's last step in the held-out evaluation,
 ``final/<name>``): ``agreed``; ``<agent>_corrected`` (the agent's first answer was wrong, its latest is right: the
 other's answer corrected it) and ``<agent>_misled`` (first right, latest wrong). The held-out evaluation's baselines
-(``episode_baselines``) are one turn of the untrained bases: ``single`` (the reasoner alone) and ``no_exchange`` (both
-agents answer once, without seeing each other's answer).
+are one turn of the untrained bases: each agent alone (:meth:`MathToolEnv.score_alone`: ``reasoner_alone``, once
+called ``single``, the reasoner's boxed answer; ``tool_alone``, the tool's program run in the sandbox and its printed
+answer; each scored as the team's answer is) and ``no_exchange`` (``episode_baselines``: both agents answer once,
+without seeing each other's answer, the team's answer by the rule above).
 
 The paper's coefficients were lost in our copy of the text; these weights are this project's choice and can be
 changed with ``reasoner_weights`` / ``tool_weights``. Partial actions (``{"reasoner": ...}`` or ``{"tool": ...}``,
@@ -111,9 +113,12 @@ class MathToolEnv(Environment):
     """
 
     agents = ("reasoner", "tool")
-    #: The inference-time baselines of the held-out evaluation (one turn of the untrained bases): the reasoner alone,
-    #: and both agents answering once without an exchange (the team's answer by the rule above).
-    episode_baselines = {"single": ("reasoner",), "no_exchange": ("reasoner", "tool")}
+    #: The inference-time baseline of the held-out evaluation besides each agent alone (:meth:`score_alone`): one
+    #: turn of the untrained bases, both agents answering once without an exchange (the team's answer by the rule
+    #: above).
+    episode_baselines = {"no_exchange": ("reasoner", "tool")}
+    #: ``single``, the name of the reasoner-alone baseline before every agent had one, still names it.
+    method_aliases = {"single": "reasoner_alone"}
     max_turns = 3
     required_columns = ("question", "answer")
     concurrent_steps = True
@@ -209,6 +214,16 @@ class MathToolEnv(Environment):
         next_prompts = None if done else {a: self._prompt(a) for a in self.agents}
         return StepResult(team_reward=float(team_correct), next_prompts=next_prompts, done=done,
                           local_rewards=local, info=info)
+
+    def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
+        """``agent``'s first-turn ``response`` on ``task`` as the team's answer (the held-out evaluation's
+        ``<agent>_alone`` baselines): the reasoner's boxed answer, or the tool's program run in the sandbox and its
+        last printed line; the other agent has not answered, so by the team's rule the answer is this agent's and
+        ``team_correct`` (the team reward) is its correctness. The step's ``info`` is the team's, one turn in."""
+        if agent not in self.agents:
+            raise ValueError(f"{type(self).__name__} has the agents {list(self.agents)}, not {agent!r}")
+        self.reset(task)
+        return self.step({agent: response})
 
     def clone(self) -> MathToolEnv:
         return copy.deepcopy(self)

@@ -8,6 +8,8 @@
   :class:`DebateEvaluator` (MAPoRL's majority vote per turn), :class:`PipelineEvaluator` (MHGPO's accuracy, EM, F1),
   :class:`WritingEvaluator` (two writers against the four MAGRPO baselines, the writing reward and its components).
   :func:`make_evaluator` picks one for an environment.
+* :mod:`.alone`: every member alone as a baseline: an environment that scores one agent's answer (``score_alone``)
+  gets ``<agent>_alone`` (and ``<agent>_alone_turns``) methods in the episodes and debate evaluations.
 * :mod:`.report`: ``summary.json``'s ``evaluation`` section, ``report.md`` and ``reward_curve.png``, written in one
   place. The statistics it reports (the paired bootstrap, the @k metrics, the debate metrics) are pure functions of
   :mod:`trl_multiagent.metrics`, re-exported here.
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from ..metrics.at_k import KS, at_k_metrics, expected_max_at_k, pass_at_k
 from ..metrics.stats import bootstrap_interval, paired_bootstrap
 from ..utils import import_object
+from .alone import ALL_ALONE, alone_methods
 from .coding import BASELINES, METHODS, CodingEvaluator
 from .core import (
     TEAM,
@@ -82,9 +85,9 @@ def make_evaluator(name: str, env_factory: Callable, num_turns: int = 1, agent_o
 
 
 __all__ = [
-    "BASELINES", "EVALUATORS", "KS", "METHODS", "TEAM", "CodingEvaluator", "DebateEvaluator", "EpisodeEvaluator",
+    "ALL_ALONE", "BASELINES", "EVALUATORS", "KS", "METHODS", "TEAM", "CodingEvaluator", "DebateEvaluator", "EpisodeEvaluator",
     "EvalProgress", "Evaluator", "MethodOutput", "MethodResult", "PipelineEvaluator", "StageResult", "WritingEvaluator",
-    "at_k_metrics", "bootstrap_interval", "debate_metrics", "evaluate_debate", "evaluate_team", "evaluation_section",
+    "alone_methods", "at_k_metrics", "bootstrap_interval", "debate_metrics", "evaluate_debate", "evaluate_team", "evaluation_section",
     "evaluator_kind", "expected_max_at_k", "generate", "make_evaluator", "paired_bootstrap", "pass_at_k",
     "play_episodes", "run_programs", "success_rate", "summarize", "write_report", "write_run_outputs",
 ]

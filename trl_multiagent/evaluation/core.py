@@ -120,6 +120,10 @@ class Evaluator:
             training data come from a hub dataset (a recipe naming ``eval_dataset_split`` still wins).
         naive_is_untrained_team: the ``naive`` baseline plays the team's own single-turn prompts with the adapters
             off, so it is the untrained team in distribution (``eval_team_before_is_naive`` may reuse it).
+        alone: the baselines of one agent alone (:mod:`.alone`): method name -> (agent, turns); they are among
+            ``baselines`` too.
+        aliases: other names of methods (an older name -> the method), e.g. the math team's ``single`` for
+            ``reasoner_alone``.
     """
 
     name = "custom"
@@ -129,10 +133,26 @@ class Evaluator:
     default_num_tasks: int | None = 32
     own_held_out_split = False
     naive_is_untrained_team = False
+    alone: Mapping[str, tuple[str, int]] = {}
+    aliases: Mapping[str, str] = {}
 
     @property
     def methods(self) -> tuple[str, ...]:
         return (TEAM, *self.baselines)
+
+    def resolve_methods(self, names: Sequence[str]) -> list[str]:
+        """``names`` as methods of this evaluation, in order and without repeats: an alias becomes its method and
+        ``alone`` (:data:`~trl_multiagent.evaluation.alone.ALL_ALONE`) every alone method (it stays as it is when
+        there is none, so that whoever asked can be told). Unknown names are kept for the caller to report."""
+        from .alone import ALL_ALONE
+
+        out: list[str] = []
+        for name in names:
+            if name == ALL_ALONE and self.alone:
+                out.extend(self.alone)
+            else:
+                out.append(self.aliases.get(name, name))
+        return list(dict.fromkeys(out))
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
         raise NotImplementedError(f"{type(self).__name__} must implement program(method, tasks, num_samples)")
@@ -234,7 +254,8 @@ def run_programs(pool, programs: Mapping[str, Program], generation_config, max_b
     they are evaluated with fewer samples). Each program still sees draws from its own distribution, and within one
     program equal requests are never shared (they stay independent samples). While the pool's adapters compute
     nothing (``pool.adapters_are_identity()``, before training) adapters on and off are one distribution, so the
-    baselines share the team's draws too (the math team's ``single`` and ``no_exchange`` are then its first turn).
+    baselines share the team's draws too (the math team's ``reasoner_alone``, ``tool_alone`` and ``no_exchange`` are
+    then its first turn).
 
     Returns each program's output, the number of generation calls and the number of generated sequences.
     """
@@ -340,7 +361,8 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         pool: the team's :class:`~trl_multiagent.agents.AgentPool`.
         evaluator: how the tasks are played and scored.
         tasks: the held-out tasks (dataset rows).
-        methods: ``"team"`` and/or names in ``evaluator.baselines``.
+        methods: ``"team"`` and/or names in ``evaluator.baselines`` (an alias or ``alone`` is resolved by
+            :meth:`Evaluator.resolve_methods`; the results are keyed by the method's own name).
         num_samples: samples (episodes) per task and method: one number for every method, or one per method
             (a mapping from every name in ``methods``).
         generation_config: a ``transformers.GenerationConfig`` (greedy when ``None``, 128 new tokens).
@@ -355,15 +377,18 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
 
     if not tasks:
         raise ValueError("evaluate_team needs at least one task")
+    asked = list(methods)
+    methods = evaluator.resolve_methods(asked)
     unknown = [m for m in methods if m not in evaluator.methods]
     if unknown or not methods:
         raise ValueError(f"the {evaluator.name} evaluation has the methods {list(evaluator.methods)}, got "
-                         f"{list(methods)}")
+                         f"{asked}")
     if isinstance(num_samples, Mapping):
-        missing = [m for m in methods if m not in num_samples]
+        counts = {evaluator.aliases.get(m, m): n for m, n in num_samples.items()}
+        missing = [m for m in methods if m not in counts]
         if missing:
             raise ValueError(f"num_samples has no count for the method(s) {missing}")
-        samples = {m: num_samples[m] for m in methods}
+        samples = {m: counts[m] for m in methods}
     else:
         samples = {m: num_samples for m in methods}
     bad = {m: n for m, n in samples.items() if not isinstance(n, int) or n < 1}

@@ -8,6 +8,9 @@
   wrong -> wrong from turn t to t+1, and the Table 3-4 triples with the other agents' majority at t (Sec. 4.3).
 * **each agent alone**: every agent's accuracy at turn 1, where it answers the question alone (Remark 2), and its
   accuracy at every later turn.
+* **baselines** ``<agent>_alone`` (:mod:`.alone`): each agent's untrained base answering alone, its one answer
+  scored by :meth:`~trl_multiagent.environments.debate.DebateEnv.score_alone` (``majority_accuracy``: its
+  correctness), so that the best baseline includes the best single debater.
 
 The debates are played by :func:`~trl_multiagent.evaluation.episodes.play_episodes` (every live debate of every
 task in one generation call per turn), with sampling at the training temperature as the paper evaluates; the pure
@@ -25,6 +28,7 @@ from ..credit.maporl import fill_after_early_stop
 from ..environments.debate import DebateEnv, TurnOutcome
 from ..metrics.debate import majority_vote_accuracy, transition_fractions
 from ..metrics.stats import mean
+from .alone import alone_methods, play_alone
 from .core import TEAM, Evaluator, MethodOutput, Program
 from .episodes import by_task, episode_texts, play_episodes
 
@@ -97,11 +101,22 @@ class DebateEvaluator(Evaluator):
         if num_turns < 1:
             raise ValueError(f"num_turns must be at least 1, got {num_turns}")
         self.env_factory, self.num_turns, self.num_agents = env_factory, num_turns, len(probe.agents)
+        self.alone = alone_methods(probe, 1)
+        self.baselines = tuple(self.alone)
 
     def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
+        if method in self.alone:
+            return num_tasks * num_samples
         return num_tasks * num_samples * self.num_agents * self.num_turns
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
+        if method in self.alone:  # one debater's base, its one answer
+            episodes = yield from play_alone(self.env_factory, self.alone[method][0], tasks, num_samples)
+            records = [[{"majority_accuracy": float(ep.steps[0].info.get("majority_accuracy",
+                                                                         ep.steps[0].team_reward)),
+                         "answered": float(ep.steps[0].info.get("answered", 0.0))} for ep in eps]
+                       for eps in by_task(episodes, len(tasks))]
+            return MethodOutput(records, {}, episode_texts(episodes))
         if method != TEAM:
             raise ValueError(f"the debate evaluation has no method {method!r}")
         episodes = yield from play_episodes(self.env_factory, tasks, num_samples, self.num_turns)

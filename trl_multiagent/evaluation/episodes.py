@@ -15,8 +15,12 @@ previous agent's action.
 * ``turns``: the turns played.
 
 Environments may name inference-time baselines (``episode_baselines``: name -> the agents that act): each plays ONE
-turn of the bases (adapters off) with only those agents acting, e.g. the math team's ``single`` (the reasoner alone)
-and ``no_exchange`` (both agents answer once, without seeing each other's answer).
+turn of the bases (adapters off) with only those agents acting, e.g. the math team's ``no_exchange`` (both agents
+answer once, without seeing each other's answer). An environment that scores one agent's answer alone
+(``score_alone``, :mod:`.alone`) gets a baseline per agent, ``<agent>_alone`` (one turn of its base, scored as the
+team's answer; the math team's ``reasoner_alone``, once called ``single``, and ``tool_alone``), and
+``<agent>_alone_turns`` for the agents that can play a whole episode alone (``alone_multi_turn``). Their records
+are the team's (``return``, ``success``, ``final/<key>``, ``turns``), so every baseline is compared on the same metric.
 
 Every response is kept with its task, sample, turn, agent and the team reward of its step (:func:`episode_texts`)
 and written to ``eval_texts_<stage>.jsonl``. Its details hold the means of every turn's team reward and ``info``
@@ -35,6 +39,7 @@ from ..agents import Generation, GenerationRequest
 from ..environments.base import Environment, StepResult
 from ..environments.stepping import reset_env, step_all
 from ..metrics.stats import mean
+from .alone import alone_methods, play_alone
 from .core import TEAM, Evaluator, MethodOutput, Program
 
 
@@ -203,14 +208,33 @@ class EpisodeEvaluator(Evaluator):
         #: baseline name -> the agents that act in its one turn (the environment's ``episode_baselines``)
         self.baseline_agents = {name: tuple(agents) for name, agents in
                                 dict(getattr(env, "episode_baselines", None) or {}).items()}
-        self.baselines = tuple(self.baseline_agents)
+        self.alone = alone_methods(env, num_turns)
+        clash = sorted(set(self.alone) & set(self.baseline_agents))
+        if clash:
+            raise ValueError(f"{type(env).__name__}.episode_baselines names {clash}, the names of its agents-alone "
+                             "baselines (score_alone); rename them")
+        self.aliases = {k: v for k, v in dict(getattr(env, "method_aliases", None) or {}).items()
+                        if v in self.alone or v in self.baseline_agents}
+        self.baselines = (*self.alone, *self.baseline_agents)
 
     def expected_sequences(self, method: str, num_tasks: int, num_samples: int) -> int:
         if method in self.baseline_agents:
             return num_tasks * num_samples * len(self.baseline_agents[method])
+        if method in self.alone:
+            return num_tasks * num_samples * self.alone[method][1]
         return num_tasks * num_samples * self.num_agents * self.num_turns
 
     def program(self, method: str, tasks: Sequence[Mapping[str, Any]], num_samples: int) -> Program:
+        if method in self.alone:  # one agent's base alone: one turn scored by score_alone, or an episode
+            agent, turns = self.alone[method]
+            if turns == 1:
+                episodes = yield from play_alone(self.env_factory, agent, tasks, num_samples)
+            else:
+                episodes = yield from play_episodes(self.env_factory, tasks, num_samples, turns, use_adapter=False,
+                                                    acting=(agent,))
+            records = [[episode_record(ep) for ep in eps] for eps in by_task(episodes, len(tasks))]
+            details = {"team_reward": mean([s.team_reward for ep in episodes for s in ep.steps])}
+            return MethodOutput(records, {**details, **token_means(episodes)}, episode_texts(episodes))
         if method in self.baseline_agents:  # one turn of the bases (adapters off), the named agents acting
             episodes = yield from play_episodes(self.env_factory, tasks, num_samples, 1, use_adapter=False,
                                                 agent_order=self.agent_order, acting=self.baseline_agents[method])

@@ -5,7 +5,9 @@
 For every method and stage the section gives the mean of the headline metric over tasks with its 95% bootstrap
 interval; for the team the ``gain`` from before to after training, and ``gain_vs_best_baseline`` against the
 baseline with the highest mean before training, both ``{"mean": m, "ci95": [lo, hi]}`` from a paired bootstrap over
-tasks (:func:`~trl_multiagent.metrics.stats.paired_bootstrap`). Every other metric gets the same entries under
+tasks (:func:`~trl_multiagent.metrics.stats.paired_bootstrap`). The best baseline is chosen over every baseline
+evaluated, whatever agent's answer it scores (each agent alone, ``<agent>_alone``, among them: a team is worth its
+training only if it beats its best member alone); ``baseline_means`` lists each one's mean before training. Every other metric gets the same entries under
 ``metrics``; aggregates that are not per-task means (pass@k for k > 1, transitions, per-turn means) are under
 ``details``. Held-out tasks that name their set (column ``held_out_set``, e.g. unseen operands and an unseen problem
 form) are also reported set by set (``held_out_sets``), and ``examples`` holds what the team wrote on five tasks
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..metrics.stats import DEFAULT_RESAMPLES, paired_bootstrap
+from .alone import ALONE_SUFFIX, TURNS_SUFFIX
 from .core import TEAM, StageResult, nan_to_none
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,18 @@ METHOD_NAMES = {
     "discussion": "one-round discussion",
     "no_exchange": "agents answer once, no exchange",
 }
+
+
+def method_label(method: str) -> str:
+    """A method's name in ``report.md``: :data:`METHOD_NAMES`, ``<agent> alone`` for ``<agent>_alone`` and
+    ``<agent> alone, every turn`` for ``<agent>_alone_turns``, else the name itself."""
+    if method in METHOD_NAMES:
+        return METHOD_NAMES[method]
+    if method.endswith(TURNS_SUFFIX):
+        return f"{method.removesuffix(TURNS_SUFFIX)} alone, every turn"
+    if method.endswith(ALONE_SUFFIX):
+        return f"{method.removesuffix(ALONE_SUFFIX)} alone"
+    return method
 
 
 def summarize(stages: Mapping[str, StageResult], metric: str, baselines: Sequence[str] = (),
@@ -77,12 +92,18 @@ def summarize(stages: Mapping[str, StageResult], metric: str, baselines: Sequenc
     return out
 
 
+def baseline_means(before: StageResult, metric: str, baselines: Sequence[str]) -> dict[str, float]:
+    """Every evaluated baseline's mean of ``metric`` before training (the ones without it, or NaN, left out)."""
+    means = {b: before.methods[b].mean(metric) for b in baselines
+             if b in before.methods and metric in before.methods[b].samples}
+    return {b: m for b, m in means.items() if not math.isnan(m)}
+
+
 def best_baseline(before: StageResult, metric: str, baselines: Sequence[str]) -> str | None:
-    """The baseline with the highest mean of ``metric`` before training (``None`` without baselines)."""
-    scored = [(before.methods[b].mean(metric), b) for b in baselines
-              if b in before.methods and metric in before.methods[b].samples]
-    scored = [(m, b) for m, b in scored if not math.isnan(m)]
-    return max(scored, key=lambda mb: mb[0])[1] if scored else None
+    """The baseline with the highest mean of ``metric`` before training, over all of ``baselines`` whatever agent's
+    answer each scores (the first of equals; ``None`` without baselines)."""
+    means = baseline_means(before, metric, baselines)
+    return max(means, key=means.get) if means else None
 
 
 def _interval(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,6 +131,7 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
         "decoding": dict(decoding),
         "baselines": [b for b in baselines if any(b in s.methods for s in stages.values())],
         "best_baseline": best_baseline(before, metric, baselines) if before is not None else None,
+        "baseline_means": baseline_means(before, metric, baselines) if before is not None else {},
         "bootstrap": {"resamples": num_resamples, "alpha": 0.05, "seed": seed, "paired_by": "task",
                       "task_value": "mean over the task's samples"},
         "stages": {s: {"wall_time_s": st.wall_time_s, "generated_sequences": st.generated_sequences,
@@ -128,6 +150,7 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
             section["held_out_sets"][name] = {
                 "held_out_tasks": len(indices),
                 "best_baseline": best_baseline(sub_before, metric, baselines) if sub_before is not None else None,
+                "baseline_means": baseline_means(sub_before, metric, baselines) if sub_before is not None else {},
                 "methods": summarize(subsets, metric, baselines, num_resamples, seed),
             }
     return section
@@ -177,7 +200,7 @@ def _samples_text(ev: Mapping[str, Any]) -> str:
     """``4 sample(s) per task and method``, or the count of each method when they differ."""
     per_method = ev.get("num_samples_per_method") or {}
     if len(set(per_method.values())) > 1:
-        return "samples per task: " + ", ".join(f"{METHOD_NAMES.get(m, m)} {n}" for m, n in per_method.items())
+        return "samples per task: " + ", ".join(f"{method_label(m)} {n}" for m, n in per_method.items())
     return f"{ev['num_samples']} sample(s) per task and method"
 
 
@@ -272,36 +295,38 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
             "|---|---|---|---|---|",
         ]
         for method, entry in ev["methods"].items():
-            label = METHOD_NAMES.get(method, method) + (" (best baseline)" if method == best else "")
+            label = method_label(method) + (" (best baseline)" if method == best else "")
             vs = entry.get("gain_vs_best_baseline")
             vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
             lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
                          f"{_cell(entry.get('gain'), True)} | {vs_text} |")
+        lines += _baselines_line(ev.get("baseline_means") or {}, best)
         for name, held in ev.get("held_out_sets", {}).items():
             lines += ["", f"### Held-out set `{name}` ({held['held_out_tasks']} tasks)", "",
                       "| method | before training | after training | gain | gain vs best baseline |",
                       "|---|---|---|---|---|"]
             for method, entry in held["methods"].items():
-                label = METHOD_NAMES.get(method, method) + \
+                label = method_label(method) + \
                     (" (best baseline)" if method == held.get("best_baseline") else "")
                 vs = entry.get("gain_vs_best_baseline")
                 vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
                 lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
                              f"{_cell(entry.get('gain'), True)} | {vs_text} |")
+            lines += _baselines_line(held.get("baseline_means") or {}, held.get("best_baseline"))
         if ev.get("team_before_is_naive"):
             lines += ["", "The team before training is the naive-concatenation baseline's result (fresh LoRA adapters "
                           "have B = 0, so the untrained team IS the bases with the team's prompts)."]
         lines += ["", "### Every metric", "", "| method | metric | before | after | gain |", "|---|---|---|---|---|"]
         for method, entry in ev["methods"].items():
             for name, item in entry.get("metrics", {}).items():
-                lines.append(f"| {METHOD_NAMES.get(method, method)} | {name} | {_cell(item.get('before'))} | "
+                lines.append(f"| {method_label(method)} | {name} | {_cell(item.get('before'))} | "
                              f"{_cell(item.get('after'))} | {_cell(item.get('gain'), True)} |")
         detail_rows = [(m, s, k, v) for m, entry in ev["methods"].items()
                        for s, d in entry.get("details", {}).items() for k, v in d.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if detail_rows:
             lines += ["", "### Details", "", "| method | stage | value | |", "|---|---|---|---|"]
-            lines += [f"| {METHOD_NAMES.get(m, m)} | {s} | {k} | {_fmt(v)} |" for m, s, k, v in detail_rows]
+            lines += [f"| {method_label(m)} | {s} | {k} | {_fmt(v)} |" for m, s, k, v in detail_rows]
         lines += _examples_markdown(ev.get("examples") or [])
         stage_times = ", ".join(f"{s} {st['wall_time_s']:.0f} s ({st['generate_calls']} generation calls)"
                                 for s, st in ev.get("stages", {}).items())
@@ -313,6 +338,16 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
         lines += [f"Whole run: {summary['wall_time_s']:.0f} s."]
     Path(md_path).write_text("\n".join(lines) + "\n")
     return Path(md_path)
+
+
+def _baselines_line(means: Mapping[str, Any], best: str | None) -> list[str]:
+    """One sentence naming every baseline's mean before training, highest first, and the best one."""
+    if not means:
+        return []
+    ranked = sorted(means.items(), key=lambda kv: -kv[1] if isinstance(kv[1], (int, float)) else math.inf)
+    listed = "; ".join(f"{method_label(m)} {_fmt(v)}" for m, v in ranked)
+    return ["", f"Baselines before training, highest first: {listed}. The best baseline ({method_label(best)}) is "
+                "the highest of them all, whatever agent's answer it scores."] if best else []
 
 
 def _examples_markdown(examples: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -31,6 +31,11 @@ Rewards (AT-GRPO Appendix B): the sampler mixes them as ``r_i = alpha * team + l
   agent's local reward is ``1[its output is validly formatted]``: for the plan, its answer parses; for the tool,
   its code ran to the end and its stdout parses as a proposal.
 
+Alone (the held-out evaluation's baselines, :meth:`ToolPlanGameEnv.score_alone`): ``plan_alone`` is one plan step
+on the initial state; ``tool_alone`` runs the tool's program and executes its proposal verbatim, as the plan would,
+``success`` being whether that solves the game; ``plan_alone_turns`` (``alone_multi_turn``) is the plan agent alone
+for the whole turn budget, each answer applied to the state its previous one left.
+
 The text extraction of the paper lost the coefficients of Appendix B, so the weights in each game's docstring are
 this library's choice; the components follow the paper's descriptions.
 
@@ -292,6 +297,8 @@ class ToolPlanGameEnv(Environment):
     concurrent_steps = True  # the tool's step waits on a sandbox subprocess
     supports_partial_actions = True
     game = "game"
+    #: The plan agent alone can play a whole episode (its steps advance the turn); the tool's cannot.
+    alone_multi_turn = (PLAN,)
 
     def __init__(self, max_turns: int = 4, reward_mode: str = "shaped",
                  sandbox: SandboxConfig | Mapping[str, Any] | None = None, cache_tool_runs: bool = True):
@@ -462,6 +469,19 @@ class ToolPlanGameEnv(Environment):
         info.update({f"reward/{a}": v for a, v in local.items()})
         return StepResult(team_reward=float(team), next_prompts=None if self.done else self.prompts(),
                           done=self.done, local_rewards=local, info=info)
+
+    def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
+        """``agent``'s first-turn ``response`` on ``task`` as the team's answer (the ``<agent>_alone`` baselines):
+        the plan's answer applied to the initial state (one plan step), or the tool's proposal executed verbatim:
+        the tool-only step (its team reward is already that counterfactual) with ``success`` the proposal's."""
+        if agent not in self.agents:
+            raise ValueError(f"{type(self).__name__} has the agents {list(self.agents)}, not {agent!r}")
+        self.reset(task)
+        result = self.step({agent: response})
+        if agent == TOOL:
+            result.info["success"] = float(self.outcome_solves(self.tool_report.outcome))
+            result.done, result.next_prompts = True, None
+        return result
 
     # ---------------------------------------------------------------- data
     @classmethod
