@@ -109,6 +109,21 @@ def test_disagreement_rewards_and_next_prompts():
     assert "7/2" not in reasoner.replace("7 / 2", "") and "7/2" not in tool.replace("7 / 2", "")  # gold never shown
 
 
+def test_the_team_can_submit_the_tools_answer_while_the_two_disagree():
+    env = MathToolEnv(max_turns=1, final_answer="tool")
+    env.reset(TASK)
+    result = env.step({"reasoner": "7 - 3 = 4, so \\boxed{4}", "tool": TOOL_FLOAT})
+    # the same disagreement as above: the tool's printed 3.5 equals 7/2, so the team is right; the local rewards are
+    # the agents' own, whoever answers for the team
+    assert result.team_reward == 1.0 and result.info["team_correct"] == 1.0 and result.done
+    assert result.local_rewards == {"reasoner": pytest.approx(0.2), "tool": pytest.approx(1.0)}
+    env.reset(TASK)  # a program that prints nothing: the reasoner's answer is the team's
+    result = env.step({"reasoner": "\\boxed{7/2}", "tool": "```python\nx = 1\n```"})
+    assert result.team_reward == 1.0 and result.info["tool_executes"] == 0.0
+    with pytest.raises(ValueError, match="final_answer must be one of"):
+        MathToolEnv(final_answer="judge")
+
+
 def test_teamwork_measures_say_who_the_exchange_corrected_or_misled():
     env = MathToolEnv(max_turns=3)
     env.reset(TASK)

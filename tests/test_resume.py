@@ -1,5 +1,6 @@
 """Crash and resume: a recipe run killed with SIGKILL and resumed from its last checkpoint ends exactly where an
-uninterrupted run of the same seed ends.
+uninterrupted run of the same seed ends; so does a run that stopped at a smaller max_steps and is continued with
+`--resume_from_checkpoint true` (or `last`), which means the last complete checkpoint of output_dir.
 
 Runs are subprocesses of `recipes/magrpo.py` on the tiny A/B model (tests/configs/tiny_matrix_game.yaml). The run to
 be killed goes through a small wrapper that blocks (sleeps) at the start of step 6, i.e. after checkpoint-4 was
@@ -16,7 +17,9 @@ seeds before creating the LoRA adapters (otherwise two runs of one seed start fr
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.cli_harness import CommandRunner
+from tests.test_cli import assert_clean_error
+from trl_multiagent.trainers.outputs import OutputDirError, resolve_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tests/configs/tiny_matrix_game.yaml"
@@ -164,3 +171,100 @@ def test_resume_mid_rollout_reuse_keeps_the_cycle(tiny_ab_model, tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     # steps 1-3 are the first run's lines (kept); 4 re-rolls (lost buffer); 5 and 6 are in phase again
     assert [("reward" in r) for r in records] == [True, False, True, True, True, False]
+
+
+# ------------------------------------------------------------------------------------------------ true / last
+def _checkpoint(out: Path, step: int, complete: bool = True) -> Path:
+    path = out / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / "trainer_state.json").write_text("{}")  # written last by a checkpoint's save
+    return path
+
+
+def test_true_and_last_mean_the_last_complete_checkpoint(tmp_path, caplog):
+    out = tmp_path / "run"
+    _checkpoint(out, 2)
+    ten = _checkpoint(out, 10)  # by step, not by name: checkpoint-10 comes after checkpoint-9
+    _checkpoint(out, 9)
+    (out / "checkpoint-notes").mkdir()
+    for value in ("true", "True", "TRUE", "last", "Last", " true ", True):
+        assert resolve_checkpoint(value, out) == str(ten), value
+    for value in (None, False, ""):
+        assert resolve_checkpoint(value, out) is None
+    assert resolve_checkpoint(str(out / "checkpoint-9"), out) == str(out / "checkpoint-9")  # a path stays as given
+    # a later checkpoint whose save was cut short (no trainer_state.json) is passed over, with a warning
+    _checkpoint(out, 12, complete=False)
+    caplog.set_level(logging.WARNING, logger="trl_multiagent.trainers.outputs")
+    assert resolve_checkpoint("last", out) == str(ten)
+    assert "passing over checkpoint-12 (no trainer_state.json: the save was cut short); resuming from checkpoint-10" \
+        in caplog.text
+
+
+def test_true_without_a_checkpoint_names_the_ways_on(tmp_path):
+    with pytest.raises(OutputDirError, match=r"output_dir .*missing' does not exist, so there is no checkpoint"):
+        resolve_checkpoint("true", tmp_path / "missing")
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "summary.json").write_text("{}")
+    (finished / "run_status.json").write_text(json.dumps({"status": "finished"}))
+    with pytest.raises(OutputDirError) as info:
+        resolve_checkpoint("last", finished)
+    assert str(info.value) == (
+        f"resume_from_checkpoint=last (the last checkpoint of output_dir): no checkpoint-* folder in {str(finished)!r}."
+        " It holds a finished run (run_status.json, summary.json), which cannot be continued without a checkpoint (a "
+        "run writes them with save_strategy 'steps' and save_steps). Choose another --output_dir for a new run, or "
+        "pass --overwrite_output_dir true (without --resume_from_checkpoint) to train again in this one.")
+    _checkpoint(finished, 4, complete=False)
+    with pytest.raises(OutputDirError, match=r"no complete checkpoint in .* \(no trainer_state.json in checkpoint-4: "
+                                             r"the saves were cut short\)"):
+        resolve_checkpoint("true", finished)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    runner = CommandRunner(timeout=300)
+    yield runner
+    runner.close()
+
+
+def test_resume_last_without_a_checkpoint_is_one_error_before_any_model_loads(cli, tmp_path):
+    out = tmp_path / "done"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    # a model that does not exist: the resume error comes first, so no model was looked for
+    result = cli(["train", "--config", CONFIG, "--model", "tiny-model-that-does-not-exist", "--output_dir", out,
+                  "--resume_from_checkpoint", "last"])
+    assert_clean_error(result, "resume_from_checkpoint=last", "no checkpoint-* folder", "--output_dir",
+                       "--overwrite_output_dir true")
+
+
+@pytest.mark.slow
+def test_resume_true_or_last_continues_a_stopped_run_to_more_steps(cli, tiny_ab_model, tmp_path):
+    """A run stopped at max_steps 4 (checkpoints 2 and 4, final adapters, status finished), continued with
+    --resume_from_checkpoint true (and, in a copy, last) to max_steps 6, ends with the adapters of an uninterrupted
+    6-step run, bit for bit (a constant learning rate: a schedule over max_steps would differ between 4 and 6)."""
+    common = ["train", "--config", CONFIG, "--model", tiny_ab_model, "--save_strategy", "steps", "--save_steps", "2",
+              "--seed", "0", "--lr_scheduler_type", "constant", "--eval_stages", "[]"]
+
+    def run(*args):
+        result = cli([*common, *args])
+        assert result.returncode == 0, result.output[-6000:]
+        return result
+
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    run("--max_steps", "6", "--output_dir", reference)
+    run("--max_steps", "4", "--output_dir", stopped)
+    assert json.loads((stopped / "run_status.json").read_text())["status"] == "finished"
+    assert sorted(p.name for p in stopped.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    for value in ("true", "last"):
+        out = tmp_path / value
+        shutil.copytree(stopped, out)
+        result = run("--max_steps", "6", "--output_dir", out, "--resume_from_checkpoint", value)
+        assert f"resuming from {out / 'checkpoint-4'}" in result.stderr
+        assert [r["step"] for r in _step_records(out)] == [1, 2, 3, 4, 5, 6]
+        assert json.loads((out / "summary.json").read_text())["global_step"] == 6
+        for want, got in zip(_step_records(reference), _step_records(out)):
+            assert _untimed(got) == _untimed(want), f"step {want['step']}"
+        _assert_same_adapters(reference, out)
+        _assert_same_adapters(reference / "checkpoint-6", out / "checkpoint-6")

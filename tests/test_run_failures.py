@@ -49,6 +49,7 @@ def base(tiny_ab_model, tmp_path):
     (["--save_steps", "-3"], ["save_steps", "-3"]),
     (["--save_total_limit", "0"], ["save_total_limit", "got 0"]),
     (["--warmup_steps", "-2"], ["warmup_steps", "-2"]),
+    (["--max_nonfinite_updates_in_a_row", "-1"], ["max_nonfinite_updates_in_a_row", "-1", "integer >= 0"]),
 ])
 def test_last_bad_inputs_fail_before_the_model_loads(cli, base, args, needles):
     assert_clean_error(cli(base + args), *needles)

@@ -24,17 +24,17 @@ import re
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from .adapter_files import load_pool_adapters, save_pool_adapters
 from .agent_spec import AgentSpec, check_critics, check_team, spec_record  # noqa: F401  (the public import path)
 from .critics import CriticSpec, ValueHead, select_head
 from .generation import (  # noqa: F401  (Generation and GenerationRequest are re-exported)
@@ -555,50 +555,14 @@ class AgentPool(nn.Module):
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:
         """Write every policy's adapter to ``<directory>/adapters/<policy>/`` (every critic's adapter and value head
-        to ``<directory>/adapters/<critic>/``) and the team layout to ``team.json``."""
-        root = Path(directory) / "adapters"
-        for policy, info in self.policies.items():
-            base = self.bases[info.base_key]
-            target = root / policy
-            target.mkdir(parents=True, exist_ok=True)
-            state = get_peft_model_state_dict(base, adapter_name=policy)
-            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-                      str(target / "adapter_model.safetensors"))
-            base.peft_config[policy].save_pretrained(str(target))
-        for name, info in self.critics.items():
-            target = root / name
-            target.mkdir(parents=True, exist_ok=True)
-            if not info.spec.share_adapter:
-                base = self.bases[info.base_key]
-                state = get_peft_model_state_dict(base, adapter_name=info.adapter)
-                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-                          str(target / "adapter_model.safetensors"))
-                base.peft_config[info.adapter].save_pretrained(str(target))
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.value_heads[name].state_dict().items()},
-                      str(target / "value_head.safetensors"))
-        team = {"agents": [spec_record(s) for s in self.specs.values()],
-                "critics": [asdict(c.spec) for c in self.critics.values()],
-                "bases": {k: {"model": m, "quantization": q} for k, (m, q) in self.base_sources.items()}}
-        (root / "team.json").write_text(json.dumps(team, indent=2))
+        to ``<directory>/adapters/<critic>/``) and the team layout to ``team.json``. Every tensor is checked finite
+        first: a NaN or infinite one raises :class:`~trl_multiagent.errors.NonFiniteAdapterError` with nothing
+        written (:mod:`trl_multiagent.adapter_files`)."""
+        save_pool_adapters(self, directory)
 
     def load_adapters(self, directory: str | Path) -> None:
         """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``."""
-        root = Path(directory) / "adapters"
-        adapters = [(p, info.base_key) for p, info in self.policies.items()]
-        adapters += [(c, info.base_key) for c, info in self.critics.items() if not info.spec.share_adapter]
-        for name, key in adapters:
-            path = root / name / "adapter_model.safetensors"
-            if not path.is_file():
-                raise FileNotFoundError(f"No adapter for {name!r} at {path}")
-            result = set_peft_model_state_dict(self.bases[key], load_file(str(path)), adapter_name=name)
-            unexpected = getattr(result, "unexpected_keys", [])
-            if unexpected:
-                raise RuntimeError(f"Adapter {path} does not fit {name!r}: unexpected keys {unexpected[:3]}")
-        for name in self.critics:
-            path = root / name / "value_head.safetensors"
-            if not path.is_file():
-                raise FileNotFoundError(f"No value head for critic {name!r} at {path}")
-            self.value_heads[name].load_state_dict(load_file(str(path)))
+        load_pool_adapters(self, directory)
         self._keep_all_adapters_trainable()
         if self.generation_backend is not None:
             self.generation_backend.mark_stale()

@@ -13,7 +13,9 @@ key gets the closest field names as suggestions.
 Every error before training (a bad value, file, environment argument, team, dataset, output directory or resume
 checkpoint; a model that is not available here) ends the command with ONE line ``<prog>: error: <message>`` on
 stderr and exit code 2, without a traceback (set ``TRL_MULTIAGENT_TRACEBACK=1`` to see one). Nothing is written
-before these checks pass, so no earlier result is touched.
+before these checks pass, so no earlier result is touched. An error of user code during the run
+(:class:`~trl_multiagent.errors.UserCodeError`) and a fault that ends a run (:class:`~trl_multiagent.errors.RunFault`:
+too many non-finite updates in a row, a non-finite adapter about to be saved) are one such line too, with exit code 1.
 
 The config classes extend TRL's ``GRPOConfig``, and importing them imports torch (10-20 s). ``--help`` and the errors
 of the recipe file, the trainer's name, unknown keys, value types and the recipe's own fields are answered from
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import recipe_fields
-from .errors import TRACEBACK_ENV, RecipeError, UserCodeError, fail_command, pre_training_errors
+from .errors import TRACEBACK_ENV, RecipeError, RunFault, UserCodeError, fail_command, one_line, pre_training_errors
 from .recipe import RecipeArguments, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
 from .recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
 
@@ -52,8 +54,8 @@ overridden on the command line: --field value (true/false for flags, JSON for ma
 --agents '[{"name": "aux"}, {"name": "main"}]'). An env: mapping in the recipe sets environment variables.
 
 output_dir is never overwritten silently: a directory that holds a finished or running run is refused. Resume it
-(--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one), choose another --output_dir, or
-pass --overwrite_output_dir true to replace its results."""
+(--resume_from_checkpoint <output_dir>/checkpoint-N, or true / last for the last complete one), choose another
+--output_dir, or pass --overwrite_output_dir true to replace its results."""
 
 
 class _RecipeParserBase:
@@ -354,10 +356,12 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
         return fail_command(prog, exc)
     try:
         return run.execute()
-    except UserCodeError as exc:  # the run's status says failed; the message names the task, turn, agents, frame
+    except (UserCodeError, RunFault) as exc:  # the run's status says failed, with this message
+        # user code: the message names the task, turn, agents and frame; a fault of the run (non-finite updates or
+        # adapters): what went wrong where, and the way on
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 1
 
 
@@ -372,7 +376,10 @@ def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str,
 
 COMMANDS = {"train": "train a team from a recipe (evaluating it before and after, as the recipe says)",
             "train-verifier": "sample, balance and train MAPoRL's learned verifier (App. E), save it and evaluate it "
-                              "on held-out solutions (trl_multiagent/verifier_training.py)"}
+                              "on held-out solutions (trl_multiagent/verifier_training.py)",
+            "train-single": "train each agent of a finished team run alone with TRL's GRPOTrainer on the team's "
+                            "budget and compare it with the team on the held-out tasks, paired by task "
+                            "(trl_multiagent/evaluation/single_agent.py)"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -396,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .verifier_training import train_verifier_command
 
         return train_verifier_command(rest, prog=f"{PROG} train-verifier")
+    if command == "train-single":
+        from .evaluation.single_agent import main as train_single
+
+        return train_single(rest, prog=f"{PROG} train-single")
     close = difflib.get_close_matches(command, sorted(COMMANDS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     hint += " (recipe options follow the command: train --config RECIPE.yaml)" if command.startswith("-") else ""

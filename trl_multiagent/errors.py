@@ -41,6 +41,22 @@ def pre_training_errors() -> tuple[type[BaseException], ...]:
     return kinds + ((models.ModelNotFoundError,) if models is not None else ())
 
 
+class RunFault(RuntimeError):
+    """A fault that ends a run while it trains, not caused by the recipe as written nor by user code: the command line
+    prints it as ONE line ``<prog>: error: <message>`` with exit code 1, without a traceback (as a
+    :class:`UserCodeError`), and the run's ``run_status.json`` says ``failed`` with the message."""
+
+
+class NonFiniteUpdateError(RunFault):
+    """Too many optimizer updates in a row had a NaN or infinite loss or gradient norm
+    (``max_nonfinite_updates_in_a_row``; :mod:`trl_multiagent.trainers.update_guard`)."""
+
+
+class NonFiniteAdapterError(RunFault):
+    """An adapter (or critic) about to be saved holds a NaN or infinite value: nothing was written, the files saved
+    before are left as they were (:func:`trl_multiagent.adapter_files.save_pool_adapters`)."""
+
+
 class UserCodeError(RuntimeError):
     """User code (an environment's ``reset`` / ``step``, a reward function or a tool it calls) raised during a run.
 

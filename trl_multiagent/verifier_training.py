@@ -53,7 +53,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .environments.stepping import reset_env
-from .errors import RecipeError, fail_command, pre_training_errors
+from .errors import RecipeError, RunFault, fail_command, pre_training_errors
 from .metrics.classification import accuracy_at_threshold, question_bootstrap, roc_auc
 from .provenance import machine_record
 from .verifier_config import (
@@ -479,7 +479,7 @@ def train_verifier_command(argv: Sequence[str], prog: str = PROG) -> int:
         return fail_command(prog, exc)
     try:
         run.execute()
-    except VerifierDataError as exc:
+    except (VerifierDataError, RunFault) as exc:  # RunFault: e.g. a non-finite verifier, not saved
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -21,7 +21,7 @@ Rewards of one step (AT-GRPO Eq. 3 mixes them as ``alpha * team + local``):
 
 * **team** = 1 when the team's answer equals the gold answer, else 0 (B.1: "sparse pass ... via numerical
   equality"). The team's answer is the agreed answer when the agents agree, otherwise the reasoner's boxed answer
-  (the tool's answer while the reasoner has none): the answer the team would submit if the episode stopped now, so
+  (the tool's answer while the reasoner has none; ``final_answer="tool"`` swaps the two): the answer the team would submit if the episode stopped now, so
   that at the last step it is the final answer.
 * **reasoner local** = masked convex combination (B.1) ``sum_k w_k s_k / sum_k w_k`` of ``s_format`` = 1 when the
   reply has a ``\\boxed{}`` answer (w = 0.2) and ``s_correct`` = 1 when that answer equals the gold one (w = 0.8).
@@ -110,6 +110,9 @@ class MathToolEnv(Environment):
         tool_weights: weights of the tool agent's local reward (:data:`TOOL_WEIGHTS` keys).
         max_answer_chars: longest answer compared (longer ones count as wrong outside the main thread).
         max_feedback_chars: longest solution, program or output shown in a next-turn prompt.
+        final_answer: whose answer the team submits while the two disagree: ``"reasoner"`` (default; AT-GRPO's
+            text leaves it open) or ``"tool"`` (the program's printed answer, the reasoner's while the program has
+            none). A team whose final word is its weaker member's throws the stronger member's answer away.
     """
 
     agents = ("reasoner", "tool")
@@ -133,7 +136,8 @@ class MathToolEnv(Environment):
     def __init__(self, max_turns: int = 3, sandbox: SandboxConfig | Mapping | None = None,
                  reasoner_weights: Mapping[str, float] | None = None,
                  tool_weights: Mapping[str, float] | None = None, max_answer_chars: int = 200,
-                 max_feedback_chars: int = 1500, accept_final_number: bool | None = None):
+                 max_feedback_chars: int = 1500, accept_final_number: bool | None = None,
+                 final_answer: str = "reasoner"):
         self.max_turns = need_int("max_turns", max_turns, minimum=1)
         self.accept_final_number = self.accepts_final_number if accept_final_number is None else \
             need_bool("accept_final_number", accept_final_number)
@@ -143,6 +147,9 @@ class MathToolEnv(Environment):
         self.tool_weights = merge_weights(need_weights("tool_weights", tool_weights), TOOL_WEIGHTS, "tool_weights")
         self.max_answer_chars = need_int("max_answer_chars", max_answer_chars, minimum=1)
         self.max_feedback_chars = need_int("max_feedback_chars", max_feedback_chars, minimum=1)
+        if final_answer not in self.agents:
+            raise ValueError(f"final_answer must be one of {list(self.agents)}, got {final_answer!r}")
+        self.final_answer = final_answer
         self._matches = _SharedCache()
         self.question, self.gold = "", ""
         self.first_prompts: dict[str, Prompt] = {}
@@ -192,7 +199,10 @@ class MathToolEnv(Environment):
         reasoner_correct = self._match(self.reasoner_answer, self.gold, (False, False))
         tool_correct = self._match(self.tool_answer, self.gold, (True, False))
         agreed = self._match(self.reasoner_answer, self.tool_answer, (False, True))
-        team_correct = reasoner_correct if self.reasoner_answer is not None else tool_correct
+        first, second = (reasoner_correct, tool_correct) if self.final_answer == "reasoner" else \
+            (tool_correct, reasoner_correct)
+        has_first = (self.reasoner_answer if self.final_answer == "reasoner" else self.tool_answer) is not None
+        team_correct = first if has_first else second
 
         local: dict[str, float] = {}
         if "reasoner" in acting:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import tempfile
 import time
@@ -62,11 +61,20 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
 )
 from .callbacks import MetricsFileCallback, TrainingProgressCallback
 from .compat import TeamTrainerSurface
-from .completions import append_rows, completion_rows, log_to_trackers, print_completions
+from .completions import record_completions
 from .learning_signal import note_learning_signal
 from .micro_batches import loss_mask, prompt_grouped_chunks, store_per_token, weighted_chunks  # noqa: F401
-from .outputs import check_checkpoint, check_output_dir, marked_running, write_run_status, write_summary
+from .outputs import (
+    check_checkpoint,
+    check_output_dir,
+    marked_running,
+    resolve_checkpoint,
+    write_run_status,
+    write_summary,
+)
 from .sharding import (
+    average_gradients,
+    average_stats,
     gathered_adapter_state,
     is_fsdp,
     layer_classes,
@@ -75,6 +83,7 @@ from .sharding import (
     sharded_adapter_loading,
     unsharded,
 )
+from .update_guard import add_skipped_updates, check_update, skips_optimizer_step
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +139,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self.agent_order = list(probe.agents)
         critics = self.build_critics(specs, args)
         check_context_length(specs, args.max_completion_length)
+        args.resume_from_checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)  # true -> a path
         check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
         check_checkpoint(args.resume_from_checkpoint, args.output_dir, sorted({s.policy for s in specs}),
                          [c.name for c in critics])
@@ -181,6 +191,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
             raise TypeError(f"environment() must return an Environment, got {type(probe).__name__}")
         validate_team_against_environment(agent_names, probe)
         check_dataset(probe, train_dataset)
+        weights = getattr(args, "reward_weights", None)
+        if weights is not None and list(map(float, weights)) != list(getattr(probe, "reward_weights", None) or []):
+            raise ValueError(f"reward_weights={list(weights)} in the config, but the environment weighs its own reward "
+                             f"functions ({type(probe).__name__}: {getattr(probe, 'reward_weights', 'no weights')}): "
+                             "pass the weights to the environment (FunctionEnvironment(..., reward_weights=...)) and "
+                             "leave the config's reward_weights None")
         num_turns = getattr(args, "num_turns", 1)
         if num_turns > probe.max_turns:
             logger.warning("num_turns=%d exceeds the environment's max_turns=%d; episodes end at the environment's "
@@ -233,6 +249,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
             @functools.wraps(step)
             def timed_step(*args, **kwargs):  # runs after training_step has logged: its time goes to the next step
+                if skips_optimizer_step(self):  # a non-finite loss or gradient norm (check_update)
+                    return None
                 with self.timed("optimizer"):
                     result = step(*args, **kwargs)
                 if self.pool.generation_backend is not None:  # vLLM: the new adapters are synced before the next rollout
@@ -246,16 +264,26 @@ class MultiAgentTrainer(TeamTrainerSurface):
         """Clip each policy's and each critic's gradient to ``max_grad_norm`` separately, so that one agent's large
         gradient never shrinks another agent's step. Logs every group's norm before clipping
         (``policy/<name>/grad_norm``, ``critic/<name>/grad_norm``) and returns the norm of all of them together
-        (logged as ``grad_norm``)."""
-        norms = []
+        (logged as ``grad_norm``); keeps the groups' norms for :meth:`check_update` (``group_grad_norms``)."""
+        norms, self.group_grad_norms = [], {}
         for group in self.pool.trainable_groups():
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm))  # FSDP: all shards
-            self.log_metric(f"{group['kind']}/{group['name']}/grad_norm", float(norm))
+            value = self.group_grad_norms[(group["kind"], group["name"])] = float(norm)
+            self.log_metric(f"{group['kind']}/{group['name']}/grad_norm", value)
             norms.append(norm.detach().float())
         return torch.stack(norms).pow(2).sum().sqrt() if norms else torch.zeros(())
+
+    def check_update(self, grad_norm) -> bool:
+        """Right before each optimizer step: skip the update if its loss or gradient norm is not finite (update_guard)."""
+        return check_update(self, grad_norm)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``GRPOTrainer.log``, with ``skipped_updates`` in the training logs once an update was skipped."""
+        add_skipped_updates(self, logs)
+        super().log(logs, start_time)
 
     # ------------------------------------------------------------------------------------------------ the step
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -269,7 +297,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         # with the task sampler, which hands out each chunk of tasks num_iterations times.
         if self.state.global_step % self.num_iterations == 0 or self._buffered_inputs is None:
             self._buffered_inputs = self.rollout(inputs)
-        loss = self.update(model, self._buffered_inputs)
+        loss = self.step_loss = self.update(model, self._buffered_inputs)  # check_update reads it
         self.log_metric("step_time", time.perf_counter() - start)
         for name, seconds in self._timings.items():  # where the step's time went (the optimizer's is logged apart)
             self.log_metric(f"time/{name}", seconds)
@@ -315,25 +343,11 @@ class MultiAgentTrainer(TeamTrainerSurface):
                             with self.pool.reference(policy) as ref_model:
                                 store_per_token(chunk, "ref_logps", self.logps(ref_model, batch), batch)
         if self.args.log_completions:
-            self.record_completions(experience, tasks)
-        for key, value in self.gather_stats(experience.stats).items():
+            record_completions(self, experience, tasks)
+        for key, value in average_stats(experience.stats, self.accelerator.num_processes).items():  # over processes
             self.log_metric(key, value)
         release_freed_memory()  # the generation caches are gone; keep their pages from pinning the heap
         return experience
-
-    def record_completions(self, experience: Experience, tasks: Sequence[Mapping[str, Any]]) -> None:
-        """``log_completions``: on logging steps, this step's joint actions go to ``completions.jsonl`` and the first
-        ``num_completions_to_print`` to the console (:mod:`~trl_multiagent.trainers.completions`); this process's
-        rollout only."""
-        step = self.state.global_step + 1  # the step being computed
-        every = self.state.logging_steps or self.args.logging_steps
-        if not self.accelerator.is_main_process or (every and step % max(1, int(every)) != 0):
-            return
-        rows = completion_rows(experience, tasks, step, self.pool.agent_names)
-        append_rows(rows, self.args.output_dir)
-        log_to_trackers(rows, self.pool.agent_names, step, self.args.report_to or [], self.callback_handler.callbacks)
-        if self.args.num_completions_to_print != 0:
-            print_completions(rows, self.pool.agent_names, self.args.num_completions_to_print)
 
     def sample(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """The sampler's rollout of ``tasks``, timed: ``rollout_time``, and within it ``time/generation`` (the pool's
@@ -353,19 +367,6 @@ class MultiAgentTrainer(TeamTrainerSurface):
         if generation > 0:
             self.log_metric("rollout_tokens_per_s", tokens / generation)
         return experience
-
-    def gather_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        """Rollout statistics averaged over processes (each process rolls out its own tasks). Keys may differ between
-        processes (e.g. ``turn/1/reward``): each key is the mean over the processes that have it."""
-        if self.accelerator.num_processes == 1:
-            return stats
-        gathered: list[dict[str, float] | None] = [None] * self.accelerator.num_processes
-        dist.all_gather_object(gathered, stats)
-        merged: dict[str, float] = {}
-        for key in dict.fromkeys(k for g in gathered for k in g):
-            values = [g[key] for g in gathered if key in g and not math.isnan(g[key])]
-            merged[key] = sum(values) / len(values) if values else math.nan
-        return merged
 
     def logps(self, model, batch, compute_entropy: bool = False):
         """Per-token log-probs of a collated batch's completion tokens (the one log-prob path); with
@@ -417,6 +418,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             for i, p in enumerate(plan):
                 chunk_counts[p], global_tokens[p] = int(maxed[i, 0]), float(summed[i, 1])
         total_loss = torch.zeros((), device=self.accelerator.device)
+        self.step_losses = dict.fromkeys(plan, 0.0)  # per policy, for check_update's warning
         try:
             with self.accelerator.no_sync(model) if sync_at_end else contextlib.nullcontext():
                 for policy in plan:
@@ -450,6 +452,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                             with self.timed("backward"):
                                 self.accelerator.backward(term)
                             total_loss = total_loss + term.detach()
+                            self.step_losses[policy] = self.step_losses[policy] + term.detach()
                     if self.prefix_store is not None:
                         with self.timed("backward"):
                             self.prefix_store.backward()
@@ -503,19 +506,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     def average_gradients_across_processes(self) -> None:
         """Average the gradients of every optimizer group (policies and critics) over processes, in one collective."""
-        groups = [g["params"] for g in self.pool.trainable_groups()]
-        used = torch.tensor([float(any(p.grad is not None for p in params)) for params in groups])
-        dist.all_reduce(used, op=dist.ReduceOp.MAX)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for params in groups for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        flat /= self.accelerator.num_processes
-        offset = 0
-        for params, was_used in zip(groups, used.tolist()):
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p).clone() if was_used else None
-                offset += n
+        average_gradients([g["params"] for g in self.pool.trainable_groups()], self.accelerator.num_processes)
 
     # ------------------------------------------------------------------------------------------------ batches
     @property
@@ -591,11 +582,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def train(self, resume_from_checkpoint=None, *args, **kwargs) -> TrainOutput:
         """Train, then write the final adapters and ``<output_dir>/summary.json``. ``run_status.json`` marks the
         output directory ``running`` meanwhile and ``finished`` at the end."""
+        resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)  # true -> a path
         check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies),
                          list(self.pool.critics))
         with marked_running(self.args.output_dir, self.args.should_save):  # "failed" with the error if it raises
             output = super().train(resume_from_checkpoint, *args, **kwargs)
-        self.save_model(self.args.output_dir)
+            self.save_model(self.args.output_dir)  # a non-finite adapter raises, writing nothing
         if self.args.should_save:
             write_summary(self, output)
             write_run_status(self.args.output_dir, "finished")

@@ -51,6 +51,13 @@ class MultiAgentConfig(GRPOConfig):
         overwrite_output_dir (`bool`, defaults to `False`):
             Replace the results of an earlier run in `output_dir`. Without it a run refuses a directory that holds
             another run's results, unless it resumes from one of its checkpoints.
+        resume_from_checkpoint (`str` or `None`, defaults to `None`):
+            A `checkpoint-<step>` folder to continue from, or `true` / `last` (any case) for the last complete one of
+            `output_dir` (resolved to its path before any model loads).
+        max_nonfinite_updates_in_a_row (`int`, defaults to `3`):
+            An optimizer update whose loss or gradient norm is NaN or infinite is skipped (no optimizer step, the
+            adapters unchanged; the step still counts), with a warning and the metric `skipped_updates`; this many
+            skipped in a row are tolerated, one more ends the run with one error. `0`: the first one ends it.
 
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
@@ -117,6 +124,17 @@ class MultiAgentConfig(GRPOConfig):
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Replace the results of an earlier run in output_dir. Without it, a run refuses an output_dir that "
                 "holds another run's results (unless it resumes from one of its checkpoints)."})
+    resume_from_checkpoint: str | None = field(default=None, metadata={
+        "help": "Continue a run from one of its checkpoints: a checkpoint-<step> folder, or true / last (any case) for "
+                "the last complete checkpoint-* of output_dir (one whose save finished; resolved to its path before "
+                "any model loads, an error when there is none). The optimizer, scheduler, RNG states and counters "
+                "are restored, so the run goes on as if never stopped; max_steps may be raised to train further."})
+    max_nonfinite_updates_in_a_row: int = field(default=3, metadata={
+        "help": "An optimizer update whose loss or gradient norm is NaN or infinite is skipped: its gradients are "
+                "dropped and the optimizer does not step, so the adapters stay as they were (the step still counts), "
+                "with a warning that counts them and the metric skipped_updates (updates skipped so far). This many "
+                "skipped updates in a row are tolerated; one more ends the run with one error (run_status.json: "
+                "failed). 0: the first non-finite update ends it."})
     num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent and branch point."})
     loss_type: str = field(default=RESPONSE_LOSS, metadata={
         "help": "Policy objective: 'response' (MAGRPO Eq. 2: clipped ratio of whole-response probabilities, gradient "
@@ -125,7 +143,10 @@ class MultiAgentConfig(GRPOConfig):
     use_bias_correction_kl: bool = field(default=False, metadata={
         "help": "TRL's importance-sampling correction of the KL term (TRL's default is True); the papers' KL is the "
                 "plain estimator."})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "Micro-batch of the update, in samples."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": (
+        "Micro-batch of the update, in samples (rows of every agent and turn) per forward/backward pass: a speed and "
+        "memory setting, the loss is the same. Unlike TRL's GRPOTrainer, where it counts the completions per device "
+        "and step, the step's size here is episodes_per_step tasks x num_generations samples (x agents x turns).")})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
     share_prompt_prefixes: bool | None = field(default=None, metadata={
@@ -179,6 +200,9 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError(f"num_turns must be at least 1, got {self.num_turns}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not isinstance(self.max_nonfinite_updates_in_a_row, int) or self.max_nonfinite_updates_in_a_row < 0:
+            raise ValueError("max_nonfinite_updates_in_a_row must be an integer >= 0 (0: the first non-finite update "
+                             f"ends the run), got {self.max_nonfinite_updates_in_a_row!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 or None, got {self.num_threads}")
         if self.dense_copy not in DENSE_COPY:

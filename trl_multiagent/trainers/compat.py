@@ -11,8 +11,8 @@ reads an attribute that :meth:`TeamTrainerSurface.set_grpo_state` does not set.
 Above this module the trainers use only public names: they call :meth:`~TeamTrainerSurface.trl_loss`,
 :meth:`~TeamTrainerSurface.token_logps` (also what TRL's own loss reaches, through the override of
 ``_get_per_token_logps_and_entropies``) and :meth:`~TeamTrainerSurface.log_metric`, and implement ``save_team``,
-``load_team`` and ``clip_gradients`` (:class:`~trl_multiagent.trainers.base.MultiAgentTrainer` does), which the
-overrides here call.
+``load_team``, ``clip_gradients`` and ``check_update`` (:class:`~trl_multiagent.trainers.base.MultiAgentTrainer`
+does), which the overrides here call.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ MIRRORED = {
                                             "dataloader_key: str | None = None) -> "
                                             "torch.utils.data.dataloader.DataLoader",
     "transformers.Trainer._clip_grad_norm": "(self, model)",
+    "transformers.Trainer._get_grad_norm": "(self, model, grad_norm=None)",
     "trl.GRPOTrainer._compute_loss": "(self, model, inputs)",
     "trl.GRPOTrainer._get_per_token_logps_and_entropies": "(self, model, input_ids, attention_mask, logits_to_keep, "
                                                           "batch_size=None, compute_entropy=False, "
@@ -151,6 +152,14 @@ class TeamTrainerSurface(GRPOTrainer):
         """Mirrors ``transformers.Trainer._clip_grad_norm``: :meth:`clip_gradients`."""
         self.accelerator.unscale_gradients()
         return self.clip_gradients()
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """Mirrors ``transformers.Trainer._get_grad_norm``, which the training loop calls once per optimizer step
+        whatever ``max_grad_norm`` (after :meth:`_clip_grad_norm`, right before ``optimizer.step()``): the norm as
+        transformers returns it, after :meth:`check_update` saw it (a non-finite loss or norm skips the update)."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        self.check_update(grad_norm)
+        return grad_norm
 
     # ------------------------------------------------------------------------------------------------ calls into TRL
     def trl_loss(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

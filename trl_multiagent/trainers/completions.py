@@ -158,3 +158,18 @@ def log_to_trackers(rows: Sequence[dict], agents: Sequence[str], step: int, repo
                        "train/global_step": step})
             sent.append("wandb")
     return sent
+
+
+def record_completions(trainer, experience: Experience, tasks: Sequence[Mapping[str, Any]]) -> None:
+    """``log_completions``: on logging steps, this step's joint actions go to ``completions.jsonl`` and the first
+    ``num_completions_to_print`` to the console; ``trainer``'s process's rollout only (its main process writes)."""
+    step = trainer.state.global_step + 1  # the step being computed
+    every = trainer.state.logging_steps or trainer.args.logging_steps
+    if not trainer.accelerator.is_main_process or (every and step % max(1, int(every)) != 0):
+        return
+    agents = trainer.pool.agent_names
+    rows = completion_rows(experience, tasks, step, agents)
+    append_rows(rows, trainer.args.output_dir)
+    log_to_trackers(rows, agents, step, trainer.args.report_to or [], trainer.callback_handler.callbacks)
+    if trainer.args.num_completions_to_print != 0:
+        print_completions(rows, agents, trainer.args.num_completions_to_print)

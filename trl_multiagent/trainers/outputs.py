@@ -7,7 +7,8 @@ another run (a status file, ``summary.json``, ``adapters/`` or ``checkpoint-*``)
 its checkpoints or ``overwrite_output_dir`` is set; a directory whose run is still alive is refused even then. A
 status that says ``running`` for a process of this host that is gone is stale (the run crashed or was killed): the
 refusal says so, and a run allowed into the directory replaces it. A checkpoint to resume from is checked (its files
-exist and parse) before anything loads.
+exist and parse) before anything loads; ``resume_from_checkpoint`` ``true`` / ``last`` is first resolved to the path of
+the last checkpoint whose save completed (:func:`resolve_checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ logger = logging.getLogger(__name__)
 RUN_STATUS_FILE = "run_status.json"
 #: Files and folders that mean a directory holds (part of) a run's results.
 RESULT_MARKERS = (RUN_STATUS_FILE, "summary.json", "adapters")
+#: ``resume_from_checkpoint`` values (any case) that mean the last complete checkpoint of ``output_dir``.
+RESUME_LAST = ("true", "last")
+#: The file a checkpoint's save writes last (``transformers.Trainer._save_checkpoint``): without it the save was cut
+#: short.
+CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
 
 
 class OutputDirError(ValueError):
@@ -126,7 +132,9 @@ def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: 
     if run_is_alive(status):
         raise OutputDirError(f"output_dir {str(path)!r} belongs to a run that is still running (pid {status['pid']}); "
                              "wait for it to end or choose another output_dir")
-    checkpoints = sorted(p.name for p in path.glob("checkpoint-*"))
+    by_step = sorted(path.glob("checkpoint-*"), key=lambda p: (_checkpoint_step(p) or -1, p.name))
+    checkpoints = [p.name for p in by_step]
+    complete = [p.name for p in by_step if (p / CHECKPOINT_COMPLETE_MARKER).is_file()]
     if resume_from_checkpoint or overwrite:
         if run_is_stale(status):
             logger.warning("output_dir %s: %s; its status is replaced by this run's", path, _describe_status(status))
@@ -135,27 +143,77 @@ def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: 
     found = [m for m in RESULT_MARKERS if (path / m).exists()] + checkpoints
     if found:
         what = _describe_status(status)
-        resume = ("Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last one: "
-                  f"{checkpoints[-1]}), " if checkpoints else "It has no checkpoint-* to resume from; ")
+        resume = ("Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last complete one: "
+                  f"{(complete or checkpoints)[-1]}), " if checkpoints else "It has no checkpoint-* to resume from; ")
         raise OutputDirError(
             f"output_dir {str(path)!r} already holds {what} ({', '.join(found[:4])}); it is never overwritten "
             f"silently. {resume}choose another --output_dir, or pass --overwrite_output_dir true to replace it.")
 
 
+def _checkpoint_step(path: Path) -> int | None:
+    suffix = path.name[len("checkpoint-"):]
+    return int(suffix) if suffix.isdigit() else None
+
+
+def last_complete_checkpoint(output_dir: str | Path, asked: str = "true") -> Path:
+    """The ``checkpoint-<step>`` folder of ``output_dir`` with the highest step whose save completed (it holds
+    :data:`CHECKPOINT_COMPLETE_MARKER`, written last); later ones whose save was cut short are skipped with a warning.
+    None at all is an :class:`OutputDirError` that names the ways on (``asked``: the value given, for the message)."""
+    path = Path(output_dir)
+    head = f"resume_from_checkpoint={asked} (the last checkpoint of output_dir)"
+    if not path.is_dir():
+        state = "is an existing file, not a directory" if path.exists() else "does not exist"
+        raise OutputDirError(f"{head}: output_dir {str(path)!r} {state}, so there is no checkpoint to resume from; "
+                             "start the run without --resume_from_checkpoint, or give the --output_dir of the run to "
+                             "continue")
+    checkpoints = sorted((p for p in path.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) is not None),
+                         key=_checkpoint_step, reverse=True)
+    complete = [p for p in checkpoints if (p / CHECKPOINT_COMPLETE_MARKER).is_file()]
+    cut_short = [p.name for p in checkpoints if complete and _checkpoint_step(p) > _checkpoint_step(complete[0])]
+    if complete:
+        if cut_short:
+            logger.warning("%s: passing over %s (no %s: the save was cut short); resuming from %s", head,
+                           ", ".join(cut_short), CHECKPOINT_COMPLETE_MARKER, complete[0].name)
+        return complete[0]
+    found = [m for m in RESULT_MARKERS if (path / m).exists()]
+    holds = (f" It holds {_describe_status(read_run_status(path))} ({', '.join(found)}), which cannot be continued "
+             "without a checkpoint (a run writes them with save_strategy 'steps' and save_steps)."
+             if found else "")
+    what = (f"no complete checkpoint in {str(path)!r} (no {CHECKPOINT_COMPLETE_MARKER} in "
+            f"{', '.join(p.name for p in checkpoints)}: the saves were cut short)" if checkpoints
+            else f"no checkpoint-* folder in {str(path)!r}")
+    raise OutputDirError(f"{head}: {what}.{holds} Choose another --output_dir for a new run, or pass "
+                         "--overwrite_output_dir true (without --resume_from_checkpoint) to train again in this one.")
+
+
+def resolve_checkpoint(checkpoint, output_dir: str | Path) -> str | None:
+    """``resume_from_checkpoint`` as the path of the checkpoint to resume from, or ``None`` for a fresh start.
+
+    ``True`` and the strings ``true`` and ``last`` (any case) mean the last complete checkpoint of ``output_dir``
+    (:func:`last_complete_checkpoint`), as ``True`` does in ``transformers.Trainer.train``; a command line gives the
+    string, which transformers would take for a path. The trainer calls this once, before any model loads, and hands
+    the path on to everything downstream (the checks, ``Trainer.train``, the runner), so that no later code sees
+    ``true``. A path is returned as given."""
+    if checkpoint in (None, False, ""):
+        return None
+    if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.strip().lower() in RESUME_LAST):
+        path = last_complete_checkpoint(output_dir, "true" if checkpoint is True else checkpoint.strip())
+        logger.info("resume_from_checkpoint=%s: resuming from %s", checkpoint, path)
+        return str(path)
+    return str(checkpoint)
+
+
 def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -> None:
     """A checkpoint to resume from exists and its files parse: trainer state, team layout, every adapter (and critic
-    head), optimizer state. ``checkpoint`` is a path, or ``True`` for the last checkpoint in ``output_dir``."""
-    if checkpoint in (None, False, ""):
+    head), optimizer state. ``checkpoint`` is a path (``true`` / ``last`` are resolved to one by
+    :func:`resolve_checkpoint` first)."""
+    checkpoint = resolve_checkpoint(checkpoint, output_dir)
+    if checkpoint is None:
         return
-    if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() == "true"):
-        candidates = sorted(Path(output_dir).glob("checkpoint-*"),
-                            key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
-        if not candidates:
-            raise OutputDirError(f"resume_from_checkpoint=true but {str(output_dir)!r} has no checkpoint-* folder")
-        checkpoint = candidates[-1]
     path = Path(checkpoint)
     if not path.is_dir():
-        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} does not exist (or is not a directory)")
+        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} does not exist (or is not a directory)"
+                             f"{_other_checkpoints(output_dir, path)}")
     problems = []
     for name in ("trainer_state.json", "adapters/team.json"):
         try:
@@ -180,7 +238,19 @@ def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -
     if not ((path / "optimizer.pt").is_file() or (path / "optimizer.bin").is_file() or (path / "optimizer_0").is_dir()):
         problems.append("optimizer.pt is missing")
     if problems:
-        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}")
+        raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}"
+                             f"{_other_checkpoints(output_dir, path)}")
+
+
+def _other_checkpoints(output_dir: str | Path, unusable: Path) -> str:
+    """The other way on after a checkpoint that cannot be resumed from: the complete checkpoints of ``output_dir``."""
+    folder = Path(output_dir)
+    others = sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and _checkpoint_step(p) is not None
+                     and (p / CHECKPOINT_COMPLETE_MARKER).is_file() and p.resolve() != unusable.resolve()),
+                    key=_checkpoint_step) if folder.is_dir() else []
+    if not others:
+        return ""
+    return f"; output_dir {str(folder)!r} has {', '.join(p.name for p in others)} to resume from instead"
 
 
 def write_run_status(output_dir: str | Path, status: str, error: str | None = None) -> None:

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 #: Where a refused parallelism is explained (docs/guides/distributed.md).
@@ -234,3 +236,34 @@ def refresh_parameters(pool) -> None:
 def plain_norm(norm: torch.Tensor) -> torch.Tensor:
     """A gradient norm as a plain tensor (a DTensor norm of sharded gradients, already reduced, made whole)."""
     return _full(norm)
+
+
+def average_gradients(groups: list[list[nn.Parameter]], num_processes: int) -> None:
+    """Average the gradients of every optimizer group (``groups``: each group's parameters) over the processes, in
+    one collective; a group no process computed a gradient for keeps none."""
+    used = torch.tensor([float(any(p.grad is not None for p in params)) for params in groups])
+    dist.all_reduce(used, op=dist.ReduceOp.MAX)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for params in groups for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= num_processes
+    offset = 0
+    for params, was_used in zip(groups, used.tolist()):
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone() if was_used else None
+            offset += n
+
+
+def average_stats(stats: dict[str, float], num_processes: int) -> dict[str, float]:
+    """Per-process statistics averaged over the processes. Keys may differ between processes (e.g.
+    ``turn/1/reward``): each key is the mean over the processes that have it, NaN values left out."""
+    if num_processes == 1:
+        return stats
+    gathered: list[dict[str, float] | None] = [None] * num_processes
+    dist.all_gather_object(gathered, stats)
+    merged: dict[str, float] = {}
+    for key in dict.fromkeys(k for g in gathered for k in g):
+        values = [g[key] for g in gathered if key in g and not math.isnan(g[key])]
+        merged[key] = sum(values) / len(values) if values else math.nan
+    return merged

@@ -2,7 +2,7 @@
 # The math team's generalisation experiment (issue 37), one command: three seeds of the team trained with AT-GRPO
 # (recipes/configs/math_generalisation_at_grpo.yaml, fixed before any held-out result), collected into this folder;
 # then, per seed, ONE agent trained with TRL's own GRPOTrainer on that seed's budget of generated completion tokens
-# and compared with the team on the same held-out problems (single_agent_grpo.py -> single_agent/seed<N>/).
+# and compared with the team on the same held-out problems (now `python -m trl_multiagent train-single --team ... --agent reasoner` -> single_agent/seed<N>/; these records were made by its earlier form, a script here).
 #
 #   docs/results/math_generalisation/run.sh            # seeds 0 1 2 (2-core machine: nothing else beside it)
 #   SEEDS="0" docs/results/math_generalisation/run.sh  # some seeds
@@ -21,6 +21,6 @@ done
 "$BIN/python" docs/results/collect.py math_generalisation "${runs[@]}"
 for seed in ${SEEDS-0 1 2}; do
   echo "== $(date -u +%H:%M:%S) single agent (TRL GRPOTrainer) seed $seed" >&2
-  "$BIN/python" docs/results/math_generalisation/single_agent_grpo.py --team "outputs/math_gen_s$seed" \
+  "$BIN/python" -m trl_multiagent train-single --agent reasoner --team "outputs/math_gen_s$seed" \
     --out "docs/results/math_generalisation/single_agent/seed$seed" --work "outputs/single_agent_s$seed"
 done
