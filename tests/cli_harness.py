@@ -5,7 +5,8 @@ error cases cost milliseconds each instead of the seconds torch, transformers an
 The child runs the command as Python would: ``python -m trl_multiagent ...`` through ``runpy.run_module`` and
 ``python recipes/x.py ...`` through ``runpy.run_path``, with ``sys.argv`` set and the folders of a ``PYTHONPATH``
 given in the command's ``env`` on ``sys.path``; an uncaught exception prints its traceback to stderr and exits 1,
-``SystemExit`` exits with its code.
+``SystemExit`` exits with its code. :meth:`CommandRunner.start` returns while the command runs, with its process id
+(to send it a signal); :meth:`Started.wait` collects it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ for line in sys.stdin:
         finally:
             sys.stdout.flush(); sys.stderr.flush()
             os._exit(code)
+    print(json.dumps({"pid": pid}), flush=True)
     _, status = os.waitpid(pid, 0)
     print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
 """
@@ -72,6 +74,21 @@ class Result:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+
+@dataclass
+class Started:
+    """A command :meth:`CommandRunner.start` started: its process id, and :meth:`wait` for its :class:`Result`."""
+
+    runner: CommandRunner
+    args: list
+    pid: int
+    out: Path
+    err: Path
+
+    def wait(self) -> Result:
+        reply = json.loads(self.runner._reply(self.args, self.err))
+        return Result(reply["rc"], self.out.read_text(), self.err.read_text())
 
 
 class CommandRunner:
@@ -94,18 +111,25 @@ class CommandRunner:
 
     def __call__(self, args, script: str | None = None, env: dict[str, str] | None = None,
                  cwd: str | Path = ROOT) -> Result:
+        return self.start(args, script, env, cwd).wait()
+
+    def start(self, args, script: str | None = None, env: dict[str, str] | None = None,
+              cwd: str | Path = ROOT) -> Started:
+        """Start the command and return while it runs (one at a time: :meth:`Started.wait` before the next)."""
         self.count += 1
         out, err = Path(self.dir) / f"{self.count}.out", Path(self.dir) / f"{self.count}.err"
         request = {"target": script or "trl_multiagent", "args": [str(a) for a in args], "env": dict(env or {}),
                    "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
+        return Started(self, args, json.loads(self._reply(args, err))["pid"], out, err)
+
+    def _reply(self, args, err: Path) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
         if not ready:
             self.proc.kill()
             raise TimeoutError(f"{args} did not finish in {self.timeout} s\n{err.read_text()[-3000:]}")
-        reply = json.loads(self.proc.stdout.readline())
-        return Result(reply["rc"], out.read_text(), err.read_text())
+        return self.proc.stdout.readline()
 
     def close(self) -> None:
         """End the command process: it exits when its input closes; one that has not within 120 s (a loaded machine

@@ -260,6 +260,20 @@ def test_one_critic_step_per_update_and_td_advantages(tiny_text_model, tmp_path)
     assert (tmp_path / "adapters" / "critic" / "value_head.safetensors").is_file()
 
 
+def test_td_error_normalization_per_turn_reaches_the_advantages(tiny_text_model, tmp_path):
+    # the authors' released code (CoMLRL, advantage_normalization): each turn's TD errors in the minibatch are
+    # normalised (population std). Two episodes x 3 turns; the critic's TD errors are replaced by hand: turn t of
+    # episode e gets 0.1 * t + 0.3 * e, so every turn holds {x, x + 0.3}: normalised -1 and +1.
+    trainer = _trainer(tiny_text_model, tmp_path, critic="centralized", td_error_normalization=True, max_steps=1)
+    buffer = trainer.rollout([{"task_id": 0}, {"task_id": 1}])
+    zero = torch.zeros((), device=trainer.accelerator.device)
+    trainer._critic_update = lambda buf, transitions: (zero, {"critic": {
+        tr.index: 0.1 * tr.turn + 0.3 * tr.episode for tr in transitions}})
+    trainer.update(trainer.model, buffer)
+    for tr in buffer.transitions:
+        assert tr.samples["left"].advantage == pytest.approx(-1.0 if tr.episode == 0 else 1.0)
+
+
 def test_epochs_and_minibatches_reuse_one_rollout(tiny_text_model, tmp_path):
     trainer = _trainer(tiny_text_model, tmp_path, critic="decentralized", num_iterations=2, num_minibatches=2,
                        max_steps=4, cliprange_value=0.5)

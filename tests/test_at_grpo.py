@@ -216,3 +216,27 @@ def test_the_candidates_of_every_episode_are_scored_concurrently(monkeypatch):
         [(s.agent, s.episode, s.turn, s.generation.text, s.team_reward, s.local_reward) for s in plain.samples]
     assert [(j.episode, j.turn, j.reward) for j in exp.joint_actions] == \
         [(j.episode, j.turn, j.reward) for j in plain.joint_actions]
+
+
+def test_token_mean_loss_aggregation_of_the_released_code_by_hand(tmp_path):
+    # issue 61: PettingLLMs (the authors' released AT-GRPO) averages the loss over all tokens of the batch (verl's
+    # loss_agg_mode "token-mean"); this library's default averages each response first (GRPO's per-response mean).
+    # Responses of 100 and 10 tokens: token-mean shares 100/110 and 10/110 (10x), per-response 1/2 and 1/2.
+    from trl_multiagent.credit.at_grpo import response_loss_shares
+    from trl_multiagent.trainers import ATGRPOConfig
+
+    assert response_loss_shares([100, 10], "token-mean") == pytest.approx([100 / 110, 10 / 110])
+    assert response_loss_shares([100, 10], "seq-mean-token-mean") == [0.5, 0.5]
+    # per-token losses 1.0 on the long response, 0.0 on the short one: token mean 100 / 110 = 0.909, not 0.5
+    means = [1.0, 0.0]
+    assert sum(w * m for w, m in zip(response_loss_shares([100, 10], "token-mean"), means)) == \
+        pytest.approx((100 * 1.0 + 10 * 0.0) / 110)
+    with pytest.raises(ValueError, match="Unknown loss aggregation"):
+        response_loss_shares([1], "seq-sum")
+    # the config: token-mean is TRL's bnpo (a token mean over the policy's step in the shared update), the default
+    # stays GRPO's per-response mean
+    assert ATGRPOConfig(output_dir=str(tmp_path)).loss_type == "grpo"
+    assert ATGRPOConfig(output_dir=str(tmp_path), loss_aggregation="token-mean").loss_type == "bnpo"
+    assert ATGRPOConfig(output_dir=str(tmp_path), loss_aggregation="seq-mean-token-mean").loss_type == "grpo"
+    with pytest.raises(ValueError, match="cannot be combined"):
+        ATGRPOConfig(output_dir=str(tmp_path), loss_aggregation="token-mean", loss_type="dapo")

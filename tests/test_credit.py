@@ -82,3 +82,36 @@ def test_generation_count_formula():
 
 def test_advantage_dtype_is_float64_tensor():
     assert group_relative_advantages([1.0, 2.0]).dtype == torch.float64
+
+
+def test_released_code_advantage_modes_by_hand():
+    # issue 61: CoMLRL's MAGRPO (the authors' released trainer) defaults to advantage_mode="mean": R - mean, no
+    # std. Returns [0, 0, 0, 1]: mean 0.25 -> 0.75 for the rewarded joint action; Eq. 1 divides by the unbiased
+    # std sqrt((3 * 0.25^2 + 0.75^2) / 3) = 0.5 (+ 1e-4): 0.75 / 0.5001 = 1.4997.
+    from trl_multiagent.credit.magrpo import grouped_released_code_advantages, released_code_advantages
+
+    returns = [0.0, 0.0, 0.0, 1.0]
+    assert released_code_advantages(returns, "mean") == pytest.approx([-0.25, -0.25, -0.25, 0.75])
+    eq1 = group_relative_advantages(returns).tolist()
+    assert eq1[3] == pytest.approx(0.75 / (0.5 + STD_EPS)) and eq1[3] == pytest.approx(1.4997, abs=1e-4)
+    assert released_code_advantages(returns, "raw") == returns
+    assert released_code_advantages(returns, "max") == pytest.approx([-1.0, -1.0, -1.0, 0.0])
+    # rloo: (4 R - 1) / 3, the return minus the mean of the other three
+    assert released_code_advantages(returns, "rloo") == pytest.approx([-1 / 3, -1 / 3, -1 / 3, 1.0])
+    assert released_code_advantages([2.0], "rloo") == [0.0]
+    with pytest.raises(ValueError, match="Unknown released-code advantage mode"):
+        released_code_advantages(returns, "std")
+    # per node: two nodes never mix
+    adv, stats = grouped_released_code_advantages([0.0, 1.0, 5.0, 5.0], [7, 7, 8, 8], "mean")
+    assert adv == pytest.approx([-0.5, 0.5, 0.0, 0.0]) and stats == {"num_groups": 2.0, "frac_zero_std_groups": 0.5}
+
+
+def test_magrpo_advantage_mode_option(tmp_path):
+    from trl_multiagent.trainers import MultiAgentGRPOConfig
+
+    assert MultiAgentGRPOConfig(output_dir=str(tmp_path)).advantage_mode == "eq1"  # the paper's Eq. 1
+    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean").advantage_mode == "mean"
+    with pytest.raises(ValueError, match="advantage_mode must be one of"):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="std")
+    with pytest.raises(ValueError, match="scale_rewards applies to advantage_mode='eq1'"):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean", scale_rewards="batch")

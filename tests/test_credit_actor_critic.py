@@ -46,3 +46,30 @@ def test_shape_errors():
         td_targets([1.0, 2.0], [0.0], [False, True], 1.0)
     with pytest.raises(ValueError, match="at least one turn"):
         episode_td([], [], 1.0)
+
+
+def test_td_errors_normalised_per_turn_as_the_released_code():
+    # issue 61: CoMLRL normalises the TD errors of every per-turn buffer: delta [0.7, 0.8, 1.0] has mean 2.5 / 3 =
+    # 0.8333 and population std sqrt((0.1333^2 + 0.0333^2 + 0.1667^2) / 3) = sqrt(0.04667 / 3) = 0.12472, so
+    # [-0.1333, -0.0333, 0.1667] / 0.12472 = [-1.069, -0.267, 1.336]: two positive TD errors turn negative.
+    from trl_multiagent.credit import normalize_per_turn
+
+    mean = (0.7 + 0.8 + 1.0) / 3
+    std = (((0.7 - mean) ** 2 + (0.8 - mean) ** 2 + (1.0 - mean) ** 2) / 3) ** 0.5
+    expected = [(d - mean) / std for d in (0.7, 0.8, 1.0)]
+    assert expected == pytest.approx([-1.069, -0.267, 1.336], abs=1e-3)
+    assert normalize_per_turn([0.7, 0.8, 1.0], [0, 0, 0]).tolist() == pytest.approx(expected)
+    # turns apart: a turn of one transition keeps its TD error; the order of the transitions is kept
+    got = normalize_per_turn([0.7, 5.0, 0.8, 1.0], [1, 0, 1, 1]).tolist()
+    assert got == pytest.approx([expected[0], 5.0, expected[1], expected[2]])
+    # equal TD errors: centred to 0 (the std floor 1e-6 keeps the division finite)
+    assert normalize_per_turn([0.3, 0.3], [0, 0]).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="TD errors but"):
+        normalize_per_turn([0.1, 0.2], [0])
+
+
+def test_td_error_normalization_is_an_option_off_by_default(tmp_path):
+    from trl_multiagent.trainers import ActorCriticConfig
+
+    assert ActorCriticConfig(output_dir=str(tmp_path)).td_error_normalization is False  # Eq. 2 / Eq. 4
+    assert ActorCriticConfig(output_dir=str(tmp_path), td_error_normalization=True).td_error_normalization

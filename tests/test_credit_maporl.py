@@ -13,6 +13,7 @@ from trl_multiagent.credit.maporl import (
     cumulative_rewards,
     discount_sums,
     fill_after_early_stop,
+    first_turn_exempt,
     immediate_rewards,
     influence_aware_rewards,
     penalized_score,
@@ -20,7 +21,7 @@ from trl_multiagent.credit.maporl import (
     token_level_rewards,
     verification_rewards,
 )
-from trl_multiagent.credit.returns import gae, whiten
+from trl_multiagent.credit.returns import gae, whiten, whiten_groups
 from trl_multiagent.metrics.debate import majority_vote_accuracy, peer_majority, transition_fractions
 
 
@@ -125,13 +126,30 @@ def test_each_incentive_on_a_two_agent_three_turn_debate(name, expected):
     assert close(got, expected)
 
 
-def test_incentives_add_up_and_right_to_wrong_earns_nothing():
+def test_incentives_add_up():
     both = collaboration_incentives(ANSWERS, CORRECT, Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8))
     assert close(both, [[0, 1 + 8, 0], [4, 0, 2]])
-    # R -> W rows of Tables 1-2: agent1 right then wrong, majority right then wrong: no incentive at all
+
+
+def test_right_to_wrong_rows_subtract_the_mirrored_incentive():
+    # issue 61: the tables' R -> W rows ("-" in the paper's text, a minus before a lost symbol) as decided in
+    # collaboration_incentives: Table 1, R -> W with the majority right at t: -alpha0, with it wrong: -alpha1;
+    # Table 2, majority R -> W after the agent's right answer: -beta0, after its wrong answer: -beta1.
+    inc = Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8)
+    # both agents right at turn 1, both wrong at turn 2 (and 3). Each agent: its own R -> W while its peer (the
+    # majority) was right at t: -alpha0 = -1 on its turn-2 answer; its peer went R -> W after its right turn-1
+    # answer: -beta0 = -4 on its turn-1 answer; turn 2 -> 3 is W -> W everywhere: nothing.
     worse = collaboration_incentives([["5", "3", "3"], ["5", "3", "3"]], [[True, False, False], [True, False, False]],
-                                     Incentives(1, 1, 1, 1))
-    assert worse == [[0, 0, 0], [0, 0, 0]]
+                                     inc)
+    assert close(worse, [[-4, -1, 0], [-4, -1, 0]])
+    # agent1 right then wrong while agent2 (its majority) is wrong both turns: agent1's R -> W with the majority
+    # wrong at t: -alpha1 = -2 on its turn-2 answer; agent2's peer went R -> W after agent2's WRONG turn-1 answer:
+    # -beta1 = -8 on agent2's turn-1 answer; agent1's peer stayed wrong and agent2 stayed wrong: nothing else.
+    mixed = collaboration_incentives([["5", "3"], ["4", "4"]], [[True, False], [False, False]], inc)
+    assert close(mixed, [[0, -2], [-8, 0]])
+    # the earlier reading (R -> W rows give nothing) stays available
+    off = Incentives(alpha0=1, alpha1=2, beta0=4, beta1=8, right_to_wrong=False)
+    assert collaboration_incentives([["5", "3"], ["4", "4"]], [[True, False], [False, False]], off) == [[0, 0], [0, 0]]
 
 
 def test_incentive_with_a_tied_majority_is_its_expectation():
@@ -160,6 +178,21 @@ def test_token_level_rewards_and_gae_by_hand():
 def test_whiten_by_hand():
     white = whiten([[1.0, 3.0], [5.0]])  # mean 3, unbiased std 2
     assert close(white, [[-1.0, 0.0], [1.0]])
+
+
+def test_whiten_per_turn_and_agent_by_hand():
+    # issue 61: one agent's turn-0 tokens at +0.5 and its turn-1 tokens at -0.5. The authors whiten every (turn,
+    # agent) batch apart: each batch is constant, so it is only centred: 0 everywhere. Whitened together (per
+    # policy): mean 0, unbiased variance 4 * 0.25 / 3 = 1/3, so +-0.5 / sqrt(1/3 + 1e-8) = +-0.8660.
+    rows = [[0.5, 0.5], [-0.5, -0.5]]
+    assert close(whiten_groups(rows, [(0, "a"), (1, "a")]), [[0.0, 0.0], [0.0, 0.0]])
+    together = 0.5 / (1 / 3 + 1e-8) ** 0.5
+    assert together == pytest.approx(0.8660, abs=1e-4)
+    assert close(whiten_groups(rows, ["a", "a"]), [[together, together], [-together, -together]])
+    assert close(whiten_groups(rows, ["a", "a"]), whiten(rows))
+    # groups keep their rows' order: a second agent's turn-0 batch [1, 3] is whitened on its own (mean 2, std 1.414)
+    mixed = whiten_groups([[1.0, 3.0], [0.5, 0.5], [9.0]], [(0, "b"), (0, "a"), (1, "a")])
+    assert close(mixed, [[-(2 ** -0.5), 2 ** -0.5], [0.0, 0.0], [0.0]])
 
 
 SETTINGS = PenaltySettings(min_tokens=5)
@@ -202,6 +235,17 @@ def test_penalty_tokens_after_the_box():
     assert answer_penalties("\\boxed{5} and more", GOOD, False, SETTINGS)["post_boxed"]
     assert not answer_penalties("so $\\boxed{5}$\n", GOOD, False, SETTINGS)["post_boxed"]
     assert not answer_penalties("\\[\\boxed{5}\\]", GOOD, False, SETTINGS)["post_boxed"]
+
+
+def test_first_turn_is_exempt_from_the_box_penalty_only():
+    # issue 61: the authors' collaboration training adds the box check only `if task_training or turn != 0`
+    missing = {"no_boxed": True, "short": False}
+    assert first_turn_exempt(missing, 0) == {"no_boxed": False, "short": False}
+    assert first_turn_exempt(missing, 1) == missing  # later turns: penalised
+    assert first_turn_exempt(missing, 0, exempt=False) == missing  # App. G.2's text: every turn
+    assert first_turn_exempt({"no_boxed": False, "short": True}, 0) == {"no_boxed": False, "short": True}
+    assert penalized_score(1.0, first_turn_exempt(missing, 0), -10.0) == 1.0
+    assert penalized_score(1.0, first_turn_exempt(missing, 1), -10.0) == -10.0
 
 
 def test_penalty_replaces_the_verifier_score_and_enters_the_sums():

@@ -3,6 +3,7 @@ loss (a term of the base's update loop), per-turn heads, PPO epochs reusing one 
 recipes."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,11 @@ from tests.recipe_runs import build_trainer
 from tests.tiny import model_terms
 from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import CollaborationGameEnv
+from trl_multiagent.rollout import Experience
+from trl_multiagent.rollout.debate import DebateSample
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers.base import MultiAgentTrainer
+from trl_multiagent.trainers.debate_ppo import minibatch_schedule, token_credit
 
 AGENTS = ("agent1", "agent2")
 NO_PENALTIES = dict(penalize_no_boxed=False, penalize_no_eos=False, min_response_tokens=0, penalize_repetition=False,
@@ -130,7 +135,8 @@ def test_per_turn_value_heads_read_the_head_of_each_turn(tiny_text_model, tmp_pa
 def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_model, tmp_path):
     # influence-aware rewards: every agent's turn-1 reward holds the team's turn-2 scores (Def. 1), so both critics
     # get a signal whichever agent happens to score in this one rollout
-    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=3, max_steps=3, reward_mode="influence")
+    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=3, num_minibatches=1, max_steps=3,
+                       reward_mode="influence")
     rollouts = []
     original = trainer.rollout
     trainer.rollout = lambda tasks: rollouts.append(len(tasks)) or original(tasks)
@@ -153,6 +159,73 @@ def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_mo
     assert (tmp_path / "adapters" / "agent1_value" / "value_head.safetensors").is_file()
 
 
+def test_minibatch_schedule_is_the_authors_eight_by_four(tmp_path):
+    # issue 61: the authors cut every PPO epoch of a 32-question rollout into 8 minibatches of 4 (a fresh shuffle per
+    # epoch), 4 epochs: 8 x 4 = 32 optimizer steps per rollout
+    schedule = minibatch_schedule(list(range(32)), 8, 4, random.Random(0))
+    assert len(schedule) == 4 and [len(epoch) for epoch in schedule] == [8] * 4
+    for epoch in schedule:
+        assert [len(part) for part in epoch] == [4] * 8 and sorted(sum(epoch, [])) == list(range(32))
+    assert schedule[0] != schedule[1]  # reshuffled every epoch
+    # sizes differ by at most one: 10 debates in 4 minibatches -> 3, 3, 2, 2
+    assert [len(part) for part in minibatch_schedule(list(range(10)), 4, 1, random.Random(0))[0]] == [3, 3, 2, 2]
+    # the config: 8 minibatches by default, one per debate when a rollout has fewer than 8, never more than debates
+    assert _args(tmp_path, episodes_per_step=32).num_minibatches == 8
+    assert _args(tmp_path, episodes_per_step=4, num_generations=4).num_minibatches == 8
+    assert _args(tmp_path).num_minibatches == 4  # 4 debates
+    assert DebatePPOConfig(output_dir=str(tmp_path)).num_iterations == 4  # the paper's four epochs
+    with pytest.raises(ValueError, match="num_minibatches must be between 1 and"):
+        _args(tmp_path, num_minibatches=5)
+
+
+def test_each_step_updates_one_minibatch_of_the_rollouts_debates(tiny_text_model, tmp_path, monkeypatch):
+    # 4 debates, 2 minibatches x 2 epochs: one rollout serves 4 optimizer steps, each on 2 of its debates, every
+    # epoch covering the 4 debates once
+    seen = []
+    original = MultiAgentTrainer.update
+
+    def record(self, model, experience):
+        seen.append(sorted({s.episode for s in experience.samples}))
+        assert {j.episode for j in experience.joint_actions} == set(seen[-1])
+        return original(self, model, experience)
+
+    monkeypatch.setattr(MultiAgentTrainer, "update", record)
+    trainer = _trainer(tiny_text_model, tmp_path, num_iterations=2, num_minibatches=2, max_steps=4)
+    assert trainer.num_iterations == 4
+    rollouts = []
+    original_rollout = trainer.rollout
+    trainer.rollout = lambda tasks: rollouts.append(len(tasks)) or original_rollout(tasks)
+    trainer.train()
+    assert rollouts == [4] and trainer.state.global_step == 4
+    assert [len(part) for part in seen] == [2, 2, 2, 2]
+    assert sorted(seen[0] + seen[1]) == sorted(seen[2] + seen[3]) == [0, 1, 2, 3]
+    first = trainer.optimizer.param_groups[0]["params"][0]
+    assert int(trainer.optimizer.state[first]["step"]) == 4
+
+
+def test_token_advantages_are_whitened_per_turn_and_agent():
+    # issue 61: GAE with kl_coef 0, gamma = lambda = 1 and zero values gives every token its answer's reward: agent
+    # a's turn-0 tokens +0.5, its turn-1 tokens -0.5. Whitened per (turn, agent) (the authors): each batch is
+    # constant -> 0. Per policy: mean 0, unbiased variance 4 * 0.25 / 3 = 1/3 -> +-0.5 / sqrt(1/3 + 1e-8) = +-0.866.
+    def experience():
+        rows = [DebateSample(agent="a", policy="a", episode=0, turn=t, node=0, generation=None, joint_ids=[],
+                             reward=r, old_logps=[-1.0, -1.0], ref_logps=[-1.0, -1.0], old_values=[0.0, 0.0])
+                for t, r in ((0, 0.5), (1, -0.5))]
+        return Experience(rows, [], {}, ["a"])
+
+    per_turn = experience()
+    token_credit(per_turn, 0.0, 1.0, 1.0, True)
+    assert [s.token_advantages for s in per_turn.samples] == [[0.0, 0.0], [0.0, 0.0]]
+    together = experience()
+    token_credit(together, 0.0, 1.0, 1.0, True, whiten_by="policy")
+    a = 0.5 / (1 / 3 + 1e-8) ** 0.5
+    assert [s.token_advantages for s in together.samples] == [pytest.approx([a, a]), pytest.approx([-a, -a])]
+    assert a == pytest.approx(0.866, abs=1e-3)
+    raw = experience()
+    token_credit(raw, 0.0, 1.0, 1.0, False)
+    assert [s.token_advantages for s in raw.samples] == [[0.5, 0.5], [-0.5, -0.5]]
+
+
 # ------------------------------------------------------------------------------------------------ validation
 @pytest.mark.parametrize("kwargs, message", [
     ({"reward_mode": "final"}, "reward_mode must be one of"),
@@ -164,6 +237,8 @@ def test_ppo_epochs_reuse_one_rollout_and_step_policies_and_critics(tiny_text_mo
     ({"critic_lora_r": 0}, "critic_lora_r must be positive"),
     ({"max_repeats": 0}, "max_repeats"),
     ({"num_turns": 0}, "num_turns must be at least 1"),
+    ({"whiten_by": "episode"}, "whiten_by must be one of"),
+    ({"num_minibatches": 0}, "num_minibatches must be between 1 and"),
 ])
 def test_config_validation(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

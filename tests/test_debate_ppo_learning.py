@@ -46,6 +46,7 @@ def _train(model, out, seed, partner):
     names = ("agent1", "agent2") if partner is None else ("agent1",)
     args = DebatePPOConfig(
         output_dir=str(out), num_turns=2, episodes_per_step=16, max_completion_length=1, num_iterations=2,
+        num_minibatches=1,  # one step per PPO epoch: the learning rates below are for whole-rollout steps
         max_steps=24, learning_rate=0.01, critic_learning_rate=0.05, critic_lora_r=4, vf_coef=1.0,
         value_head_per_turn=True, reward_mode="influence", gamma=1.0, temperature=1.0,
         generation_kwargs={"suppress_tokens": [i for i in range(3 + len(CHARS)) if i not in (A, B)]},

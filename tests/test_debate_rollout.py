@@ -8,7 +8,7 @@ from transformers import GenerationConfig
 
 from tests.fake_pool import ScriptedPool
 from trl_multiagent.answers import parse_nli_label
-from trl_multiagent.credit.maporl import Incentives, PenaltySettings
+from trl_multiagent.credit.maporl import Incentives, PenaltySettings, fill_after_early_stop, verification_rewards
 from trl_multiagent.environments import CollaborationGameEnv, MathDebateEnv, NLIDebateEnv
 from trl_multiagent.environments.debate import anli_to_task, nli_problems
 from trl_multiagent.evaluation import debate_metrics, evaluate_debate
@@ -21,7 +21,8 @@ TASKS = [{"task_id": "q1", "question": "What is 2 + 3?", "answer": "5"},
 # q1: agent1 3 -> 5 -> 5, agent2 4 -> 4 -> 5 (agent2's second answer has a '.' after the box); q2: both 5 at once
 SCRIPT = {("q1", "agent1"): ["t1 so \\boxed{3}", "t2 so \\boxed{5}", "t3 so \\boxed{5}"],
           ("q1", "agent2"): ["t1 so \\boxed{4}", "t2 so \\boxed{4}.", "t3 so \\boxed{5}"],
-          ("q2", "agent1"): ["t1 so \\boxed{5}"], ("q2", "agent2"): ["t1 so \\boxed{5}"]}
+          ("q2", "agent1"): ["t1 so \\boxed{5}", "t2 so \\boxed{5}", "t3 so \\boxed{5}"],
+          ("q2", "agent2"): ["t1 so \\boxed{5}", "t2 so \\boxed{5}", "t3 so \\boxed{5}"]}
 
 
 class CharTokenizer:
@@ -30,16 +31,17 @@ class CharTokenizer:
 
 
 class DebatePool(ScriptedPool):
-    def __init__(self):
+    def __init__(self, script=None):
         super().__init__(["agent1", "agent2"], self.answer)
         self.prompts = []
+        self.answers = script or SCRIPT
 
     def answer(self, agent, prompt, k):
         self.prompts.append((agent, prompt))
         task = "q1" if "2 + 3" in prompt else "q2"
         previous = re.findall(r"Your previous answer:\nt(\d)", prompt)
         turn = int(previous[0]) if previous else 0
-        return SCRIPT[(task, agent)][turn]
+        return self.answers[(task, agent)][turn]
 
     def tokenizer_of(self, agent):
         return CharTokenizer()
@@ -68,6 +70,49 @@ def test_debate_turns_prompts_batching_and_early_stop():
     assert [o.correct for o in q1.outcomes] == [[False, False], [True, False], [True, True]]
     assert [o.groups for o in q1.outcomes] == [[0, 1], [0, 1], [0, 0]]
     assert q1.team_rewards == [0.0, 0.5, 1.0]  # majority vote with the tie rule
+
+
+def test_training_debates_play_every_turn():
+    # issue 61: the authors train without early stop (consensus criterion 1.1); q2's agents agree at turn 1 and
+    # still debate turns 2 and 3. The environment keeps its early stop for the evaluation.
+    pool = DebatePool()
+    debates = DebateSampler(num_turns=3, early_stop=False).run(pool, MathDebateEnv, TASKS, GEN)
+    assert [d.turns_played for d in debates] == [3, 3]
+    assert pool.calls == [("agent1", 2, 1), ("agent2", 2, 1)] * 3
+    assert MathDebateEnv().early_stop is True
+
+
+def test_early_stopped_debate_is_rewarded_over_its_played_turns():
+    # issue 61: scores [1] and [0] (a learned verifier's) in a debate that stopped at turn 1 of 3, influence-aware
+    # reward, gamma 0.3. The authors' score_rule truncates at the played turns: agent1 1 / 1 = 1.0, agent2 0.0.
+    # Repeating the last answers over the 3 turns instead (the earlier fill) gave agent1
+    # (1 + 0.3 * (1 + 0) / 2 + 0.09 * (1 + 0) / 2) / (1 + 0.3 + 0.09) = 1.195 / 1.39 = 0.8597.
+    sampler = DebateSampler(num_turns=3, scorer=lambda questions, solutions: [1.0, 0.0])
+    exp = sampler.rollout(DebatePool(), MathDebateEnv, TASKS[1:], GEN)
+    assert {s.turn for s in exp.samples} == {0}  # both answered 5: the debate stopped after turn 1
+    debate_rewards(exp, 3, "influence", 0.3)
+    reward = {s.agent: s.reward for s in exp.samples}
+    assert reward == {"agent1": pytest.approx(1.0), "agent2": pytest.approx(0.0)}
+    filled = verification_rewards(fill_after_early_stop([[1.0], [0.0]], 3), "influence", 0.3)
+    assert filled[0][0] == pytest.approx(1.195 / 1.39) and 1.195 / 1.39 == pytest.approx(0.8597, abs=1e-4)
+
+
+def test_first_turn_answer_without_a_box_is_not_penalised():
+    # issue 61: the authors' collaboration training exempts turn 1 from the missing-box penalty. agent1 answers
+    # without a box at turns 1 and 2 (scores 0, 0), then 5 in a box (1); agent2 4, 5, 5 (0, 1, 1). Immediate
+    # rewards with the box check alone: agent1 0 (exempt), -10, 1; with the exemption off: -10, -10, 1.
+    script = {("q1", "agent1"): ["t1 so 3", "t2 so 5", "t3 so \\boxed{5}"],
+              ("q1", "agent2"): ["t1 so \\boxed{4}", "t2 so \\boxed{5}", "t3 so \\boxed{5}"]}
+    only_box = PenaltySettings(no_eos=False, min_tokens=0, repetition=False, post_boxed=False)
+    sampler = DebateSampler(num_turns=3, penalties=only_box, early_stop=False)
+    for exempt, expected in ((True, [0.0, -10.0, 1.0]), (False, [-10.0, -10.0, 1.0])):
+        exp = sampler.rollout(DebatePool(script), MathDebateEnv, TASKS[:1], GEN)
+        debate_rewards(exp, 3, "immediate", 0.3, first_turn_box_exempt=exempt)
+        rows = sorted((s.turn, s.reward) for s in exp.samples if s.agent == "agent1")
+        assert [r for _, r in rows] == pytest.approx(expected)
+        assert sorted(s.reward for s in exp.samples if s.agent == "agent2") == pytest.approx([0.0, 1.0, 1.0])
+        assert [s.penalties["no_boxed"] for s in sorted(exp.samples, key=lambda s: (s.agent, s.turn))][:3] == \
+            [True, True, False]  # the check's own flags are kept as found
 
 
 def test_rollout_rewards_mode_incentives_and_penalty_by_hand():

@@ -181,6 +181,58 @@ def test_round_robin_fork_at_b_propagates_through_the_dag_by_hand():
     assert exp.stats["fork/a"] == pytest.approx(1 / 3) and exp.stats["fork/b"] == pytest.approx(2 / 3)
 
 
+def test_round_robin_regroups_a_lone_fork_questions_singletons_as_algorithm_5():
+    # issue 61: one question of the batch (question 2) forks at b; the other two fork at a. Question 2's a and c ran
+    # once and nobody else forked at b: each is the only member of its group ("fork", "b", a / c). Algorithm 5
+    # shuffles the singletons and cuts them into floor(2 / G) = 1 group of G = 2: a (reward 0.25: mean of b's 0.0 /
+    # 0.5 and c's 0.25, as in the test above) and c (0.25 - 0.1 = 0.15) are compared with each other:
+    # (0.25 - 0.2) / (stdev(0.25, 0.15) + 1e-4) = 0.05 / (0.0707 + 1e-4) = +0.706 and -0.706, not 0 and 0.
+    import random
+
+    exp = play(PipelineSampler(num_samples=G, strategy="round_robin", rng=random.Random(0)), counting_pool(), TASKS,
+               forks=["a", "a", "b"])
+    groups = by_agent(exp.samples)
+    lone_a, lone_c = groups[(2, "a")][0], groups[(2, "c")][0]
+    assert lone_a.group == lone_c.group == ("regrouped", 0)
+    assert (lone_a.reward, lone_c.reward) == (pytest.approx(0.25), pytest.approx(0.15))
+    assert [lone_a.advantage, lone_c.advantage] == pytest.approx(norm(0.25, 0.15))
+    assert lone_a.advantage == pytest.approx(0.05 / (statistics.stdev([0.25, 0.15]) + STD_EPS))
+    assert lone_a.advantage == pytest.approx(0.706, abs=1e-3)
+    assert {s.group for s in groups[(0, "a")]} == {("question", 0, "a")}  # the other groups keep theirs
+    assert exp.stats["rr/regrouped_singletons"] == 2 and exp.stats["rr/dropped_singletons"] == 0
+    # the main text alone (regroup_singletons=False): two groups of one, advantage 0 each
+    alone = play(PipelineSampler(num_samples=G, strategy="round_robin", regroup_singletons=False), counting_pool(),
+                 TASKS, forks=["a", "a", "b"])
+    groups = by_agent(alone.samples)
+    assert groups[(2, "a")][0].group == ("fork", "b", "a") and groups[(2, "a")][0].advantage == 0.0
+    assert groups[(2, "c")][0].advantage == 0.0
+
+
+def test_round_robin_leaves_out_the_singletons_no_group_of_g_takes():
+    # G = 3: the lone question's 2 singletons make floor(2 / 3) = 0 groups; Algorithm 5 returns only the groups, so
+    # both are left out of training. Questions 0 and 1 fork at a: 4 agents x 3 samples each, all kept.
+    exp = play(PipelineSampler(num_samples=3, strategy="round_robin"), counting_pool(), TASKS, forks=["a", "a", "b"])
+    assert {(s.episode, s.agent) for s in exp.samples if s.episode == 2} == {(2, "b"), (2, "d")}
+    assert len(exp.samples) == 2 * 4 * 3 + 2 * 3
+    assert exp.stats["rr/dropped_singletons"] == 2 and exp.stats["rr/regrouped_singletons"] == 0
+
+
+def test_regroup_singletons_by_hand():
+    import random
+
+    from trl_multiagent.credit.mhgpo import regroup_singletons
+
+    # groups x (3 members), y (2), and 5 singletons s1..s5; G = 2: 2 new groups of 2, one singleton left out
+    ids = ["x", "s1", "x", "y", "s2", "s3", "x", "y", "s4", "s5"]
+    out = regroup_singletons(ids, 2, random.Random(0))
+    assert [out[i] for i in (0, 2, 3, 6, 7)] == ["x", "x", "y", "x", "y"]
+    singles = [out[i] for i in (1, 4, 5, 8, 9)]
+    assert sorted(Counter(singles).items(), key=str) == sorted({("regrouped", 0): 2, ("regrouped", 1): 2,
+                                                                None: 1}.items(), key=str)
+    assert regroup_singletons(["a", "b"], 4) == [None, None]  # fewer singletons than G: no group
+    assert regroup_singletons(["a", "a"], 4) == ["a", "a"]  # no singleton: unchanged
+
+
 def test_round_robin_with_another_aggregation():
     # Aggr = min (Eq. 4): question 1 forked at b: c = min(1.0, 1.5) = 1.0 (then -0.1); a = min(1.0, 1.5, 1.0) = 1.0
     exp = play(PipelineSampler(num_samples=G, strategy="round_robin"), counting_pool(), TASKS, forks=["a", "b", "b"],

@@ -65,6 +65,7 @@ def test_config_defaults_follow_the_paper(tmp_path):
     # RR without fork_probabilities forks with the paper's (0.7, 0.1, 0.2) (tests/test_mhgpo_rollout.py draws them)
     rr = _args(tmp_path, sampling="round_robin")
     assert rr.fork_probabilities is None
+    assert rr.regroup_singletons  # Algorithm 5's regrouping of singleton groups (tests/test_mhgpo_rollout.py)
     assert _args(tmp_path, loss_type="dapo", agent_loss_weighting=False).loss_type == "dapo"
 
 

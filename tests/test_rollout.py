@@ -41,6 +41,16 @@ def test_aligned_matrix_game_advantages_by_hand():
     assert len(exp.samples) == 8 and pool.calls == [("agent1", 1, 4), ("agent2", 1, 4)]
 
 
+def test_released_code_advantage_mode_reaches_the_samples():
+    # issue 61: the same tree as above (rewards 10, 0, 10, 0) with CoMLRL's advantage_mode="mean": R - mean = +-5,
+    # where Eq. 1 (the default) divides by the std: +-5 / (5.7735 + 1e-4) = +-0.866
+    pool = ScriptedPool(["agent1", "agent2"], ab_script)
+    exp = JointTreeSampler(num_samples=4, num_turns=1).rollout(pool, MatrixGameEnv, [{}], GEN)
+    tree_credit(exp, 4, 1.0, advantage_mode="mean")
+    assert [j.advantage for j in exp.joint_actions] == pytest.approx([5.0, -5.0, 5.0, -5.0])
+    assert sorted(s.advantage for s in exp.samples) == pytest.approx([-5.0] * 4 + [5.0] * 4)
+
+
 def test_cross_matrix_game_credits_mean_over_joint_actions():
     pool = ScriptedPool(["agent1", "agent2"], ab_script)
     exp = play(pool, MatrixGameEnv, [{}], num_samples=2, num_turns=1, joint_mode="cross")

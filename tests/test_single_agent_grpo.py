@@ -57,7 +57,7 @@ def test_single_agent_trains_on_the_team_budget_and_is_paired_with_the_team_by_p
     assert [r["task_id"] for r in rows] == held["task_id"] and [r["team"] for r in rows] == team_scores
     assert [r["held_out_set"] for r in rows] == ["unseen_operands"] * 4 + ["unseen_form"] * 2
     for agent in ("reasoner", "tool"):
-        single = [r[f"{agent}_alone_trained"] for r in rows]
+        single = [r[f"{agent}_alone_grpo"] for r in rows]
         assert set(result["sets"][agent]) == {"all", "unseen_operands", "unseen_form"}
         for name, idx in (("all", range(6)), ("unseen_operands", range(4)), ("unseen_form", range(4, 6))):
             entry = result["sets"][agent][name]

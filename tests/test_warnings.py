@@ -24,3 +24,29 @@ def test_a_short_training_raises_no_warning_from_the_project_or_about_deprecated
     assert deprecated == []
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "trl_multiagent" in w.filename]
     assert ours == []
+
+
+def test_notices_that_do_not_concern_the_run_are_not_printed():
+    """bitsandbytes' "no 'kernels' package" notice (nothing is 4-bit here) is dropped; Math-Verify's "Timeout is
+    disabled", which it logs at every comparison outside the main thread, becomes one line of ours (issue 62)."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, threading
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+import trl_multiagent.agents  # imports peft, transformers and bitsandbytes
+from trl_multiagent.answers import answers_match
+results = []
+def compare():
+    results.extend([answers_match("1/2", "0.5"), answers_match("3", "4"), answers_match("7", "7.0")])
+thread = threading.Thread(target=compare)
+thread.start(); thread.join()
+print("RESULTS", results)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "RESULTS [True, False, True]" in text
+    assert "kernels" not in text and "Timeout is disabled" not in text, text[-3000:]
+    assert text.count("Math-Verify compares answers without its timeouts") == 1, text[-3000:]

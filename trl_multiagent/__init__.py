@@ -8,8 +8,21 @@ package itself imports no torch, so that the command line answers ``--help`` and
 from __future__ import annotations
 
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+
+class _NoKernelsNotice(logging.Filter):
+    """bitsandbytes warns at import that its optional CPU 4-bit kernels (the ``kernels`` package) are missing, whether
+    or not any model is 4-bit; the notice is dropped here, and :func:`trl_multiagent.models.load_base_model` says it
+    once where a 4-bit base is loaded on the CPU."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "kernels" not in record.getMessage()
+
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoKernelsNotice())
 
 #: Every public name -> the module that defines it.
 _EXPORTS = {
@@ -18,6 +31,7 @@ _EXPORTS = {
     "Environment": "environments",
     "FunctionEnvironment": "environments",
     "StepResult": "environments",
+    "Team": "team",
     "DEFAULT_MODEL": "models",
     "ModelNotFoundError": "models",
     "ActorCriticConfig": "trainers",

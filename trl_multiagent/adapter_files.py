@@ -10,15 +10,16 @@ A save never replaces good files with bad ones: every tensor of every adapter an
 anything is written, and one NaN or infinite value anywhere raises
 :class:`~trl_multiagent.errors.NonFiniteAdapterError` (naming the policy or critic and the tensor) with nothing
 written, so that the adapters of the previous save (an earlier checkpoint, the last final save) stay byte for byte
-as they were. A long run whose weights went NaN thus keeps its last good adapters instead of overwriting them. Each
-weights file is written next to its place and then renamed over it, so that a process killed mid-save leaves the old
-file or the new one, never half of one.
+as they were. A long run whose weights went NaN thus keeps its last good adapters instead of overwriting them. The
+whole ``adapters/`` folder is written beside its place (``adapters.tmp-<pid>``) and renamed over it when complete
+(:func:`~trl_multiagent.atomic_files.staged_directory`), so that a process killed mid-save, a crash or a full disk
+leaves the old team's files or the new team's, never a mix; out of space is one
+:class:`~trl_multiagent.errors.DiskFullError` line (the space needed and left).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from .agent_spec import spec_record
+from .atomic_files import staged_directory
 from .errors import NonFiniteAdapterError
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -80,28 +82,26 @@ def check_finite(files, root: Path) -> None:
         "and lower learning_rate or max_grad_norm")
 
 
-def _write_atomically(state: dict[str, torch.Tensor], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp))
-    os.replace(tmp, path)
-
-
 def save_pool_adapters(pool, directory: str | Path) -> None:
     """Write every policy's adapter, every critic's adapter and head and ``team.json`` under
-    ``<directory>/adapters/``, after checking every tensor finite (see the module docstring)."""
+    ``<directory>/adapters/``, after checking every tensor finite, all at once (see the module docstring)."""
     root = Path(directory) / "adapters"
     files = pool_weight_files(pool)
     check_finite(files, root)
-    for _, owner, file_name, state, peft_config in files:
-        target = root / owner
-        target.mkdir(parents=True, exist_ok=True)
-        _write_atomically(state, target / file_name)
-        if peft_config is not None:
-            peft_config.save_pretrained(str(target))
-    team = {"agents": [spec_record(s) for s in pool.specs.values()],
-            "critics": [asdict(c.spec) for c in pool.critics.values()],
-            "bases": {k: {"model": m, "quantization": q} for k, (m, q) in pool.base_sources.items()}}
-    (root / "team.json").write_text(json.dumps(team, indent=2))
+    needed = sum(t.numel() * t.element_size() for *_, state, _ in files for t in state.values())
+    kept = ("the adapters saved before are as they were; free space on that file system, or choose another "
+            "output_dir")
+    with staged_directory(root, needed, "the team's adapters", kept) as stage:
+        for _, owner, file_name, state, peft_config in files:
+            target = stage / owner
+            target.mkdir(parents=True, exist_ok=True)
+            save_file(state, str(target / file_name))
+            if peft_config is not None:
+                peft_config.save_pretrained(str(target))
+        team = {"agents": [spec_record(s) for s in pool.specs.values()],
+                "critics": [asdict(c.spec) for c in pool.critics.values()],
+                "bases": {k: {"model": m, "quantization": q} for k, (m, q) in pool.base_sources.items()}}
+        (stage / "team.json").write_text(json.dumps(team, indent=2))
 
 
 def load_pool_adapters(pool, directory: str | Path) -> None:

@@ -568,10 +568,12 @@ class AgentPool(nn.Module):
             self.generation_backend.mark_stale()
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: str = "auto") -> AgentPool:
-        """Rebuild a team saved by :meth:`save_adapters` (its bases reload from their recorded sources)."""
+    def from_pretrained(cls, directory: str | Path, dtype: str = "auto", **options: Any) -> AgentPool:
+        """Rebuild a team saved by :meth:`save_adapters` (its bases reload from their recorded sources); ``options``:
+        the pool's other settings (``packed_weights``, ``lean_decode``, ...). ``trl_multiagent.Team`` adds the
+        recipe's environment and decoding settings."""
         team = json.loads((Path(directory) / "adapters" / "team.json").read_text())
         pool = cls([AgentSpec(**a) for a in team["agents"]], dtype=dtype,
-                   critics=[CriticSpec(**c) for c in team.get("critics", [])])
+                   critics=[CriticSpec(**c) for c in team.get("critics", [])], **options)
         pool.load_adapters(directory)
         return pool

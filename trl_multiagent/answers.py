@@ -130,10 +130,32 @@ def _costly(text: str, max_chars: int) -> bool:
     return any(len(m.group(1)) > 4 for m in _EXPONENT.finditer(text))
 
 
+class _TimeoutNotice(logging.Filter):
+    """Math-Verify warns at every call made outside the main thread that its timeout is off (its timeouts use
+    ``signal.alarm``); this library bounds that work otherwise (:func:`answers_match`) and says so once instead."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Timeout is disabled"):
+            return True
+        if not _TimeoutNotice.said:
+            _TimeoutNotice.said = True
+            logger.info("Math-Verify compares answers without its timeouts outside the main thread; inputs that could "
+                        "be slow there (longer than max_answer_chars, towers of powers, long exponents, large "
+                        "factorials) count as unequal instead")
+        return False
+
+
 def _math_verify():
-    """The ``math_verify`` module, imported on first use (it pulls in sympy; most users of this module never compare)."""
+    """The ``math_verify`` module, imported on first use (it pulls in sympy; most users of this module never compare);
+    its per-call timeout notices replaced by one line of ours (:class:`_TimeoutNotice`)."""
     import math_verify
 
+    for name in ("math_verify.parser", "math_verify.grader"):
+        mv_logger = logging.getLogger(name)
+        if not any(isinstance(f, _TimeoutNotice) for f in mv_logger.filters):
+            mv_logger.addFilter(_TimeoutNotice())
     return math_verify
 
 

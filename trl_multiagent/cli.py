@@ -15,7 +15,10 @@ checkpoint; a model that is not available here) ends the command with ONE line `
 stderr and exit code 2, without a traceback (set ``TRL_MULTIAGENT_TRACEBACK=1`` to see one). Nothing is written
 before these checks pass, so no earlier result is touched. An error of user code during the run
 (:class:`~trl_multiagent.errors.UserCodeError`) and a fault that ends a run (:class:`~trl_multiagent.errors.RunFault`:
-too many non-finite updates in a row, a non-finite adapter about to be saved) are one such line too, with exit code 1.
+too many non-finite updates in a row, a non-finite adapter about to be saved, a full disk) are one such line too, with
+exit code 1. SIGINT and SIGTERM during training stop it after the step in progress (saving a checkpoint of it) with
+one line ``<prog>: interrupted: ...`` that says how to resume, and exit code 130 / 143
+(:mod:`~trl_multiagent.trainers.signals`).
 
 The config classes extend TRL's ``GRPOConfig``, and importing them imports torch (10-20 s). ``--help`` and the errors
 of the recipe file, the trainer's name, unknown keys, value types and the recipe's own fields are answered from
@@ -41,6 +44,7 @@ from . import recipe_fields
 from .errors import TRACEBACK_ENV, RecipeError, RunFault, UserCodeError, fail_command, one_line, pre_training_errors
 from .recipe import RecipeArguments, _fields, _hints, _trainer_registry, coerce_value, unknown_key_message
 from .recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
+from .trl_names import check_reward_funcs, move_reward_funcs, split_argv, translate
 
 DEFAULT_TRAINER = "magrpo"
 PROG = "python -m trl_multiagent"
@@ -52,6 +56,9 @@ Train a team of LLM agents from a YAML recipe, evaluate it on held-out tasks bef
 summary.json, report.md and reward_curve.png to output_dir. Every field below can be set in the recipe file and
 overridden on the command line: --field value (true/false for flags, JSON for mappings and lists, e.g.
 --agents '[{"name": "aux"}, {"name": "main"}]'). An env: mapping in the recipe sets environment variables.
+TRL's names are taken where they mean the same: model_name_or_path (model), dataset_name (dataset),
+dataset_train_split (dataset_split), dataset_test_split (eval_dataset_split), dtype (model_dtype), and reward_funcs
+(the environment's TRL reward functions: FunctionEnvironment's reward_funcs, TRLEnvironmentTeam's reward_fns).
 
 output_dir is never overwritten silently: a directory that holds a finished or running run is refused. Resume it
 (--resume_from_checkpoint <output_dir>/checkpoint-N, or true / last for the last complete one), choose another
@@ -272,7 +279,13 @@ def _parse(argv: list[str], yaml_text: str | None, prog: str, snapshot: dict[str
         parser.print_help()
         parser.exit(0)
     apply_env_block(file_values, source, set_variables=snapshot is None)
+    argv, trl_values = split_argv(argv)  # TRL's names (trl_names.py), taken out before argparse sees them
     _, cli_values = parser.parse_command_line(argv)
+    file_values, file_funcs = translate(file_values, source)
+    cli_values, cli_funcs = translate({**cli_values, **trl_values}, "command line")
+    funcs_source = "command line" if cli_funcs is not None else source
+    reward_funcs = check_reward_funcs(cli_funcs if cli_funcs is not None else file_funcs, funcs_source) \
+        if cli_funcs is not None or file_funcs is not None else None
     hints = {**parser.config_hints, **_hints(RecipeArguments)}
     merged: dict[str, Any] = {}
     for origin, values in ((source, file_values), ("command line", cli_values)):
@@ -288,6 +301,9 @@ def _parse(argv: list[str], yaml_text: str | None, prog: str, snapshot: dict[str
         raise RecipeError(f"{source}: {exc}") from exc
     if snapshot is not None:
         return None
+    if reward_funcs is not None:  # TRL's reward_funcs: the environment's TRL reward functions
+        move_reward_funcs(recipe, reward_funcs, funcs_source)
+        merged["env_kwargs"] = recipe.env_kwargs
     config_kwargs = {k: v for k, v in merged.items() if k not in recipe_fields_}
     config_kwargs.setdefault("output_dir", f"outputs/{recipe.environment}")
     try:
@@ -361,8 +377,9 @@ def train_command(argv: Sequence[str], prog: str = f"{PROG} train", script: str 
         # adapters): what went wrong where, and the way on
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
-        return 1
+        fault = isinstance(exc, RunFault)  # a signal: "interrupted", 128 + its number
+        print(f"{prog}: {exc.label if fault else 'error'}: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code if fault else 1
 
 
 def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str, str] | None = None) -> int:
@@ -375,6 +392,8 @@ def run_recipe_script(argv: Sequence[str] | None, script: str, expect: dict[str,
 
 
 COMMANDS = {"train": "train a team from a recipe (evaluating it before and after, as the recipe says)",
+            "evaluate": "evaluate a saved team (trained and untrained, each agent alone) on any held-out tasks with "
+                        "its recipe's settings (trl_multiagent/evaluation/saved_team.py)",
             "train-verifier": "sample, balance and train MAPoRL's learned verifier (App. E), save it and evaluate it "
                               "on held-out solutions (trl_multiagent/verifier_training.py)",
             "train-single": "train each agent of a finished team run alone with TRL's GRPOTrainer on the team's "
@@ -388,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     listing = "\n".join(f"  {name:14s} {text}" for name, text in COMMANDS.items())
     top = (f"usage: {PROG} <command> [--config RECIPE.yaml] [--field value ...]\n\ncommands:\n{listing}\n\n"
            f"`{PROG} train --help` lists every field of a recipe; `{PROG} train-verifier --help` every field of a "
-           "verifier recipe.")
+           f"verifier recipe; `{PROG} evaluate --help` the options of an evaluation of a saved team.")
     if not argv:
         print(top, file=sys.stderr)
         print(f"{PROG}: error: no command given", file=sys.stderr)
@@ -407,9 +426,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .evaluation.single_agent import main as train_single
 
         return train_single(rest, prog=f"{PROG} train-single")
+    if command == "evaluate":
+        from .evaluation.saved_team import main as evaluate_saved_team
+
+        return evaluate_saved_team(rest, prog=f"{PROG} evaluate")
     close = difflib.get_close_matches(command, sorted(COMMANDS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     hint += " (recipe options follow the command: train --config RECIPE.yaml)" if command.startswith("-") else ""
     print(top, file=sys.stderr)
     print(f"{PROG}: error: unknown command {command!r}{hint}", file=sys.stderr)
     return 2
+
+
+def console_main() -> int:
+    """The ``trl-multiagent`` console script (pyproject.toml ``[project.scripts]``): :func:`main`, with messages under
+    that name; the same commands as ``python -m trl_multiagent``."""
+    global PROG
+    PROG = "trl-multiagent"
+    return main()

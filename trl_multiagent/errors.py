@@ -46,6 +46,29 @@ class RunFault(RuntimeError):
     prints it as ONE line ``<prog>: error: <message>`` with exit code 1, without a traceback (as a
     :class:`UserCodeError`), and the run's ``run_status.json`` says ``failed`` with the message."""
 
+    #: The exit code of the command line, and the word before the message (``<prog>: error: ...``).
+    exit_code: int = 1
+    label: str = "error"
+
+
+class DiskFullError(RunFault):
+    """A write ran out of space (``ENOSPC``, a quota, or safetensors' and torch's own words for it): the message names
+    what was written and where, the space it needs and the space left; what was written before is as it was
+    (:mod:`trl_multiagent.atomic_files`)."""
+
+
+class TrainingInterrupted(RunFault):
+    """SIGINT or SIGTERM stopped training after the step in progress (:mod:`trl_multiagent.trainers.signals`): the
+    command line prints the message as one line and exits ``128 + signal`` (130, 143), and ``run_status.json`` says
+    ``interrupted`` with ``status_fields`` (the signal, the step, the checkpoint and the command that resumes)."""
+
+    label = "interrupted"
+
+    def __init__(self, message: str, signum: int, status_fields: dict):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+        self.status_fields = dict(status_fields)
+
 
 class NonFiniteUpdateError(RunFault):
     """Too many optimizer updates in a row had a NaN or infinite loss or gradient norm

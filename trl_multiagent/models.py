@@ -324,6 +324,12 @@ def load_base_model(
         model = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
     if quantization == "4bit":
         _keep_4bit_trainable_on_cpu(model)
+        if all(p.device.type == "cpu" for p in model.parameters()):
+            import importlib.util
+
+            if importlib.util.find_spec("kernels") is None:  # bitsandbytes' own notice is dropped at import
+                logger.info("bitsandbytes computes the 4-bit layers on the CPU with its plain kernels (the optional "
+                            "'kernels' package, its faster CPU path, is not installed)")
     elif quantization == "8bit":
         _quiet_int8_cast_warning()
     if quant_config is not None:

@@ -97,6 +97,10 @@ class RecipeArguments:
         "Optional 'module:function' or 'path/to/file.py:function' mapped over the dataset's rows (e.g. to give "
         "MBPP the columns of HumanEval)."))
     num_tasks: int = field(default=256, metadata=_help("Number of generated training tasks (dataset: generated)."))
+    init_adapters: str | None = field(default=None, metadata=_help(
+        "Warm start: the output_dir (or a checkpoint-N folder) of a saved team whose adapters are loaded before "
+        "training, with a new optimizer and schedule from global step 0. resume_from_checkpoint instead continues a "
+        "run exactly (its optimizer, schedule, step and random state); give one or the other."))
     evaluator: str = field(default="auto", metadata=_help(
         "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, writing, debate, pipeline, "
         "or episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
@@ -116,8 +120,8 @@ class RecipeArguments:
         "The headline metric of the summary and the report (empty: the evaluator's own, e.g. 'reward' for coding, "
         "'success' or 'return' for episodes, 'majority_accuracy' for debates, 'f1' for the search pipeline)."))
     eval_num_problems: int = field(default=0, metadata=_help(
-        "Held-out tasks to evaluate on; 0: the evaluator's default (every held-out problem for coding, 32 episodes "
-        "or debates, 64 pipeline questions)."))
+        "Held-out tasks to evaluate on; 0: every row of a held-out data file (eval_dataset_split: a file), else the "
+        "evaluator's default (every problem for coding, 32 episodes or debates, 64 pipeline questions)."))
     eval_num_samples: int = field(default=10, metadata=_help(
         "Samples per held-out task and method with sampled decoding (the largest k of pass@k is at most this); "
         "greedy decoding takes one."))
@@ -175,7 +179,7 @@ class RecipeArguments:
         need(bool(self.eval_methods) and len(set(self.eval_methods)) == len(self.eval_methods), "eval_methods",
              "a non-empty list of distinct methods")
         need(whole(self.eval_num_problems) and self.eval_num_problems >= 0, "eval_num_problems",
-             "an integer >= 0 (0: the evaluator's default)")
+             "an integer >= 0 (0: all of a held-out file, else the evaluator's default)")
         need(whole(self.eval_num_samples) and self.eval_num_samples >= 1, "eval_num_samples", "an integer >= 1")
         need(whole(self.eval_baseline_num_samples) and 0 <= self.eval_baseline_num_samples <= self.eval_num_samples,
              "eval_baseline_num_samples", f"an integer from 0 to eval_num_samples ({self.eval_num_samples})")

@@ -26,7 +26,7 @@ from typing import Any
 
 from . import recipe as recipe_module
 from .datafiles import DATA_FILE_SUFFIXES, check_data_file
-from .errors import one_line
+from .errors import TrainingInterrupted, one_line
 from .provenance import machine_record
 from .recipe import (
     RecipeArguments,
@@ -66,6 +66,10 @@ class Run:
         self.specs = build_team(recipe, probe.agents)
         if Path(recipe.dataset).suffix in DATA_FILE_SUFFIXES:
             check_data_file(recipe.dataset)  # cheap, and the first thing wrong with a recipe naming a file
+        if recipe.init_adapters:  # a warm start: the saved team fits this one (trl_multiagent/warm_start.py)
+            from .warm_start import check_init_adapters
+
+            check_init_adapters(recipe.init_adapters, self.specs, config.resume_from_checkpoint)
         self._plan_evaluation(probe)  # a missing held-out split is reported before the training data load
         self.dataset = build_dataset(recipe, self.env_cls, config)
         check_rows_fit(probe, self.dataset, name=f"dataset {recipe.dataset!r}")
@@ -112,7 +116,8 @@ class Run:
         if not methods:
             methods = ["team"]
         self.methods = methods
-        num = recipe.eval_num_problems or self.evaluator.default_num_tasks
+        a_file = Path(recipe.eval_dataset_split or "").suffix in DATA_FILE_SUFFIXES
+        num = recipe.eval_num_problems or (None if a_file else self.evaluator.default_num_tasks)  # 0: all of a file
         self.tasks = list(held_out_tasks(recipe, config, num, generated=self.evaluator.own_held_out_split))
         if not self.tasks:
             raise RecipeError("the held-out split has no tasks to evaluate on")
@@ -124,20 +129,16 @@ class Run:
         self.stages_planned = stages
         self.reuse_naive = (recipe.eval_team_before_is_naive and self.evaluator.naive_is_untrained_team
                             and getattr(probe, "max_turns", 1) == 1 and not config.resume_from_checkpoint
+                            and not recipe.init_adapters
                             and {"team", "naive"} <= set(methods))
         baseline_samples = min(recipe.eval_baseline_num_samples or self.num_samples, self.num_samples)
         self.method_samples = {m: self.num_samples if m == "team" or (m == "naive" and self.reuse_naive)
                                else baseline_samples for m in methods}
 
     def generation_config(self):
-        from transformers import GenerationConfig
+        from .team import eval_generation_config
 
-        recipe, config = self.recipe, self.config
-        settings: dict[str, Any] = {"max_new_tokens": recipe.eval_max_new_tokens, "do_sample": self.sampled}
-        if self.sampled:
-            temperature = recipe.eval_temperature if recipe.eval_temperature is not None else config.temperature
-            settings.update(temperature=temperature, top_p=config.top_p if config.top_p is not None else 1.0)
-        return GenerationConfig(**{**(config.generation_kwargs or {}), **settings}), settings
+        return eval_generation_config(self.recipe, self.config, self.sampled)
 
     # ------------------------------------------------------------------------------------------------ model
     @property
@@ -152,10 +153,16 @@ class Run:
         """The trainer of ``trainer:`` (it checks the output directory and a resume checkpoint before loading)."""
         self.trainer = self.trainer_class(self.specs, self.env_factory, args=self.config, train_dataset=self.dataset,
                                           callbacks=callbacks)
+        self.trainer.launch_command = self.command  # the command a signal's run_status offers to resume with
+        if self.recipe.init_adapters:
+            from .warm_start import load_init_adapters
+
+            load_init_adapters(self.trainer, self.recipe.init_adapters)
         return self.trainer
 
     # ------------------------------------------------------------------------------------------------ run
-    def evaluate(self, stage: str, methods) -> Any:
+    def evaluate(self, stage: str, methods, pool=None) -> Any:
+        """Evaluate ``methods`` at ``stage`` with the trainer's pool (or ``pool``: the evaluate command's)."""
         from .evaluation import EvalProgress, evaluate_team
 
         config = self.config
@@ -165,7 +172,8 @@ class Run:
         samples = {m: self.method_samples[m] for m in methods}
         logger.info("Evaluating %s on %d held-out tasks (%s); samples per task: %s", ", ".join(methods),
                     len(self.tasks), stage, ", ".join(f"{m} {n}" for m, n in samples.items()))
-        result = evaluate_team(self.trainer.pool, self.evaluator, self.tasks, methods, samples, generation,
+        pool = self.trainer.pool if pool is None else pool
+        result = evaluate_team(pool, self.evaluator, self.tasks, methods, samples, generation,
                                stage=stage, seed=config.seed,
                                max_batch_sequences=self.recipe.eval_max_batch_sequences or None, progress=progress)
         for method, res in result.methods.items():
@@ -185,11 +193,12 @@ class Run:
 
     def execute(self) -> int:
         """Evaluate before, train, evaluate after, write the results; returns the exit code (0). A run that ends on an
-        exception marks its output_dir ``failed`` (``run_status.json``, with the error) and re-raises it."""
+        exception marks its output_dir ``failed`` (``run_status.json``, with the error) and re-raises it; one that a
+        signal stopped is marked ``interrupted`` by the trainer."""
         try:
             return self._execute()
         except BaseException as exc:
-            if self.trainer.accelerator.is_main_process:
+            if self.trainer.accelerator.is_main_process and not isinstance(exc, TrainingInterrupted):
                 write_run_status(self.config.output_dir, "failed", error=one_line(exc))
             raise
 

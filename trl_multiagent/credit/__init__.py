@@ -18,13 +18,13 @@ The trainers call them from one hook, ``assign_credit(experience)``, right after
 score a rollout (the debate's majority vote, MHGPO's group similarity) are in :mod:`trl_multiagent.metrics`.
 """
 
-from .actor_critic import episode_td, td_errors, td_targets
+from .actor_critic import episode_td, normalize_per_turn, td_errors, td_targets
 from .at_grpo import best_candidate, mix_rewards
 from .group import STD_EPS, group_relative_advantages, grouped_advantages
 from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations, turn_loss_weights
 from .maporl import verification_rewards
 from .mhgpo import agent_loss_weights, final_rewards, heterogeneous_group_advantages, propagate_rewards
-from .returns import discounted_returns, gae, tree_returns, whiten
+from .returns import discounted_returns, gae, tree_returns, whiten, whiten_groups
 
 __all__ = [
     "STD_EPS",
@@ -41,6 +41,7 @@ __all__ = [
     "grouped_advantages",
     "joint_action_indices",
     "mix_rewards",
+    "normalize_per_turn",
     "num_tree_generations",
     "td_errors",
     "td_targets",
@@ -48,4 +49,5 @@ __all__ = [
     "turn_loss_weights",
     "verification_rewards",
     "whiten",
+    "whiten_groups",
 ]

@@ -16,6 +16,7 @@ successor history: its target is ``r_t`` alone ("no bootstrap").
 
 Everything here works on 1-D tensors (or lists) of transitions, in any order and from any episodes: a minibatch of
 the rollout buffer is just such a batch, with ``next_values[k]`` the value of transition ``k``'s successor history.
+:func:`normalize_per_turn` is the authors' released code's option of normalising the TD errors of each turn.
 """
 
 from __future__ import annotations
@@ -82,3 +83,25 @@ def episode_td(rewards: Numbers, values: Numbers, gamma: float) -> tuple[torch.T
     targets = td_targets(rewards, next_values, dones, gamma)
     return targets, targets - values
 
+
+
+def normalize_per_turn(deltas: Numbers, turns: Sequence[int], eps: float = 1e-6) -> torch.Tensor:
+    """The authors' released code's TD-error normalisation (CoMLRL, ``comlrl/trainers/actor_critic/ac_base.py``:
+    ``_process_buffer`` splits each agent's rollout buffer by turn and ``_prepare_advantages`` turns every turn's
+    advantages, the TD errors ``target - V``, into ``(delta - mean) / max(std, 1e-6)`` with the POPULATION standard
+    deviation (``unbiased=False``), when ``advantage_normalization`` is on, its default); a turn with one transition
+    keeps its TD error. The paper's Eq. 2 / Eq. 4 use the TD error itself, which stays the default.
+
+    Example (issue 61): ``delta = [0.7, 0.8, 1.0]`` at one turn: mean 0.8333, std 0.1247, so
+    ``[-1.069, -0.267, 1.336]``: the two positive errors below the mean change sign.
+    """
+    deltas = _as_tensor(deltas)
+    if deltas.dim() != 1 or len(turns) != deltas.numel():
+        raise ValueError(f"{deltas.numel()} TD errors but {len(turns)} turns")
+    out = deltas.clone()
+    for turn in dict.fromkeys(turns):
+        idx = torch.tensor([i for i, t in enumerate(turns) if t == turn], device=deltas.device)
+        if idx.numel() > 1:
+            group = deltas[idx]
+            out[idx] = (group - group.mean()) / group.std(unbiased=False).clamp(min=eps)
+    return out

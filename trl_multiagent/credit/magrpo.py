@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+
+#: The advantage of a joint action: ``"eq1"`` (the paper's Eq. 1, :func:`~trl_multiagent.credit.group.grouped_advantages`)
+#: or one of the modes of the authors' released trainer (CoMLRL's ``MAGRPOConfig.advantage_mode``,
+#: :func:`released_code_advantages`).
+ADVANTAGE_MODES = ("eq1", "mean", "raw", "max", "rloo")
 
 
 def joint_action_indices(num_agents: int, num_samples: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -67,3 +72,55 @@ def turn_loss_weights(turns: Sequence[int]) -> list[float]:
     for t in turns:
         counts[t] = counts.get(t, 0) + 1
     return [1.0 / counts[t] for t in turns]
+
+
+def released_code_advantages(returns: Sequence[float], mode: str) -> list[float]:
+    """The advantages of one group (the K joint actions at one node) as the authors' released trainer computes them
+    (CoMLRL, ``comlrl/trainers/reinforce/magrpo.py``, ``MAGRPOTrainer._compute_advantages``, selected by
+    ``MAGRPOConfig.advantage_mode``):
+
+    * ``"mean"`` (CoMLRL's default): ``A = R - mean(R)``, Eq. 1 without the division by the group's standard
+      deviation. Returns [0, 0, 0, 1]: -0.25, -0.25, -0.25, 0.75 (Eq. 1: (1 - 0.25) / (0.5 + 1e-4) = 1.4997);
+    * ``"raw"``: ``A = R``, no baseline;
+    * ``"max"``: ``A = R - max(R)`` (every advantage <= 0);
+    * ``"rloo"``: ``A = (G R - sum(R)) / (G - 1)``, the return minus the mean of the OTHER G - 1 returns
+      (leave-one-out); a group of one: ``R - mean(R) = 0``.
+
+    The paper's Eq. 1 stays the trainer's default (``advantage_mode="eq1"``)."""
+    r = [float(x) for x in returns]
+    if not r:
+        return []
+    if mode == "mean":
+        mean = sum(r) / len(r)
+        return [x - mean for x in r]
+    if mode == "raw":
+        return list(r)
+    if mode == "max":
+        top = max(r)
+        return [x - top for x in r]
+    if mode == "rloo":
+        g, total = len(r), sum(r)
+        if g == 1:
+            return [0.0]
+        return [(x * g - total) / (g - 1) for x in r]
+    raise ValueError(f"Unknown released-code advantage mode {mode!r}; expected one of {ADVANTAGE_MODES[1:]}")
+
+
+def grouped_released_code_advantages(returns: Sequence[float], keys: Sequence[Hashable], mode: str
+                                     ) -> tuple[list[float], dict[str, float]]:
+    """:func:`released_code_advantages` inside the groups given by ``keys`` (equal keys: one node's joint actions),
+    with the statistics of :func:`~trl_multiagent.credit.group.grouped_advantages` (number of groups, fraction
+    whose returns all tie)."""
+    if len(returns) != len(keys):
+        raise ValueError(f"{len(returns)} returns but {len(keys)} group keys")
+    members: dict[Hashable, list[int]] = {}
+    for idx, key in enumerate(keys):
+        members.setdefault(key, []).append(idx)
+    advantages = [0.0] * len(returns)
+    ties = 0
+    for idxs in members.values():
+        group = [float(returns[i]) for i in idxs]
+        ties += max(group) - min(group) < 1e-12
+        for i, a in zip(idxs, released_code_advantages(group, mode)):
+            advantages[i] = a
+    return advantages, {"num_groups": float(len(members)), "frac_zero_std_groups": ties / max(len(members), 1)}

@@ -107,9 +107,11 @@ def verification_rewards(scores: Sequence[Sequence[float]], mode: str, gamma: fl
 def fill_after_early_stop(rows: Sequence[Sequence], num_turns: int) -> list[list]:
     """Extend each agent's row (scores, answers or correctness flags) to ``num_turns`` by repeating its last entry.
 
-    A debate stops early when all agents agree (Sec. 4.1 evaluation, App. G); the agreed answers then stand for
-    the remaining turns, so their scores count in the cumulative and influence-aware rewards as if the agents had
-    repeated them (without this, agreeing early would shorten the sums and reward disagreement).
+    A debate of the evaluation stops early when all agents agree (Sec. 4.1); the agreed answers then stand for the
+    remaining turns in the per-turn metrics (:mod:`trl_multiagent.evaluation.debate`). The training's rewards do
+    not fill: a training debate plays every turn (``DebatePPOConfig.train_early_stop`` off, as the authors' configs,
+    whose consensus criterion 1.1 is never met), and one that stops early anyway is rewarded over the turns it
+    played, as the authors' ``score_rule`` truncates (:func:`verification_rewards` of the played columns).
     """
     out = []
     for row in rows:
@@ -131,12 +133,15 @@ class Incentives:
         alpha1: own revision W -> R while the majority at t was right (persuadability).
         beta0: the majority went W -> R after the agent's wrong answer at t (a useful wrong answer).
         beta1: the majority went W -> R after the agent's right answer at t (persuasiveness).
+        right_to_wrong: the tables' R -> W rows subtract the mirrored incentive (see
+            :func:`collaboration_incentives`); ``False``: those rows give nothing.
     """
 
     alpha0: float = 0.0
     alpha1: float = 0.0
     beta0: float = 0.0
     beta1: float = 0.0
+    right_to_wrong: bool = True
 
     @property
     def active(self) -> bool:
@@ -150,10 +155,25 @@ def collaboration_incentives(answers: Sequence[Sequence[Hashable | None]], corre
     For every agent i and turn t < T (R = right, W = wrong; ``m_t`` = :func:`peer_majority` of the other agents at
     turn t, in [0, 1]; a tie counts as right with the Sec. 4.1 expected accuracy):
 
-    * Table 1 (own revision), agent i W at t and R at t+1: ``alpha0 * (1 - m_t) + alpha1 * m_t`` is added to the
-      reward of the revised answer ``y_{i,t+1}``. The rows R -> W get nothing.
-    * Table 2 (influence), majority W at t and R at t+1: ``(1 - m_t) * m_{t+1} * (beta0 if i was W at t else
-      beta1)`` is added to the reward of the influencing answer ``y_{i,t}``. The rows R -> W get nothing.
+    * Table 1 (own revision), added to the reward of the revised answer ``y_{i,t+1}``:
+      agent i W at t and R at t+1: ``+ alpha0 * (1 - m_t) + alpha1 * m_t``;
+      agent i R at t and W at t+1: ``- alpha0 * m_t - alpha1 * (1 - m_t)``.
+    * Table 2 (influence), added to the reward of the influencing answer ``y_{i,t}``:
+      majority W at t and R at t+1: ``+ (1 - m_t) * m_{t+1} * (beta0 if i was W at t else beta1)``;
+      majority R at t and W at t+1: ``- m_t * (1 - m_{t+1}) * (beta0 if i was R at t else beta1)``.
+
+    The R -> W rows (``Incentives.right_to_wrong``, on by default), decided from the paper and the authors' code:
+    the paper's tables (text extraction) show "-" in the two R -> W rows of each table and an empty cell (a lost
+    symbol) in the W -> R rows, i.e. a minus sign before a lost alpha / beta, the tables mirroring their W -> R rows.
+    The authors' released trainer (``bonus_rule``) subtracts in the own-revision R -> W cells, and pairs the cells
+    as above: the incentive of an independent revision (W -> R against a wrong majority, the paper's alpha0, their
+    ``alpha[1]``) is also lost by leaving a right majority (R -> W, majority right), and persuadability (W -> R with
+    a right majority, alpha1, their ``alpha[0]``) is lost by following a wrong majority (R -> W, majority wrong).
+    Its influence block pairs the cells the same way (beta0 with "majority R -> W after the agent's right answer",
+    beta1 after its wrong answer) but with both signs the other way round (it subtracts when the others go W -> R
+    and adds when they go R -> W), which contradicts the paper's prose ("beta1 captures an agent's ability to
+    effectively persuade others when providing correct answers"); the signs here are the paper's. With
+    ``right_to_wrong=False`` the R -> W rows give nothing (this library's reading before issue 61).
 
     With binary majorities (two agents, or three without ties) this is exactly the table lookup; with a tie the
     majority's correctness is the probability that a uniform pick among the tied answers is right, and the
@@ -168,15 +188,21 @@ def collaboration_incentives(answers: Sequence[Sequence[Hashable | None]], corre
     column = [[answers[i][t] for i in range(n)] for t in range(turns)]
     right = [[bool(correct[i][t]) for i in range(n)] for t in range(turns)]
     out = [[0.0] * turns for _ in range(n)]
+    a0, a1, b0, b1 = incentives.alpha0, incentives.alpha1, incentives.beta0, incentives.beta1
     for i in range(n):
         for t in range(turns - 1):
             m_t = peer_majority(column[t], right[t], i)
             m_next = peer_majority(column[t + 1], right[t + 1], i)
             if not right[t][i] and right[t + 1][i]:
-                out[i][t + 1] += incentives.alpha0 * (1.0 - m_t) + incentives.alpha1 * m_t
-            weight = (1.0 - m_t) * m_next
-            if weight:
-                out[i][t] += weight * (incentives.beta1 if right[t][i] else incentives.beta0)
+                out[i][t + 1] += a0 * (1.0 - m_t) + a1 * m_t
+            elif right[t][i] and not right[t + 1][i] and incentives.right_to_wrong:
+                out[i][t + 1] -= a0 * m_t + a1 * (1.0 - m_t)
+            better = (1.0 - m_t) * m_next
+            if better:
+                out[i][t] += better * (b1 if right[t][i] else b0)
+            worse = m_t * (1.0 - m_next)
+            if worse and incentives.right_to_wrong:
+                out[i][t] -= worse * (b0 if right[t][i] else b1)
     return out
 
 
@@ -254,6 +280,17 @@ def answer_penalties(text: str, tokens: Sequence[str], truncated: bool, settings
         "post_boxed": lambda: after is not None and not _ALLOWED_AFTER_BOX.match(after),
     }
     return {name: bool(checks[name]()) for name in settings.enabled}
+
+
+def first_turn_exempt(triggered: dict[str, bool], turn: int, exempt: bool = True) -> dict[str, bool]:
+    """The App. G checks that count for an answer of ``turn`` (0-based): all of them, except a missing box at the
+    first turn when ``exempt`` (collaboration training as the authors' released trainer runs it: its penalty
+    condition adds the box check only ``if self.task_training or (turn != 0)``, and its debate configs train with
+    ``task_training`` off). The paper (App. G.2) states the no-box penalty without exception; ``exempt=False``
+    reads it so. The other checks (no EOS, short, repetition, text after the box) count at every turn."""
+    if exempt and turn == 0 and triggered.get("no_boxed"):
+        return {**triggered, "no_boxed": False}
+    return dict(triggered)
 
 
 def penalized_score(score: float, triggered: dict[str, bool], value: float) -> float:

@@ -8,11 +8,12 @@ The outputs of one rollout form a DAG: an output ``o_k`` of agent ``A_k`` is con
 successors (agents whose input contains ``o_k`` with no agent in between). Only the final outputs get a reward; it is
 carried backward (Eq. 4), each agent adds its own format reward (Eq. 4, second line), advantages are normalized
 inside groups whose members may have different inputs (Eq. 5), and the loss averages first within each agent and
-then over agents (Eq. 6).
+then over agents (Eq. 6). Round-robin's singleton groups are regrouped as Algorithm 5 does (:func:`regroup_singletons`).
 """
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
@@ -99,6 +100,38 @@ def heterogeneous_group_advantages(rewards: Sequence[float], group_ids: Sequence
     output (Eq. 5, cases), so the advantage is one number per output, shared by all its tokens.
     """
     return grouped_advantages(list(rewards), list(group_ids), scale=scale)
+
+
+def regroup_singletons(group_ids: Sequence[Hashable], group_size: int, rng: random.Random | None = None
+                       ) -> list[Hashable | None]:
+    """Round-robin's regrouping of singleton groups, MHGPO Algorithm 5 (last block), as new group identifiers.
+
+    Count every group identifier ``m``; the samples whose ``m`` appears once (P_single: in Round-robin, an agent
+    before the fork point of the only question of the batch forking there) are shuffled and partitioned into
+    ``N = floor(|P_single| / G)`` disjoint groups of ``G = group_size``, each given a new identifier
+    (``("regrouped", i)``); every other sample keeps its identifier. The ``|P_single| mod G`` singletons left over
+    belong to no group: Algorithm 5 returns only P_valid and the new groups, so they get ``None`` (the caller leaves
+    them out of training). Without it a singleton group's only member gets advantage 0 (Eq. 5 over one sample):
+    it stays in the batch without a learning signal.
+
+    Example (the issue-61 case): 16 questions, one of which forks at the Reranker; its Rewriter output is the only
+    member of its group. With G = 4 and no other singleton, ``N = 0``: it is left out (``None``). With G = 2 and
+    the lone question's Rewriter and Answerer-side singletons, the two form one new group.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size (G) must be at least 1, got {group_size}")
+    counts: dict[Hashable, int] = defaultdict(int)
+    for m in group_ids:
+        counts[m] += 1
+    singles = [i for i, m in enumerate(group_ids) if counts[m] == 1]
+    (rng if rng is not None else random).shuffle(singles)
+    out: list[Hashable | None] = list(group_ids)
+    for i in singles:
+        out[i] = None
+    for g in range(len(singles) // group_size):
+        for i in singles[g * group_size:(g + 1) * group_size]:
+            out[i] = ("regrouped", g)
+    return out
 
 
 def agent_loss_weights(agents: Sequence[Hashable], questions: Sequence[Hashable]) -> list[float]:

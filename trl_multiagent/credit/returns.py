@@ -70,3 +70,23 @@ def whiten(rows: Sequence[Sequence[float]], eps: float = 1e-8) -> list[list[floa
     var = sum((x - mean) ** 2 for x in flat) / max(len(flat) - 1, 1)
     scale = 1.0 / math.sqrt(var + eps) if var > 0 else 1.0
     return [[(float(x) - mean) * scale for x in row] for row in rows]
+
+
+def whiten_groups(rows: Sequence[Sequence[float]], keys: Sequence, eps: float = 1e-8) -> list[list[float]]:
+    """:func:`whiten` each group of ``rows`` apart, the rows with equal ``keys`` forming one group (order kept).
+
+    MAPoRL's released trainer whitens the GAE advantages of every (turn, agent) batch on its own
+    (``advantages = masked_whiten(advantages, ~padding_mask)`` inside its loop over turns and agents, with the
+    unbiased variance plus 1e-8 under the square root, as :func:`whiten`): keyed by ``(turn, agent)``, a turn whose
+    answers all earned more than another turn's keeps no advantage over it. Keyed by policy, all turns are whitened
+    together (this library's reading before issue 61)."""
+    if len(rows) != len(keys):
+        raise ValueError(f"{len(rows)} rows but {len(keys)} keys")
+    members: dict = {}
+    for idx, key in enumerate(keys):
+        members.setdefault(key, []).append(idx)
+    out: list[list[float]] = [[] for _ in rows]
+    for idxs in members.values():
+        for i, row in zip(idxs, whiten([rows[i] for i in idxs], eps)):
+            out[i] = row
+    return out

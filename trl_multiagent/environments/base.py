@@ -35,7 +35,9 @@ class StepResult:
         next_prompts: the next prompt of every agent (ignored when ``done``).
         done: the episode ends after this joint action (early termination).
         local_rewards: optional per-agent rewards (used by algorithms that mix team and local rewards).
-        info: named reward components and other scalars, logged as ``env/<name>``.
+        info: named reward components and other scalars, logged as ``env/<name>``; the values of the
+            environment's reward functions (:attr:`Environment.reward_names`), under ``<function>`` or
+            ``<agent>/<function>``, are logged as TRL logs them: ``rewards/<function>/mean`` and ``/std``.
     """
 
     team_reward: float
@@ -56,6 +58,11 @@ class Environment:
             mostly waits on subprocesses, such as sandboxed tests).
         supports_partial_actions: ``step`` accepts the actions of a subset of the agents (one agent acting after
             another within a turn), as sequential AT-GRPO needs.
+        reward_names: the names of the environment's reward functions. ``step`` reports their values in ``info``
+            under the function's name (a reward of the joint action) or ``<agent>/<function>`` (one agent's
+            completion scored); the samplers log them under TRL's names, ``rewards/<function>/mean`` and ``/std``
+            over all values and ``agent/<agent>/rewards/<function>/mean|std`` per agent, instead of ``env/<key>``
+            (:func:`~trl_multiagent.rollout.experience.reward_function_stats`).
     """
 
     agents: tuple[str, ...] = ()
@@ -63,6 +70,7 @@ class Environment:
     required_columns: tuple[str, ...] = ()
     concurrent_steps: bool = False
     supports_partial_actions: bool = False
+    reward_names: Sequence[str] = ()
 
     def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
         raise NotImplementedError(f"{type(self).__name__} must implement reset(task)")
@@ -178,6 +186,8 @@ class FunctionEnvironment(Environment):
 
     #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
     takes_reward_weights = True
+    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/trl_names.py).
+    trl_reward_funcs_argument = "reward_funcs"
 
     def __init__(
         self,

@@ -36,6 +36,12 @@ called ``single``, the reasoner's boxed answer; ``tool_alone``, the tool's progr
 answer; each scored as the team's answer is) and ``no_exchange`` (``episode_baselines``: both agents answer once,
 without seeing each other's answer, the team's answer by the rule above).
 
+A task without a gold ``answer`` can be played (asking a trained team a new question, :class:`~trl_multiagent.team.Team`):
+the exchange and the termination are as above, the steps carry no rewards (``team_reward`` and the local rewards
+``None``, ``info`` without the ``*_correct``, ``*_corrected`` and ``*_misled`` values), and :meth:`team_answer`
+gives the answer the team submits. Training and the held-out evaluation need the ``answer`` column (checked before
+any model loads).
+
 The paper's coefficients were lost in our copy of the text; these weights are this project's choice and can be
 changed with ``reasoner_weights`` / ``tool_weights``. Partial actions (``{"reasoner": ...}`` or ``{"tool": ...}``,
 sequential AT-GRPO) and joint actions are both accepted; the local rewards returned are the acting agents'.
@@ -174,7 +180,8 @@ class MathToolEnv(Environment):
 
     # ------------------------------------------------------------------------------------------- protocol
     def reset(self, task: Mapping[str, Any]) -> dict[str, Prompt]:
-        self.question, self.gold = str(task["question"]), str(task["answer"]).strip()
+        gold = task.get("answer")  # None: a question to answer, not to score (the module docstring)
+        self.question, self.gold = str(task["question"]), None if gold is None else str(gold).strip()
         self.turn, self.acted = 0, set()
         self.solution = self.reasoner_answer = self.code = self.tool_answer = None
         self.output, self.tool_ran, self.reasoner_boxed = "", False, False
@@ -222,8 +229,18 @@ class MathToolEnv(Environment):
             self.turn, self.acted = self.turn + 1, set()
         done = agreed or self.turn >= self.max_turns
         next_prompts = None if done else {a: self._prompt(a) for a in self.agents}
+        if self.gold is None:  # nothing to score against: no rewards, no correctness
+            info = {k: v for k, v in info.items() if not k.endswith(("_correct", "_corrected", "_misled"))}
+            return StepResult(team_reward=None, next_prompts=next_prompts, done=done, local_rewards=None, info=info)
         return StepResult(team_reward=float(team_correct), next_prompts=next_prompts, done=done,
                           local_rewards=local, info=info)
+
+    def team_answer(self) -> str | None:
+        """The answer the team submits now: the agreed one when the agents agree, else the ``final_answer`` agent's
+        (the other's while it has none); ``None`` before any answer."""
+        first, second = (self.reasoner_answer, self.tool_answer) if self.final_answer == "reasoner" else \
+            (self.tool_answer, self.reasoner_answer)
+        return first if first is not None else second
 
     def score_alone(self, agent: str, response: str, task: Mapping[str, Any]) -> StepResult:
         """``agent``'s first-turn ``response`` on ``task`` as the team's answer (the held-out evaluation's

@@ -197,6 +197,8 @@ class TRLEnvironmentTeam(Environment):
     supports_partial_actions = True
     #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
     takes_reward_weights = True
+    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/trl_names.py).
+    trl_reward_funcs_argument = "reward_fns"
 
     def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
         missing = [c for c in self.required_columns if c not in columns]

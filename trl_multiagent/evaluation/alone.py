@@ -31,6 +31,11 @@ alone, and the evaluations (:class:`~trl_multiagent.evaluation.episodes.EpisodeE
 
 In a recipe, ``eval_methods`` may name each method, or :data:`ALL_ALONE` (``alone``) for all of them (the default
 list has it, so every environment that scores its agents alone gets them without asking).
+
+**Trained, alone**: every alone method has a twin with the agent's adapter on, ``<agent>_alone_trained`` (and
+``<agent>_alone_turns_trained``): the agent as the team's training left it, answering by itself
+(:func:`adapters_on`; ``python -m trl_multiagent evaluate`` plays them on a saved team, after training, next to the
+untrained ones). Did training make each member better on its own, or only the exchange?
 """
 
 from __future__ import annotations
@@ -46,8 +51,30 @@ from ..errors import UserCodeError, user_code_error
 
 #: ``eval_methods`` entry that stands for every ``<agent>_alone`` (and ``<agent>_alone_turns``) method.
 ALL_ALONE = "alone"
+#: ``methods`` entry that stands for every trained twin (``<agent>_alone_trained``, ...).
+ALL_ALONE_TRAINED = "alone_trained"
 ALONE_SUFFIX = "_alone"
 TURNS_SUFFIX = "_alone_turns"
+TRAINED_SUFFIX = "_trained"
+
+
+def trained_method(method: str) -> str:
+    """The trained twin of an alone method: ``tool_alone`` -> ``tool_alone_trained``."""
+    return f"{method}{TRAINED_SUFFIX}"
+
+
+def adapters_on(program: Generator) -> Generator:
+    """``program`` (an evaluation program, see :mod:`.core`) with every generation request's adapter on: a baseline
+    of the bases (``use_adapter=False``) played by the trained policies instead, everything else unchanged."""
+    from dataclasses import replace
+
+    try:
+        requests = program.send(None)
+        while True:
+            generations = yield [replace(r, use_adapter=True) for r in requests]
+            requests = program.send(generations)
+    except StopIteration as stop:
+        return stop.value
 
 
 def alone_method(agent: str, multi_turn: bool = False) -> str:

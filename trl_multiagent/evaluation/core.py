@@ -37,11 +37,14 @@ class MethodOutput:
     """What a program returns: ``records[task][sample] = {metric: value}``, aggregates that are not means of
     per-task values (``details``: e.g. pass@k for k > 1, transition fractions, per-turn means) and, where the program
     keeps them, the texts it generated (``texts``: one row per response, ``{"task": index, "sample", "turn",
-    "agent", "text", "reward", ...}``, see :func:`~trl_multiagent.evaluation.episodes.episode_texts`)."""
+    "agent", "text", "reward", ...}``, see :func:`~trl_multiagent.evaluation.episodes.episode_texts`) and each
+    task's values turn by turn (``per_turn[task] = {"turn<t>/<name>": mean over the task's samples}``, written to
+    ``eval_per_task.jsonl`` beside the task's metrics: what each exchange changed, task by task)."""
 
     records: Records
     details: dict[str, Any] = field(default_factory=dict)
     texts: list[dict[str, Any]] = field(default_factory=list)
+    per_turn: list[dict[str, float]] = field(default_factory=list)
 
 
 Program = Generator[list[GenerationRequest], list[list[Generation]], MethodOutput]
@@ -58,6 +61,8 @@ class MethodResult:
     #: The responses, one row each (``task_id``, ``sample``, ``turn``, ``agent``, ``text``, ``reward``, ...), where
     #: the evaluator keeps them (the team's episodes); written to ``eval_texts_<stage>.jsonl``.
     texts: list[dict[str, Any]] = field(default_factory=list)
+    #: Per task, its values turn by turn (``turn<t>/<name>``), where the evaluator gives them; empty otherwise.
+    per_turn: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def from_output(cls, method: str, task_ids: Sequence[str], output: MethodOutput) -> MethodResult:
@@ -67,7 +72,10 @@ class MethodResult:
         samples = {m: [[float(r[m]) for r in recs if m in r] for recs in output.records] for m in names}
         texts = [{"task_id": task_ids[row["task"]], **{k: v for k, v in row.items() if k != "task"}}
                  for row in output.texts]
-        return cls(method, list(task_ids), samples, dict(output.details), texts)
+        if output.per_turn and len(output.per_turn) != len(task_ids):
+            raise ValueError(f"method {method!r} returned per-turn values for {len(output.per_turn)} tasks, not "
+                             f"{len(task_ids)}")
+        return cls(method, list(task_ids), samples, dict(output.details), texts, [dict(t) for t in output.per_turn])
 
     @property
     def metrics(self) -> list[str]:
@@ -87,7 +95,8 @@ class MethodResult:
         ids = [self.task_ids[i] for i in indices]
         keep = set(ids)
         return MethodResult(self.method, ids, {m: [v[i] for i in indices] for m, v in self.samples.items()}, {},
-                            [row for row in self.texts if row.get("task_id") in keep])
+                            [row for row in self.texts if row.get("task_id") in keep],
+                            [self.per_turn[i] for i in indices] if self.per_turn else [])
 
 
 @dataclass
@@ -124,6 +133,10 @@ class Evaluator:
             ``baselines`` too.
         aliases: other names of methods (an older name -> the method), e.g. the math team's ``single`` for
             ``reasoner_alone``.
+
+    Every alone method ``m`` has a trained twin, ``m + "_trained"`` (:attr:`trained_alone`): the same play with the
+    agent's adapter on, i.e. the agent as the team's training left it, playing alone (the ``evaluate`` command plays
+    it after training; :func:`~trl_multiagent.evaluation.alone.adapters_on`).
     """
 
     name = "custom"
@@ -140,16 +153,25 @@ class Evaluator:
     def methods(self) -> tuple[str, ...]:
         return (TEAM, *self.baselines)
 
+    @property
+    def trained_alone(self) -> dict[str, str]:
+        """Every trained agent-alone method -> its untrained twin: ``<agent>_alone_trained`` -> ``<agent>_alone``."""
+        from .alone import trained_method
+
+        return {trained_method(m): m for m in self.alone}
+
     def resolve_methods(self, names: Sequence[str]) -> list[str]:
         """``names`` as methods of this evaluation, in order and without repeats: an alias becomes its method and
         ``alone`` (:data:`~trl_multiagent.evaluation.alone.ALL_ALONE`) every alone method (it stays as it is when
         there is none, so that whoever asked can be told). Unknown names are kept for the caller to report."""
-        from .alone import ALL_ALONE
+        from .alone import ALL_ALONE, ALL_ALONE_TRAINED
 
         out: list[str] = []
         for name in names:
             if name == ALL_ALONE and self.alone:
                 out.extend(self.alone)
+            elif name == ALL_ALONE_TRAINED and self.alone:
+                out.extend(self.trained_alone)
             else:
                 out.append(self.aliases.get(name, name))
         return list(dict.fromkeys(out))
@@ -362,7 +384,8 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
         evaluator: how the tasks are played and scored.
         tasks: the held-out tasks (dataset rows).
         methods: ``"team"`` and/or names in ``evaluator.baselines`` (an alias or ``alone`` is resolved by
-            :meth:`Evaluator.resolve_methods`; the results are keyed by the method's own name).
+            :meth:`Evaluator.resolve_methods`; the results are keyed by the method's own name), and the trained
+            agents alone, ``<agent>_alone_trained`` (:attr:`Evaluator.trained_alone`).
         num_samples: samples (episodes) per task and method: one number for every method, or one per method
             (a mapping from every name in ``methods``).
         generation_config: a ``transformers.GenerationConfig`` (greedy when ``None``, 128 new tokens).
@@ -375,11 +398,14 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
     """
     from transformers import GenerationConfig
 
+    from .alone import adapters_on
+
     if not tasks:
         raise ValueError("evaluate_team needs at least one task")
     asked = list(methods)
     methods = evaluator.resolve_methods(asked)
-    unknown = [m for m in methods if m not in evaluator.methods]
+    trained = evaluator.trained_alone
+    unknown = [m for m in methods if m not in evaluator.methods and m not in trained]
     if unknown or not methods:
         raise ValueError(f"the {evaluator.name} evaluation has the methods {list(evaluator.methods)}, got "
                          f"{asked}")
@@ -398,12 +424,13 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
     tasks = list(tasks)
     ids = task_ids_of(tasks)
     start = time.perf_counter()
-    total = sum(evaluator.expected_sequences(m, len(tasks), samples[m]) for m in methods)
+    total = sum(evaluator.expected_sequences(trained.get(m, m), len(tasks), samples[m]) for m in methods)
     with contextlib.ExitStack() as stack:
         advance = stack.enter_context(progress.stage(stage, total)) if progress is not None else None
         stack.enter_context(isolated_rng(seed))
         stack.enter_context(inference_mode(pool))
-        programs = {m: evaluator.program(m, tasks, samples[m]) for m in methods}
+        programs = {m: adapters_on(evaluator.program(trained[m], tasks, samples[m])) if m in trained
+                    else evaluator.program(m, tasks, samples[m]) for m in methods}
         outputs, calls, sequences = run_programs(pool, programs, generation_config, max_batch_sequences, advance,
                                                  share_draws=share_draws)
     results = {m: MethodResult.from_output(m, ids, outputs[m]) for m in methods}

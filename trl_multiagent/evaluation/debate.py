@@ -2,8 +2,10 @@
 
 * **majority accuracy per turn**: the majority vote over the agents' answers at that turn, a tie scored by the
   expected accuracy of a uniform pick among the tied answers (Sec. 4.1); the last turn's value is the team's final
-  accuracy (the headline metric, ``majority_accuracy``). A debate that stopped early (all agents agreed) keeps its
-  agreed answers for the later turns.
+  accuracy (the headline metric, ``majority_accuracy``). The evaluation's debates stop early when all agents agree
+  (the environment's ``early_stop``, on by default; MAPoRL's training never stops early, as the authors train): a
+  debate that stopped early keeps its agreed answers for the later turns, and ``turns_played`` reports how many were
+  played.
 * **transitions per turn**: the fractions of answers going right -> right, right -> wrong, wrong -> right and
   wrong -> wrong from turn t to t+1, and the Table 3-4 triples with the other agents' majority at t (Sec. 4.3).
 * **each agent alone**: every agent's accuracy at turn 1, where it answers the question alone (Remark 2), and its

@@ -24,7 +24,8 @@ are the team's (``return``, ``success``, ``final/<key>``, ``turns``), so every b
 
 Every response is kept with its task, sample, turn, agent and the team reward of its step (:func:`episode_texts`)
 and written to ``eval_texts_<stage>.jsonl``. Its details hold the means of every turn's team reward and ``info``
-values. The headline metric is ``success`` where the environment reports one, else ``return``. Decoding is greedy
+values, and ``eval_per_task.jsonl`` the same turn by turn for every task (:func:`per_turn_by_task`). The headline
+metric is ``success`` where the environment reports one, else ``return``. Decoding is greedy
 unless the recipe says otherwise (AT-GRPO validates greedily; CoLLM's agents act greedily after training).
 """
 
@@ -182,6 +183,12 @@ def per_turn_means(episodes: Sequence[PlayedEpisode]) -> dict[str, float]:
     return out
 
 
+def per_turn_by_task(episodes: Sequence[PlayedEpisode], num_tasks: int) -> list[dict[str, float]]:
+    """:func:`per_turn_means` of every task's episodes (its samples), task by task: e.g. ``turn1/team_correct`` and
+    ``turn2/team_correct`` show, per task, whether the exchange of the second turn changed the answer."""
+    return [per_turn_means(eps) for eps in by_task(episodes, num_tasks)]
+
+
 def token_means(episodes: Sequence[PlayedEpisode]) -> dict[str, float]:
     agents = dict.fromkeys(a for ep in episodes for a in ep.completion_tokens)
     return {f"tokens/{a}": mean([n for ep in episodes for n in ep.completion_tokens.get(a, [])]) for a in agents}
@@ -234,7 +241,8 @@ class EpisodeEvaluator(Evaluator):
                                                     acting=(agent,))
             records = [[episode_record(ep) for ep in eps] for eps in by_task(episodes, len(tasks))]
             details = {"team_reward": mean([s.team_reward for ep in episodes for s in ep.steps])}
-            return MethodOutput(records, {**details, **token_means(episodes)}, episode_texts(episodes))
+            return MethodOutput(records, {**details, **token_means(episodes)}, episode_texts(episodes),
+                                per_turn_by_task(episodes, len(tasks)) if turns > 1 else [])
         if method in self.baseline_agents:  # one turn of the bases (adapters off), the named agents acting
             episodes = yield from play_episodes(self.env_factory, tasks, num_samples, 1, use_adapter=False,
                                                 agent_order=self.agent_order, acting=self.baseline_agents[method])
@@ -247,7 +255,7 @@ class EpisodeEvaluator(Evaluator):
         records = [[episode_record(ep) for ep in eps] for eps in by_task(episodes, len(tasks))]
         details = {"team_reward": mean([s.team_reward for ep in episodes for s in ep.steps])}
         return MethodOutput(records, {**details, **per_turn_means(episodes), **token_means(episodes)},
-                            episode_texts(episodes))
+                            episode_texts(episodes), per_turn_by_task(episodes, len(tasks)))
 
 
 def success_rate(pool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]], num_turns: int,

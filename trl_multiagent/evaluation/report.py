@@ -10,7 +10,8 @@ evaluated, whatever agent's answer it scores (each agent alone, ``<agent>_alone`
 training only if it beats its best member alone); ``baseline_means`` lists each one's mean before training. Every other metric gets the same entries under
 ``metrics``; aggregates that are not per-task means (pass@k for k > 1, transitions, per-turn means) are under
 ``details``. Held-out tasks that name their set (column ``held_out_set``, e.g. unseen operands and an unseen problem
-form) are also reported set by set (``held_out_sets``), and ``examples`` holds what the team wrote on five tasks
+form) are also reported set by set (``held_out_sets``), as are the values of any other column a caller groups by
+(``groups``: ``python -m trl_multiagent evaluate --group_by form``), and ``examples`` holds what the team wrote on five tasks
 chosen by a fixed rule, before and after training, shown side by side in ``report.md``.
 """
 
@@ -23,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic_files import open_atomically, write_atomically, write_text_atomically
 from ..metrics.stats import DEFAULT_RESAMPLES, paired_bootstrap
-from .alone import ALONE_SUFFIX, TURNS_SUFFIX
+from .alone import ALONE_SUFFIX, TRAINED_SUFFIX, TURNS_SUFFIX
 from .core import TEAM, StageResult, nan_to_none
 
 logger = logging.getLogger(__name__)
@@ -48,9 +50,12 @@ METHOD_NAMES = {
 
 def method_label(method: str) -> str:
     """A method's name in ``report.md``: :data:`METHOD_NAMES`, ``<agent> alone`` for ``<agent>_alone`` and
-    ``<agent> alone, every turn`` for ``<agent>_alone_turns``, else the name itself."""
+    ``<agent> alone, every turn`` for ``<agent>_alone_turns`` (``..., trained`` for their trained twins,
+    ``<agent>_alone_trained``), else the name itself."""
     if method in METHOD_NAMES:
         return METHOD_NAMES[method]
+    if method.endswith(TRAINED_SUFFIX) and method.removesuffix(TRAINED_SUFFIX).endswith((ALONE_SUFFIX, TURNS_SUFFIX)):
+        return f"{method_label(method.removesuffix(TRAINED_SUFFIX))}, trained"
     if method.endswith(TURNS_SUFFIX):
         return f"{method.removesuffix(TURNS_SUFFIX)} alone, every turn"
     if method.endswith(ALONE_SUFFIX):
@@ -115,10 +120,12 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
                        num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                        extra: Mapping[str, Any] | None = None,
                        task_sets: Mapping[str, Sequence[int]] | None = None,
-                       tasks: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                       tasks: Sequence[Mapping[str, Any]] | None = None,
+                       groups: Mapping[str, Mapping[str, Sequence[int]]] | None = None) -> dict[str, Any]:
     """The ``evaluation`` section of ``summary.json``. ``task_sets`` (name -> task indices): held-out sets reported
     separately as well, each under ``held_out_sets`` with its own tasks' intervals and best baseline. ``tasks``: the
-    held-out rows, whose questions and answers the ``examples`` (:func:`exchange_examples`) show."""
+    held-out rows, whose questions and answers the ``examples`` (:func:`exchange_examples`) show. ``groups`` (column
+    -> value -> task indices, :func:`task_groups`): the same per value of each column, under ``groups``."""
     first = next(iter(stages.values()))
     ids = next(iter(first.methods.values())).task_ids
     before = stages.get("before")
@@ -143,17 +150,27 @@ def evaluation_section(stages: Mapping[str, StageResult], metric: str, evaluator
     if examples:
         section["examples"] = examples
     if task_sets:
-        section["held_out_sets"] = {}
-        for name, indices in task_sets.items():
-            subsets = {s: st.subset(indices) for s, st in stages.items()}
-            sub_before = subsets.get("before")
-            section["held_out_sets"][name] = {
-                "held_out_tasks": len(indices),
-                "best_baseline": best_baseline(sub_before, metric, baselines) if sub_before is not None else None,
-                "baseline_means": baseline_means(sub_before, metric, baselines) if sub_before is not None else {},
-                "methods": summarize(subsets, metric, baselines, num_resamples, seed),
-            }
+        section["held_out_sets"] = _subset_entries(stages, task_sets, metric, baselines, num_resamples, seed)
+    if groups:
+        section["groups"] = {column: _subset_entries(stages, sets, metric, baselines, num_resamples, seed)
+                             for column, sets in groups.items()}
     return section
+
+
+def _subset_entries(stages: Mapping[str, StageResult], sets: Mapping[str, Sequence[int]], metric: str,
+                    baselines: Sequence[str], num_resamples: int, seed: int) -> dict[str, Any]:
+    """Per named set of tasks: its size, best baseline, baseline means and every method's summary on it alone."""
+    out = {}
+    for name, indices in sets.items():
+        subsets = {s: st.subset(indices) for s, st in stages.items()}
+        sub_before = subsets.get("before")
+        out[name] = {
+            "held_out_tasks": len(indices),
+            "best_baseline": best_baseline(sub_before, metric, baselines) if sub_before is not None else None,
+            "baseline_means": baseline_means(sub_before, metric, baselines) if sub_before is not None else {},
+            "methods": summarize(subsets, metric, baselines, num_resamples, seed),
+        }
+    return out
 
 
 def exchange_examples(stages: Mapping[str, StageResult], tasks: Sequence[Mapping[str, Any]] | None = None,
@@ -196,6 +213,19 @@ def task_sets_of(tasks: Sequence[Mapping[str, Any]], column: str = "held_out_set
     return sets if len(sets) > 1 else None
 
 
+def task_groups(tasks: Sequence[Mapping[str, Any]], column: str) -> dict[str, list[int]]:
+    """The tasks grouped by the value of ``column`` (value -> task indices, in order of first appearance); a task
+    without the column is in the group ``(none)``. A ``ValueError`` when no task has the column."""
+    if not any(isinstance(t, Mapping) and column in t for t in tasks):
+        have = sorted({k for t in tasks if isinstance(t, Mapping) for k in t})
+        raise ValueError(f"group_by {column!r}: no held-out task has a column {column!r} (they have {have})")
+    groups: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        value = task.get(column) if isinstance(task, Mapping) else None
+        groups.setdefault("(none)" if value is None else str(value), []).append(i)
+    return groups
+
+
 def _samples_text(ev: Mapping[str, Any]) -> str:
     """``4 sample(s) per task and method``, or the count of each method when they differ."""
     per_method = ev.get("num_samples_per_method") or {}
@@ -210,7 +240,8 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
     """Add ``evaluation`` and the run's own entries (command, wall time, ...) to ``summary.json`` (the trainer's
     training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png``, the
     per-task values and the texts (:func:`write_texts`). The one place where a run's results are written after
-    training."""
+    training. Each file is written whole or not at all, a full disk is one line (:mod:`trl_multiagent.atomic_files`).
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / SUMMARY_FILE
@@ -223,16 +254,15 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
     summary.update(dict(run))
     if evaluation is not None:
         summary["evaluation"] = dict(evaluation)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(nan_to_none(summary), indent=2, default=str))
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps(nan_to_none(summary), indent=2, default=str))
     if stages:
-        with (out / PER_TASK_FILE).open("w") as handle:
+        with open_atomically(out / PER_TASK_FILE) as handle:
             for stage_name, stage in stages.items():
                 for method, result in stage.methods.items():
                     for i, task_id in enumerate(result.task_ids):
                         row = {"stage": stage_name, "method": method, "task_id": task_id}
                         row.update({m: result.per_task(m)[i] for m in result.metrics})
+                        row.update(result.per_turn[i] if result.per_turn else {})
                         handle.write(json.dumps(nan_to_none(row)) + "\n")
     write_texts(out, stages or {})
     write_report(summary, out / REPORT_FILE)
@@ -254,7 +284,7 @@ def write_texts(out: Path, stages: Mapping[str, StageResult]) -> list[Path]:
         if not rows:
             path.unlink(missing_ok=True)
             continue
-        with path.open("w") as handle:
+        with open_atomically(path) as handle:
             for row in rows:
                 handle.write(json.dumps(nan_to_none(row), default=str) + "\n")
         written.append(path)
@@ -290,6 +320,8 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
             f"{ev['held_out_tasks']} held-out tasks, {_samples_text(ev)}; decoding: "
             f"{decoding}. Values are means over tasks of `{metric}` (a task's value is the mean over its samples); "
             "brackets: 95% bootstrap interval over tasks; gains are paired by task.",
+            *(["", f"Before training: {ev['stage_meaning'].get('before', '-')}; after training: "
+                   f"{ev['stage_meaning'].get('after', '-')}."] if ev.get("stage_meaning") else []),
             "",
             "| method | before training | after training | gain | gain vs best baseline |",
             "|---|---|---|---|---|",
@@ -302,17 +334,10 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
                          f"{_cell(entry.get('gain'), True)} | {vs_text} |")
         lines += _baselines_line(ev.get("baseline_means") or {}, best)
         for name, held in ev.get("held_out_sets", {}).items():
-            lines += ["", f"### Held-out set `{name}` ({held['held_out_tasks']} tasks)", "",
-                      "| method | before training | after training | gain | gain vs best baseline |",
-                      "|---|---|---|---|---|"]
-            for method, entry in held["methods"].items():
-                label = method_label(method) + \
-                    (" (best baseline)" if method == held.get("best_baseline") else "")
-                vs = entry.get("gain_vs_best_baseline")
-                vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
-                lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
-                             f"{_cell(entry.get('gain'), True)} | {vs_text} |")
-            lines += _baselines_line(held.get("baseline_means") or {}, held.get("best_baseline"))
+            lines += _subset_table(f"Held-out set `{name}`", held)
+        for column, sets in ev.get("groups", {}).items():
+            for value, held in sets.items():
+                lines += _subset_table(f"`{column}` = `{value}`", held)
         if ev.get("team_before_is_naive"):
             lines += ["", "The team before training is the naive-concatenation baseline's result (fresh LoRA adapters "
                           "have B = 0, so the untrained team IS the bases with the team's prompts)."]
@@ -336,8 +361,21 @@ def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:
                       f"{summary.get('train_runtime_s') or 0:.0f} s."]
     if "wall_time_s" in summary:
         lines += [f"Whole run: {summary['wall_time_s']:.0f} s."]
-    Path(md_path).write_text("\n".join(lines) + "\n")
+    write_text_atomically(md_path, "\n".join(lines) + "\n")
     return Path(md_path)
+
+
+def _subset_table(title: str, held: Mapping[str, Any]) -> list[str]:
+    """The headline table of one set of the held-out tasks (a held-out set, or a value of a grouping column)."""
+    lines = ["", f"### {title} ({held['held_out_tasks']} tasks)", "",
+             "| method | before training | after training | gain | gain vs best baseline |", "|---|---|---|---|---|"]
+    for method, entry in held["methods"].items():
+        label = method_label(method) + (" (best baseline)" if method == held.get("best_baseline") else "")
+        vs = entry.get("gain_vs_best_baseline")
+        vs_text = f"{_cell(vs, True)} vs {vs['baseline']}" if vs else "-"
+        lines.append(f"| {label} | {_cell(entry.get('before'))} | {_cell(entry.get('after'))} | "
+                     f"{_cell(entry.get('gain'), True)} | {vs_text} |")
+    return lines + _baselines_line(held.get("baseline_means") or {}, held.get("best_baseline"))
 
 
 def _baselines_line(means: Mapping[str, Any], best: str | None) -> list[str]:
@@ -421,6 +459,8 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path, evaluation
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomically(png_path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
     return Path(png_path)

@@ -250,7 +250,7 @@ def run(team_dir: Path, agents: list[str] | None, out: Path, work: Path, model: 
         for i, task in enumerate(tasks):
             f.write(json.dumps({"task_id": task.get("task_id"), "held_out_set": task.get("held_out_set"),
                                 "team": team["team"][task.get("task_id")],
-                                **{f"{a}_alone_trained": s[i] for a, s in scores.items()}}) + "\n")
+                                **{f"{a}_alone_grpo": s[i] for a, s in scores.items()}}) + "\n")
     with (out / "texts.jsonl").open("w") as f:
         for row in texts:
             f.write(json.dumps(row) + "\n")

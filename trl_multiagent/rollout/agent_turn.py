@@ -115,7 +115,8 @@ class AgentTurnSampler:
                                              "when the episode goes on")
                         prompts[e] = result.next_prompts
                 active = [e for e in active if e not in finished]
-        stats = rollout_stats(agents, samples, executed, num_generations, len(tasks))
+        stats = rollout_stats(agents, samples, executed, num_generations, len(tasks),
+                              reward_names=getattr(envs[0], "reward_names", ()) if envs else ())
         stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
         return Experience(samples, executed, stats, agents)
 

@@ -5,8 +5,9 @@ App. G.2-G.3 (penalties).
 
 For every task the sampler runs ``num_debates`` independent debates. Turn 1: each agent answers the question alone;
 later turns: each agent reads every agent's previous answer (the environment writes those prompts) and revises. A
-debate ends after ``num_turns`` turns or when the environment says ``done`` (a debate environment stops as soon as
-all agents agree). Generation is batched: at each turn, all agents answer all live debates in one team-level call.
+debate ends after ``num_turns`` turns or when the environment says ``done``; with ``early_stop=False`` (the trainer's
+default, as the authors train) a :class:`~trl_multiagent.environments.debate.DebateEnv` does not end a debate because
+its agents agree. Generation is batched: at each turn, all agents answer all live debates in one team-level call.
 
 Each answer ``y_{i,t}`` becomes one :class:`DebateSample` with what the rollout observed: the verifier score
 ``s(q, y_{i,t})`` (the environment's ``local_rewards``, the rule verifier, or a learned verifier's score when a
@@ -16,7 +17,7 @@ Its reward is the trainer's credit (:func:`~trl_multiagent.trainers.debate_ppo.d
 1. a penalised answer's verifier score becomes the penalty value (-10, App. G.2,
    :func:`~trl_multiagent.credit.maporl.penalized_score`), so that it enters every sum below;
 2. the reward mode over the debate's (penalised) score matrix (``immediate``, ``cumulative`` or ``influence``, with
-   ``gamma``; an early-stopped debate's last answers stand for its remaining turns);
+   ``gamma``; an early-stopped debate is rewarded over the turns it played);
 3. plus the collaboration incentives of Tables 1-2 (needs a :class:`~trl_multiagent.environments.debate.DebateEnv`,
    which knows which answers are right);
 
@@ -98,15 +99,19 @@ class DebateSampler:
         num_debates: independent debates per task.
         penalties: the App. G checks (``None``: no penalties).
         scorer: a learned verifier ``scorer(questions, solutions)``; ``None`` uses the environment's local rewards.
+        early_stop: keep a debate environment's ``early_stop`` (end once all agents agree); ``False`` switches it off
+            on every environment this sampler makes, so each debate plays ``num_turns`` turns (other ends, e.g. a
+            game's own, still count).
     """
 
     def __init__(self, num_turns: int, num_debates: int = 1, penalties: PenaltySettings | None = None,
-                 scorer: Scorer | None = None):
+                 scorer: Scorer | None = None, early_stop: bool = True):
         if num_turns < 1 or num_debates < 1:
             raise ValueError("num_turns and num_debates must be at least 1")
         self.num_turns, self.num_debates = num_turns, num_debates
         self.penalties = penalties
         self.scorer = scorer
+        self.early_stop = early_stop
 
     # ------------------------------------------------------------------------------------------------ debates
     def run(self, pool: AgentPool, env_factory: Callable[[], Environment], tasks: Sequence[Mapping[str, Any]],
@@ -117,6 +122,8 @@ class DebateSampler:
         for task in tasks:
             for _ in range(self.num_debates):
                 env = env_factory()
+                if not self.early_stop and isinstance(env, DebateEnv):
+                    env.early_stop = False
                 prompts.append(reset_env(env, task))
                 envs.append(env)
                 debates.append(Debate(len(debates), task, list(env.agents),

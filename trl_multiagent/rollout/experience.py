@@ -81,10 +81,72 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def rollout_stats(agents, samples, joints, num_generations, num_episodes) -> dict[str, float]:
-    """The metrics every sampler logs of what it played: joint rewards, the generation count, per-turn,
-    per-environment-component and per-agent (``agent/<name>/...``) means. The credit's metrics are
-    :func:`credit_stats`, added by the trainer's ``assign_credit``."""
+def _std(xs) -> float:
+    """The sample standard deviation (Bessel's correction, as TRL's ``nanstd``); NaN for fewer than two values."""
+    xs = list(xs)
+    if len(xs) < 2:
+        return math.nan
+    m = _mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def completion_stats(samples, prefix: str = "", terminated: bool = True) -> dict[str, float]:
+    """TRL's completion metrics of ``samples`` (``GRPOTrainer._generate_and_score_completions``), under ``prefix``:
+    ``completions/mean_length``, ``min_length``, ``max_length`` (tokens the agent generated itself),
+    ``clipped_ratio`` (the share that hit ``max_completion_length`` without an EOS) and, with ``terminated``, the
+    lengths of those that ended with one (``mean_terminated_length``, ...; 0 when none did, as in TRL)."""
+    lengths = [float(s.generation.own_token_count) for s in samples]
+    if not lengths:
+        return {}
+    stats = {f"{prefix}completions/mean_length": _mean(lengths), f"{prefix}completions/min_length": min(lengths),
+             f"{prefix}completions/max_length": max(lengths),
+             f"{prefix}completions/clipped_ratio": _mean(float(s.generation.truncated) for s in samples)}
+    if terminated:
+        ended = [n for n, s in zip(lengths, samples) if not s.generation.truncated] or [0.0]
+        stats.update({f"{prefix}completions/mean_terminated_length": _mean(ended),
+                      f"{prefix}completions/min_terminated_length": min(ended),
+                      f"{prefix}completions/max_terminated_length": max(ended)})
+    return stats
+
+
+def reward_function_stats(agents, joints, reward_names) -> tuple[dict[str, float], set[str]]:
+    """``rewards/<fn>/mean`` and ``/std`` (TRL's names) of the environment's reward functions, over every value they
+    gave (each agent's and each joint action's), and ``agent/<a>/rewards/<fn>/mean|std`` over agent ``a``'s;
+    returns them with the ``info`` keys they used. A function's values are the ``info`` entries named
+    ``<fn>`` (a reward of the joint action) or ``<agent>/<fn>`` (a reward of one agent's completion), for ``fn`` in
+    the environment's :attr:`~trl_multiagent.environments.base.Environment.reward_names`. The standard deviation is
+    the sample one, as TRL's (NaN for a single value)."""
+    names, agents = set(reward_names), list(agents)
+    every: dict[str, list[float]] = defaultdict(list)
+    per_agent: dict[tuple[str, str], list[float]] = defaultdict(list)
+    used: set[str] = set()
+    for j in joints:
+        for key, value in j.info.items():
+            agent, _, fn = key.partition("/")
+            if key in names:
+                every[key].append(float(value))
+            elif agent in agents and fn in names:
+                every[fn].append(float(value))
+                per_agent[(agent, fn)].append(float(value))
+            else:
+                continue
+            used.add(key)
+    stats = {}
+    for fn, values in every.items():
+        stats[f"rewards/{fn}/mean"], stats[f"rewards/{fn}/std"] = _mean(values), _std(values)
+    for (agent, fn), values in per_agent.items():
+        stats[f"agent/{agent}/rewards/{fn}/mean"] = _mean(values)
+        stats[f"agent/{agent}/rewards/{fn}/std"] = _std(values)
+    return stats, used
+
+
+def rollout_stats(agents, samples, joints, num_generations, num_episodes, reward_names=()) -> dict[str, float]:
+    """The metrics every sampler logs of what it played: joint rewards, the generation count, per-turn
+    (``turn<t>/team_reward``, turns counted from 1 as the evaluation's ``turn<t>/...`` in report.md), the
+    environment's reward functions (:func:`reward_function_stats`, ``reward_names``: the environment's), its other
+    ``info`` values (``env/<key>``), the completions' lengths (:func:`completion_stats`, TRL's names) over all
+    samples and per agent (``agent/<name>/completions/...``). The credit's metrics are :func:`credit_stats`, added by
+    the trainer's ``assign_credit``."""
     rewards = [j.reward for j in joints]
     stats = {
         "reward": _mean(rewards),
@@ -95,19 +157,22 @@ def rollout_stats(agents, samples, joints, num_generations, num_episodes) -> dic
         "turns": _mean(1 + max((j.turn for j in joints if j.episode == e), default=0) for e in range(num_episodes)),
     }
     by_turn: dict[int, list[float]] = defaultdict(list)
-    infos: dict[str, list[float]] = defaultdict(list)
     for j in joints:
         by_turn[j.turn].append(j.reward)
+    for t, rs in sorted(by_turn.items()):
+        stats[f"turn{t + 1}/team_reward"] = _mean(rs)
+    function_stats, reward_keys = reward_function_stats(agents, joints, reward_names)
+    stats.update(function_stats)
+    infos: dict[str, list[float]] = defaultdict(list)
+    for j in joints:
         for k, v in j.info.items():
-            infos[k].append(float(v))
-    for t, rs in by_turn.items():
-        stats[f"turn/{t}/reward"] = _mean(rs)
+            if k not in reward_keys:
+                infos[k].append(float(v))
     for k, vs in infos.items():
         stats[f"env/{k}"] = _mean(vs)
+    stats.update(completion_stats(samples))
     for a in agents:
-        mine = [s for s in samples if s.agent == a]
-        stats[f"agent/{a}/completion_length"] = _mean(s.generation.own_token_count for s in mine)
-        stats[f"agent/{a}/clipped_ratio"] = _mean(float(s.generation.truncated) for s in mine)
+        stats.update(completion_stats([s for s in samples if s.agent == a], f"agent/{a}/", terminated=False))
     return stats
 
 

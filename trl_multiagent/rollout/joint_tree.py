@@ -57,6 +57,7 @@ class JointTreeSampler:
             env = env_factory()
             frontier.append(_Node(len(frontier), e, 0, env, reset_env(env, task), None))
         node_count = len(frontier)
+        reward_names = getattr(frontier[0].env, "reward_names", ()) if frontier else ()
         joints: list[JointAction] = []
         samples: list[Sample] = []
         num_generations = 0
@@ -99,7 +100,7 @@ class JointTreeSampler:
                         node_count += 1
                 samples.extend(node_samples.values())
             frontier = next_frontier
-        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks))
+        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks), reward_names=reward_names)
         return Experience(samples, joints, stats, agents)
 
     @staticmethod

@@ -16,8 +16,10 @@ and is shared by all branches.
 - ``round_robin`` (RR, Algorithm 5): per question, the fork agent j is drawn with probability ``p_j`` (by default
   the paper's (0.7, 0.1, 0.2), :func:`default_fork_probabilities`); agents at and after j are grouped as in FoF; an
   agent before the fork (or otherwise not downstream of it) has one sample per question, grouped ACROSS the batch
-  with the other questions whose fork agent is also j, keyed ``("fork", j, agent)`` (the paper's main text; its
-  Algorithm 5 instead re-shuffles such singletons into chunks of G).
+  with the other questions whose fork agent is also j, keyed ``("fork", j, agent)`` (the paper's main text); a group
+  left with one member (the only question of the batch forking at j) is then regrouped as Algorithm 5 does: all such
+  singletons shuffled and cut into groups of G, the ``|singletons| mod G`` left over out of training
+  (:func:`~trl_multiagent.credit.mhgpo.regroup_singletons`; ``regroup_singletons=False`` keeps them, advantage 0).
 
 Generation is batched per agent: the nodes of one agent, over all questions, fork instances and branches, go to the
 pool in ONE ``generate`` call; tools run on each node's inputs. The rollout returns the final answers' rewards, each
@@ -38,6 +40,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..agents import Generation
+from ..credit.mhgpo import regroup_singletons as regroup
 from ..environments.pipeline import PipelineEnvironment, PipelineGraph
 from ..generation.requests import Prompt
 from ..metrics.similarity import intra_group_similarity
@@ -171,11 +174,15 @@ class PipelineSampler:
         strategy: ``"independent"``, ``"fork_on_first"`` or ``"round_robin"``.
         fork_probabilities: Round-robin's ``p_j`` per agent, by agent name (``None``: the paper's,
             :func:`default_fork_probabilities` over the agents in topological order).
-        rng: random source of Round-robin's fork agents (default: the ``random`` module, seeded by the trainer).
+        rng: random source of Round-robin's fork agents and of its regrouping (default: the ``random`` module,
+            seeded by the trainer).
+        regroup_singletons: Round-robin only: regroup the samples whose group has one member as Algorithm 5 does
+            (:func:`~trl_multiagent.credit.mhgpo.regroup_singletons`); ``False`` keeps them as groups of one.
     """
 
     def __init__(self, num_samples: int, strategy: str = "fork_on_first",
-                 fork_probabilities: Mapping[str, float] | None = None, rng: random.Random | None = None):
+                 fork_probabilities: Mapping[str, float] | None = None, rng: random.Random | None = None,
+                 regroup_singletons: bool = True):
         if num_samples < 1:
             raise ValueError(f"num_samples (G) must be at least 1, got {num_samples}")
         if strategy not in STRATEGIES:
@@ -189,6 +196,7 @@ class PipelineSampler:
         self.num_samples, self.strategy = num_samples, strategy
         self.fork_probabilities = dict(fork_probabilities) if fork_probabilities is not None else None
         self.rng = rng
+        self.regroup_singletons = regroup_singletons
 
     # --------------------------------------------------------------------------------------------- the plan
     def fork_agents(self, graph: PipelineGraph, num_questions: int) -> list[str]:
@@ -323,9 +331,19 @@ class PipelineSampler:
         samples = [PipelineSample(agent=n.name, policy=pool.policy_of(n.name), episode=n.question, turn=0, node=n.id,
                                   generation=n.generation, joint_ids=member_of[n.id], group=n.group, format_reward=r)
                    for n, r in zip(kept, specific)]
+        regrouped = dropped = 0
+        if self.strategy == "round_robin" and self.regroup_singletons:  # Algorithm 5's last block
+            groups = regroup([s.group for s in samples], self.num_samples, self.rng)
+            regrouped = sum(1 for s, g in zip(samples, groups) if g is not None and g != s.group)
+            dropped = sum(1 for g in groups if g is None)
+            for s, g in zip(samples, groups):
+                s.group = g
+            samples = [s for s in samples if s.group is not None]
         graph = env.graph()
         stats = rollout_stats(list(graph.agents), samples, joints, result.num_generations, len(tasks))
         stats.update(self._pipeline_stats(env, graph, result, kept, specific))
+        if self.strategy == "round_robin":
+            stats["rr/regrouped_singletons"], stats["rr/dropped_singletons"] = float(regrouped), float(dropped)
         return PipelineExperience(samples, joints, stats, list(graph.agents), consumers=consumers,
                                   terminal_rewards={t.sink: t.reward for t in result.trajectories})
 

@@ -159,7 +159,8 @@ class SinglePathSampler:
                     prompts[e] = dict(result.next_prompts)
                     still.append(e)
             active = still
-        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks))
+        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks),
+                              reward_names=getattr(envs[0], "reward_names", ()) if envs else ())
         buffer = EpisodeBuffer(samples, joints, stats, agents, transitions=transitions, num_turns=self.num_turns)
         finals = buffer.final_infos()
         for key in dict.fromkeys(k for info in finals for k in info):

@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 
 from ..agents import AgentSpec
-from ..credit import discounted_returns, td_errors, td_targets
+from ..credit import discounted_returns, normalize_per_turn, td_errors, td_targets
 from ..critics import CriticSpec
 from ..generation.requests import Prompt
 from ..losses import RESPONSE_LOSS, value_loss
@@ -94,6 +94,11 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
         num_minibatches (`int`, defaults to `1`):
             Minibatches per pass; each is one optimizer step, so a buffer gives `num_iterations * num_minibatches`
             steps (`max_steps` counts these updates). At most `episodes_per_step` (no minibatch is ever empty).
+        td_error_normalization (`bool`, defaults to `False`):
+            `False`: every agent's advantage is its TD error (Eq. 2 / Eq. 4, the paper). `True`: the authors' released
+            code (CoMLRL's `advantage_normalization`, on there by default): each critic's TD errors of one turn in the
+            minibatch (the whole buffer with `num_minibatches=1`) become `(delta - mean) / max(std, 1e-6)`, std the
+            population one (`credit.actor_critic.normalize_per_turn`: [0.7, 0.8, 1.0] -> [-1.069, -0.267, 1.336]).
         critic_global_info (`bool`, defaults to `True`):
             Give the critic(s), centralized AND decentralized, the global information m_t ("turn t of H; last reward
             r_{t-1} of at most reward_max"). `True` is the paper's setting: App. E gives m_t to "DC and CC" and
@@ -150,6 +155,9 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
         "help": "PPO-style value clipping around the rollout-time value (not in the paper); None: off."})
     num_minibatches: int = field(default=1, metadata={
         "help": "Minibatches (optimizer steps) per pass over the buffer; at most episodes_per_step."})
+    td_error_normalization: bool = field(default=False, metadata={
+        "help": "False: the TD error is the advantage (Eq. 2 / 4, the paper); True: normalise each turn's TD errors "
+                "in the minibatch to mean 0, std 1 (the authors' released code, CoMLRL)."})
     critic_global_info: bool = field(default=True, metadata={
         "help": "Give the critics, CC and DC, m_t (turn, horizon, last reward / max); true is the paper's (App. E)."})
     actor_ratio_clip: float | None = field(default=None, metadata={
@@ -309,7 +317,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     default_evaluator = "episodes"  # CoLLM evaluates its agents' greedy episodes, whatever the task
     summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "actor_ratio_clip",
                       "num_iterations", "num_minibatches", "critic_learning_rate", "cliprange_value", "vf_coef",
-                      "critic_history_turns", "critic_max_length")
+                      "critic_history_turns", "critic_max_length", "td_error_normalization")
 
     @property
     def algorithm(self) -> str:
@@ -412,6 +420,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
             epoch, part = 0, 0
         transitions = [experience.transitions[k] for k in self._schedule[epoch][part]]
         critic_loss, deltas = self._critic_update(experience, transitions)
+        if self.args.td_error_normalization:  # the authors' released code: every turn's TD errors normalised
+            for critic, by_index in deltas.items():
+                keys = list(by_index)
+                normed = normalize_per_turn([by_index[k] for k in keys], [experience.transitions[k].turn for k in keys])
+                deltas[critic] = dict(zip(keys, normed.tolist()))
         rows = []
         for tr in transitions:
             for agent, sample in tr.samples.items():

@@ -22,7 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..credit.at_grpo import mix_rewards
+from ..credit.at_grpo import LOSS_AGGREGATIONS, mix_rewards
 from ..credit.group import grouped_advantages
 from ..rollout import AgentTurnSampler, Experience, credit_stats
 from .base import MultiAgentConfig, MultiAgentTrainer
@@ -50,6 +50,11 @@ class ATGRPOConfig(MultiAgentConfig):
             Leave groups whose candidates all tie out of the update (they are still counted in the metrics).
         loss_type (`str`, defaults to `"grpo"`):
             GRPO's per-response objective (the paper states no other); any TRL loss type or `"response"` works.
+        loss_aggregation (`str` or `None`, defaults to `None`):
+            How the per-token losses are averaged, named as verl's `loss_agg_mode`: `"seq-mean-token-mean"` (GRPO's
+            per-response mean, `loss_type="grpo"`, the default) or `"token-mean"` (the authors' released code,
+            PettingLLMs: one mean over all the policy's tokens of the step, `loss_type="bnpo"`, so a 100-token
+            response weighs 10x a 10-token one; `credit.at_grpo.response_loss_shares`). `None`: as `loss_type`.
     """
 
     agent_order: str = field(default="sequential", metadata={
@@ -59,6 +64,9 @@ class ATGRPOConfig(MultiAgentConfig):
         "help": "Leave groups whose candidates all tie out of the update (counted in the metrics)."})
     loss_type: str = field(default="grpo", metadata={
         "help": "GRPO's per-response token mean ('grpo', the default: the paper gives no other) or any loss type."})
+    loss_aggregation: str | None = field(default=None, metadata={
+        "help": "'seq-mean-token-mean' (GRPO's per-response mean, loss_type grpo) or 'token-mean' (the authors' "
+                "released code, PettingLLMs: one mean over all tokens, loss_type bnpo); None: as loss_type."})
 
     @property
     def evaluation_agent_order(self) -> str:
@@ -68,6 +76,15 @@ class ATGRPOConfig(MultiAgentConfig):
     def __post_init__(self):
         if self.agent_order not in ("sequential", "parallel"):
             raise ValueError(f"agent_order must be 'sequential' or 'parallel', got {self.agent_order!r}")
+        if self.loss_aggregation is not None:
+            if self.loss_aggregation not in LOSS_AGGREGATIONS:
+                raise ValueError(f"loss_aggregation must be one of {list(LOSS_AGGREGATIONS)} or None, got "
+                                 f"{self.loss_aggregation!r}")
+            wanted = LOSS_AGGREGATIONS[self.loss_aggregation]
+            if self.loss_type not in ("grpo", wanted):  # grpo is loss_type's default: only another choice conflicts
+                raise ValueError(f"loss_aggregation={self.loss_aggregation!r} is loss_type={wanted!r}; it cannot be "
+                                 f"combined with loss_type={self.loss_type!r}")
+            self.loss_type = wanted
         super().__post_init__()
 
 
@@ -87,7 +104,7 @@ class ATGRPOTrainer(MultiAgentTrainer):
 
     config_class = ATGRPOConfig
     algorithm = "AT-GRPO"
-    summary_fields = ("num_turns", "agent_order", "alpha", "drop_zero_std_groups")
+    summary_fields = ("num_turns", "agent_order", "alpha", "drop_zero_std_groups", "loss_aggregation", "loss_type")
     _tag_names = ["trl", "trl-multiagent", "at-grpo"]
     _name = "AT-GRPO"
     _paper = {"title": "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import tempfile
 import time
 from collections import defaultdict
@@ -83,6 +82,7 @@ from .sharding import (
     sharded_adapter_loading,
     unsharded,
 )
+from .signals import train_until_signal
 from .update_guard import add_skipped_updates, check_update, skips_optimizer_step
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
     Args:
         agents: the team, as a list of [`AgentSpec`] (loaded here) or an already built [`AgentPool`].
         environment: a zero-argument factory returning a fresh environment (a class works), called once per task.
-        args: the trainer's config (a subclass of [`MultiAgentConfig`]).
+        args: the trainer's config (a [`MultiAgentConfig`] subclass; a TRL `GRPOConfig` is taken over: trl_args.py).
         train_dataset: one row per task, passed to the environment.
         callbacks: extra `transformers.TrainerCallback` objects.
 
@@ -123,9 +123,9 @@ class MultiAgentTrainer(TeamTrainerSurface):
         args: MultiAgentConfig,
         train_dataset: Dataset,
         callbacks: list | None = None,
+        reward_funcs: Any = None,  # GRPOTrainer's keyword, refused: the environment's (trl_args.py)
     ):
-        if not isinstance(args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        args = self.take_trl_args(args, reward_funcs)  # a GRPOConfig's fields taken over (compat.py)
         # ---- everything that can be checked, before any model loads
         agents = self.prepare_agents(agents, args)
         specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
@@ -564,7 +564,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         elif self.args.should_save:
             self.pool.save_adapters(output_dir)
         if self.args.should_save:
-            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            self.save_training_args(output_dir)  # whole or not at all (compat)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """``Trainer.save_model``; under FSDP every process saves the team (:meth:`save_team` gathers the adapters
@@ -581,12 +581,12 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs) -> TrainOutput:
         """Train, then write the final adapters and ``<output_dir>/summary.json``. ``run_status.json`` marks the
-        output directory ``running`` meanwhile and ``finished`` at the end."""
+        output directory ``running`` meanwhile and ``finished`` at the end (SIGINT / SIGTERM: signals.py)."""
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)  # true -> a path
         check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies),
                          list(self.pool.critics))
         with marked_running(self.args.output_dir, self.args.should_save):  # "failed" with the error if it raises
-            output = super().train(resume_from_checkpoint, *args, **kwargs)
+            output = train_until_signal(self, super().train, resume_from_checkpoint, *args, **kwargs)
             self.save_model(self.args.output_dir)  # a non-finite adapter raises, writing nothing
         if self.args.should_save:
             write_summary(self, output)

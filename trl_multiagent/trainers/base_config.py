@@ -19,6 +19,7 @@ from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_a
 from ..losses import RESPONSE_LOSS
 from ..models import MODEL_DTYPES, context_length
 from .sharding import check_parallelism
+from .unused_fields import refuse_unused_fields
 
 #: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -58,12 +59,19 @@ class MultiAgentConfig(GRPOConfig):
             An optimizer update whose loss or gradient norm is NaN or infinite is skipped (no optimizer step, the
             adapters unchanged; the step still counts), with a warning and the metric `skipped_updates`; this many
             skipped in a row are tolerated, one more ends the run with one error. `0`: the first one ends it.
+        save_on_signal (`bool`, defaults to `True`):
+            On SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption) the step in progress is finished and training
+            stops (exit code 130 / 143, `run_status.json` `interrupted` with the command that resumes it); with this,
+            a checkpoint of that step is saved first (when a step was done before the signal). A second signal stops
+            at once.
 
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
         `gradient_accumulation_steps` and `steps_per_generation` must stay 1 (raise `episodes_per_step` instead).
         `num_iterations` reuses one rollout for that many optimizer steps, as in TRL. `loss_type` is
         `"response"` (the whole-response objective of MAGRPO Eq. 2 and CoLLM Eq. 2/4) or any TRL loss type.
+        `GRPOConfig` fields that only `GRPOTrainer.__init__` reads are refused unless left at their defaults
+        (`trl_multiagent/trainers/unused_fields.py`). `print_logs` prints each logging step's dict as TRL does.
     """
 
     #: The smallest ``num_generations`` the trainer's sampler accepts.
@@ -135,6 +143,12 @@ class MultiAgentConfig(GRPOConfig):
                 "with a warning that counts them and the metric skipped_updates (updates skipped so far). This many "
                 "skipped updates in a row are tolerated; one more ends the run with one error (run_status.json: "
                 "failed). 0: the first non-finite update ends it."})
+    save_on_signal: bool = field(default=True, metadata={
+        "help": "On SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption), finish the step in progress, save a "
+                "checkpoint of it (when a step was done before the signal) and stop: exit code 130 / 143, "
+                "run_status.json 'interrupted' with the step and the command that resumes the run "
+                "(--resume_from_checkpoint true). false: stop after the step without saving. A second signal stops "
+                "at once."})
     num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent and branch point."})
     loss_type: str = field(default=RESPONSE_LOSS, metadata={
         "help": "Policy objective: 'response' (MAGRPO Eq. 2: clipped ratio of whole-response probabilities, gradient "
@@ -148,17 +162,22 @@ class MultiAgentConfig(GRPOConfig):
         "memory setting, the loss is the same. Unlike TRL's GRPOTrainer, where it counts the completions per device "
         "and step, the step's size here is episodes_per_step tasks x num_generations samples (x agents x turns).")})
     logging_steps: float = field(default=1, metadata={"help": "Log every this many optimizer steps."})
+    print_logs: bool = field(default=True, metadata={
+        "help": "Print each logging step's dict of metrics on the console, as TRL's GRPOTrainer does (transformers' "
+                "ProgressCallback: floats to 4 significant digits), above the progress bar; false: the bar alone. "
+                "metrics.jsonl and report_to receive every dict either way."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
     share_prompt_prefixes: bool | None = field(default=None, metadata={
         "help": "Teacher-forced passes (log-probs, critic values) run a prompt shared by several rows, and an opening "
                 "shared by several prompts, once (trl_multiagent/teacher_forcing.py; the same numbers up to float "
                 "summation order). None: on, except under FSDP, where one pass per row is required (FSDP2 frees a "
                 "layer's gathered weights after each forward); true under FSDP is an error."})
-    activation_checkpointing: bool | None = field(default=False, metadata={
-        "help": "Recompute activations in the backward pass to save memory (about a fifth slower); off by default: "
-                "turn it on only when memory needs it."})
+    activation_checkpointing: bool | None = field(default=None, metadata={
+        "help": "Recompute activations in the backward pass to save memory (about a fifth slower); off by default "
+                "(None: the deprecated gradient_checkpointing's value where given, else off): turn it on only when "
+                "memory needs it."})
     gradient_checkpointing: bool | None = field(default=None, metadata={
-        "help": "transformers' deprecated alias of activation_checkpointing."})
+        "help": "transformers' deprecated alias of activation_checkpointing (taken as it when that is unset)."})
 
     @property
     def evaluation_agent_order(self) -> str:
@@ -189,6 +208,7 @@ class MultiAgentConfig(GRPOConfig):
                              ". Use frozen_matmul_dtype 'float32'.")
 
     def __post_init__(self):
+        refuse_unused_fields(self)  # GRPOConfig fields only GRPOTrainer.__init__ reads: refused unless left default
         cuda = torch.cuda.is_available()
         if self.bf16 is None:
             self.bf16 = cuda
@@ -268,10 +288,11 @@ def check_loss_settings(config) -> None:
     if config.loss_type == RESPONSE_LOSS:
         per_token = {"entropy_coef": config.entropy_coef != 0.0, "use_adaptive_entropy": config.use_adaptive_entropy,
                      "top_entropy_quantile": config.top_entropy_quantile < 1.0,
-                     "off_policy_mask_threshold": config.off_policy_mask_threshold is not None}
+                     "off_policy_mask_threshold": config.off_policy_mask_threshold is not None,
+                     "use_bias_correction_kl": config.use_bias_correction_kl}
         used = [name for name, on in per_token.items() if on]
         if used:
-            raise ValueError(f"{used[0]} is a per-token option of TRL's losses; the whole-response objective "
+            raise ValueError(f"{used[0]} is an option of TRL's per-token losses; the whole-response objective "
                              f"(loss_type={RESPONSE_LOSS!r}) does not use it. Unset it or choose a TRL loss_type.")
 
 

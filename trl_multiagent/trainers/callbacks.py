@@ -17,6 +17,22 @@ def _jsonable(value):
     return value
 
 
+def format_logs(logs: dict, max_str_len: int = 100) -> str:
+    """A logged dict as transformers' ``ProgressCallback.on_log`` prints it under TRL's GRPOTrainer: floats to 4
+    significant digits (as strings), long strings replaced by a note, ``total_flos`` left out."""
+    shown = {}
+    for key, value in logs.items():
+        if isinstance(value, str) and len(value) > max_str_len:
+            shown[key] = (f"[String too long to display, length: {len(value)} > {max_str_len}. "
+                          "Consider increasing `max_str_len` if needed.]")
+        elif isinstance(value, float):
+            shown[key] = f"{value:.4g}"
+        else:
+            shown[key] = value
+    shown.pop("total_flos", None)
+    return str(shown)
+
+
 class MetricsFileCallback(TrainerCallback):
     """Appends every logged dict to ``<output_dir>/metrics.jsonl`` (one JSON object per logging step).
 
@@ -46,7 +62,11 @@ class MetricsFileCallback(TrainerCallback):
 
 class TrainingProgressCallback(TrainerCallback):
     """A rich progress bar of training: steps done of ``max_steps``, elapsed time, time left, and the last logged
-    team reward (``reward``) and step time; one line fits 100 columns. The main process draws it."""
+    team reward (``reward``) and step time; one line fits 100 columns. The main process draws it.
+
+    It stands in for transformers' ``ProgressCallback``, and prints what that prints: each logging step's dict
+    (:func:`format_logs`), above the bar, as TRL's GRPOTrainer shows it; ``print_logs: false`` leaves the bar alone.
+    """
 
     def __init__(self):
         self.progress = None
@@ -67,7 +87,14 @@ class TrainingProgressCallback(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.progress is None or not logs:
+        if not state.is_world_process_zero or not logs:
+            return
+        if getattr(args, "print_logs", True):
+            if self.progress is not None:  # above the live bar, as tqdm.write prints above tqdm's
+                self.progress.console.print(format_logs(logs), markup=False, highlight=False, soft_wrap=True)
+            else:
+                print(format_logs(logs), flush=True)
+        if self.progress is None:
             return
         shown = [f"{name} {logs[key]:.3f}" for key, name in (("reward", "reward"), ("loss", "loss"))
                  if isinstance(logs.get(key), (int, float))]

@@ -18,15 +18,19 @@ does), which the overrides here call.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict, deque
 
 import torch
-from transformers import GenerationConfig, Trainer
+from transformers import GenerationConfig, PrinterCallback, Trainer
 from trl import GRPOTrainer
-from trl.trainer.utils import RepeatSampler, identity
+from trl.trainer.utils import RepeatSampler, disable_dropout_in_model, identity
 
+from ..atomic_files import write_atomically
 from ..logprobs import completion_logps
+from .checkpoint_staging import staged_checkpoint
 from .sharding import is_fsdp
+from .trl_args import trainer_config
 
 #: The trl and transformers releases this module was written against (the pins in pyproject.toml).
 TESTED_VERSIONS = {"trl": "1.16", "transformers": "5.24"}
@@ -36,6 +40,7 @@ MIRRORED = {
     "transformers.Trainer._save": "(self, output_dir: str | None = None, state_dict: dict | None = None) -> None",
     "transformers.Trainer._save_checkpoint": "(self, model: torch.nn.modules.module.Module, "
                                              "trial: 'optuna.Trial | dict[str, Any] | None') -> None",
+    "transformers.Trainer._get_output_dir": "(self, trial: 'optuna.Trial | dict[str, Any] | None') -> str",
     "transformers.Trainer._load_from_checkpoint": "(self, resume_from_checkpoint: str, "
                                                   "model: torch.nn.modules.module.Module | None = None) -> None",
     "transformers.Trainer._remove_unused_columns": "(self, dataset: 'datasets.Dataset', "
@@ -68,12 +73,24 @@ class TeamTrainerSurface(GRPOTrainer):
     """The seam between a team trainer and the private parts of ``GRPOTrainer`` / ``transformers.Trainer``."""
 
     # ------------------------------------------------------------------------------------------------ set-up
+    def take_trl_args(self, args, reward_funcs=None):
+        """The config the trainer runs with: ``args`` as it is, or a plain TRL ``GRPOConfig``'s fields taken over into
+        the trainer's ``config_class``; ``reward_funcs`` (``GRPOTrainer``'s keyword) refused in one line
+        (:func:`~trl_multiagent.trainers.trl_args.trainer_config`)."""
+        return trainer_config(self.config_class, args, reward_funcs)
+
     def init_trainer(self, pool, args, train_dataset, callbacks) -> None:
         """``transformers.Trainer.__init__`` with the pool as the model (instead of ``GRPOTrainer.__init__``), then
-        the state GRPOTrainer's loss and logging read."""
+        the state GRPOTrainer's loss and logging read; ``disable_dropout`` applied to every base and adapter as
+        ``GRPOTrainer.__init__`` applies it to its model, and ``print_logs: false`` honoured under ``disable_tqdm``
+        (transformers' PrinterCallback prints each dict there)."""
         first_tokenizer = next(iter(pool.tokenizers.values()))
         Trainer.__init__(self, model=pool, args=args, data_collator=identity, train_dataset=train_dataset,
                          processing_class=first_tokenizer, callbacks=callbacks)
+        if args.disable_dropout:
+            disable_dropout_in_model(pool)
+        if not getattr(args, "print_logs", True):
+            self.remove_callback(PrinterCallback)
         self.set_grpo_state(args)
 
     def set_grpo_state(self, args) -> None:
@@ -123,8 +140,23 @@ class TeamTrainerSurface(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """Mirrors ``transformers.Trainer._save_checkpoint``, skipping GRPOTrainer's model card (a team is not one hub
-        model)."""
-        Trainer._save_checkpoint(self, model, trial)
+        model), and writes the checkpoint whole or not at all: into a temporary folder, renamed when complete
+        (:func:`~trl_multiagent.trainers.checkpoint_staging.staged_checkpoint`)."""
+        with staged_checkpoint(self, trial) as staging:
+            self._checkpoint_staging = staging
+            try:
+                Trainer._save_checkpoint(self, model, trial)
+            finally:
+                self._checkpoint_staging = None
+
+    def _get_output_dir(self, trial) -> str:
+        """Mirrors ``transformers.Trainer._get_output_dir``: the temporary folder while a checkpoint is written."""
+        staging = getattr(self, "_checkpoint_staging", None)
+        return staging if staging is not None else super()._get_output_dir(trial)
+
+    def save_training_args(self, output_dir: str) -> None:
+        """``training_args.bin`` in ``output_dir``, as transformers writes it, whole or not at all."""
+        write_atomically(os.path.join(output_dir, "training_args.bin"), lambda tmp: torch.save(self.args, tmp))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None) -> None:
         """Mirrors ``transformers.Trainer._load_from_checkpoint``: loads the team's adapters."""

@@ -21,17 +21,39 @@ from ..rollout.experience import Experience
 
 #: Characters of a task's description kept in a row.
 TASK_CHARS = 200
+#: Columns that state a task, in the order they are looked for (TRL's ``prompt`` first).
+PROMPT_COLUMNS = ("prompt", "question", "problem", "query", "instruction", "task", "input", "text")
+#: Columns that hold a task's answer, its reference or its tests: never shown as the task (the table would give the
+#: solution where the question belongs).
+ANSWER_COLUMNS = frozenset({"solution", "solutions", "answer", "answers", "target", "targets", "label", "labels",
+                            "reference", "references", "ground_truth", "gold", "canonical_solution", "test", "tests",
+                            "test_list", "completion", "output", "response", "expected", "expected_output"})
+
+
+def _text(value: Any) -> str | None:
+    """The text of a prompt value: a string, or the content of the last user message of chat messages."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, Mapping) for m in value):
+        users = [m for m in value if m.get("role") == "user"] or list(value)
+        content = users[-1].get("content")
+        return content if isinstance(content, str) and content else None
+    return None
 
 
 def describe_task(task: Any) -> str:
-    """A short text naming a task row: its ``task_id`` (or ``id``), else its first text column, else its repr."""
+    """A short text naming a task row: its ``task_id`` (or ``id``); else its prompt (the first of
+    :data:`PROMPT_COLUMNS`, a string or chat messages, whose last user message is shown); else its first other text
+    column that is not an answer (:data:`ANSWER_COLUMNS`); else its repr."""
     if isinstance(task, Mapping):
         for key in ("task_id", "id"):
             if task.get(key) is not None:
                 return str(task[key])
-        for value in task.values():
-            if isinstance(value, str) and value:
-                return value[:TASK_CHARS]
+        others = [k for k in task if k not in PROMPT_COLUMNS and str(k).lower() not in ANSWER_COLUMNS]
+        for key in [k for k in PROMPT_COLUMNS if k in task] + others:
+            text = _text(task[key])
+            if text is not None:
+                return text[:TASK_CHARS]
     return repr(task)[:TASK_CHARS]
 
 

@@ -5,18 +5,27 @@ Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Mo
 
 One training step, top to bottom:
 
-1. rollout (every ``num_iterations`` steps): the :class:`~trl_multiagent.rollout.DebateSampler` plays the debates,
-   scores every answer and runs the App. G checks; then, per agent, one teacher-forced pass each gives the behaviour
-   log-probs (adapter on), the reference log-probs (adapter off) and the critic's per-token values (:meth:`sample`);
+1. rollout (every ``num_iterations x num_minibatches`` steps): the :class:`~trl_multiagent.rollout.DebateSampler`
+   plays the debates, every one to its last turn (no early stop in training, ``train_early_stop``), scores every
+   answer and runs the App. G checks; then, per agent, one teacher-forced pass each gives the behaviour log-probs
+   (adapter on), the reference log-probs (adapter off) and the critic's per-token values (:meth:`sample`);
 2. credit (:meth:`assign_credit`): every answer's reward (:func:`debate_rewards`: verifier score -> App. G penalty on
-   that score -> reward mode -> incentives), then its token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the
-   answer's reward on its last token through GAE(``gae_gamma``, ``gae_lambda``) into per-token advantages and value
-   targets (:func:`token_credit`);
-3. update, the base's loop: TRL's clipped policy loss (``_compute_loss`` with ``(B, T)`` advantages, and vLLM's
-   importance-sampling correction with ``use_vllm``) for every policy with its adapter active, and on each of its
-   micro-batches the clipped value loss of the answering agents' critics (:meth:`auxiliary_loss`);
-4. one optimizer step (one param group per policy and per critic). The same rollout serves ``num_iterations`` steps:
-   the PPO epochs.
+   that score, the first turn's missing box exempt -> reward mode -> incentives), then its token rewards
+   ``-kl_coef * (log pi - log pi_ref)`` plus the answer's reward on its last token through GAE(``gae_gamma``,
+   ``gae_lambda``) into per-token advantages and value targets, whitened per (turn, agent) (:func:`token_credit`);
+3. update, the base's loop on ONE minibatch of the rollout's debates (:meth:`update`; the authors' schedule: each
+   PPO epoch shuffles the debates and cuts them into ``num_minibatches`` minibatches, 8 x 4 epochs = 32 optimizer
+   steps per rollout by default): TRL's clipped policy loss (``_compute_loss`` with ``(B, T)`` advantages, and
+   vLLM's importance-sampling correction with ``use_vllm``) for every policy with its adapter active, and on each
+   of its micro-batches the clipped value loss of the answering agents' critics (:meth:`auxiliary_loss`);
+4. one optimizer step (one param group per policy and per critic).
+
+Where this follows the authors' released trainer (github.com/chanwoo-park-official/MAPoRL,
+``ppov2_trainer_multi_different_model.py``) rather than the paper's text, and how to get the other reading: no early
+stop in training (their configs' consensus criterion 1.1; ``train_early_stop``), whitening per (turn, agent)
+(``whiten_by="policy"``: all turns together), 8 minibatches x 4 epochs (``num_minibatches=1``: one step per epoch),
+no box penalty at the first turn (``first_turn_box_exempt=False``), the incentive tables' R -> W rows
+(:func:`~trl_multiagent.credit.maporl.collaboration_incentives`; ``incentive_right_to_wrong=False``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -36,12 +46,12 @@ from ..credit.maporl import (
     Incentives,
     PenaltySettings,
     collaboration_incentives,
-    fill_after_early_stop,
+    first_turn_exempt,
     penalized_score,
     token_level_rewards,
     verification_rewards,
 )
-from ..credit.returns import discounted_returns, gae, whiten
+from ..credit.returns import discounted_returns, gae, whiten_groups
 from ..critics import CriticSpec
 from ..environments.debate import DebateEnv
 from ..losses import value_loss
@@ -56,6 +66,10 @@ from .micro_batches import prompt_grouped_chunks
 logger = logging.getLogger(__name__)
 
 _CLIPPED_LOSSES = ("bnpo", "grpo", "dr_grpo", "dapo")
+#: How the token advantages are whitened: per (turn, agent) batch (the authors' trainer) or per policy.
+WHITEN_BY = ("turn_agent", "policy")
+#: The authors' minibatches per PPO epoch (their configs' ``num_mini_batches``).
+AUTHORS_MINIBATCHES = 8
 
 
 @dataclass
@@ -67,11 +81,23 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
     `num_turns`; gamma of Def. 1 / App. F = `gamma`; alpha0, alpha1, beta0, beta1 of Tables 1-2 = `alpha0`, `alpha1`,
     `beta0`, `beta1`; the KL coefficient of the token reward = `kl_coef`; the value-loss coefficient = `vf_coef`;
     GAE's discount and lambda = `gae_gamma`, `gae_lambda`; the PPO clip = `epsilon`; the value clip =
-    `cliprange_value`; PPO epochs per rollout = `num_iterations`; sampling temperature = `temperature`.
+    `cliprange_value`; PPO epochs per rollout = `num_iterations` (each cut into `num_minibatches` optimizer steps);
+    sampling temperature = `temperature`.
 
     Parameters:
         num_turns (`int`, defaults to `3`):
-            T, debate turns (a debate ends earlier when all agents agree).
+            T, debate turns.
+        train_early_stop (`bool`, defaults to `False`):
+            Let a training debate end when the environment says so (a `DebateEnv` with `early_stop` ends once all
+            agents agree). Off: every training debate plays all `num_turns` turns, as the authors train (their
+            configs set the consensus criterion to 1.1, never met; the paper describes no early stop in training);
+            the held-out evaluation keeps the environment's early stop. An early-stopped debate is rewarded over the
+            turns it played (the authors' truncation).
+        num_minibatches (`int` or `None`, defaults to `None`):
+            Minibatches per PPO epoch, each one optimizer step: every epoch shuffles the rollout's debates and cuts
+            them into this many parts (the authors' `num_mini_batches`). A rollout then serves `num_iterations *
+            num_minibatches` optimizer steps (`max_steps` counts them). `None`: the authors' 8, or one per debate
+            when a rollout has fewer than 8 debates (`episodes_per_step * num_generations`).
         num_generations (`int`, defaults to `1`):
             Independent debates rolled out per task.
         gamma (`float`, defaults to `0.3`):
@@ -99,7 +125,11 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
         gae_lambda (`float`, defaults to `0.95`):
             GAE's lambda.
         whiten_advantages (`bool`, defaults to `True`):
-            Normalise each policy's token advantages to mean 0 and standard deviation 1 per rollout.
+            Normalise the token advantages to mean 0 and standard deviation 1 per rollout, in the groups of
+            `whiten_by`.
+        whiten_by (`str`, defaults to `"turn_agent"`):
+            `"turn_agent"`: every (turn, agent) batch apart, as the authors' trainer; `"policy"`: all of a policy's
+            tokens together (turn 0 at +0.5 and turn 1 at -0.5 become +-0.866 instead of 0).
         value_head_per_turn (`bool`, defaults to `False`):
             Give every agent's critic one value head per turn (`CriticSpec.num_heads = num_turns`).
         critic_share_adapter (`bool`, defaults to `False`):
@@ -113,6 +143,12 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
             The verifier score of an answer that triggers an App. G penalty (the paper's value, App. G.2: "a verifier
             score of -10"); it replaces `s(q, y)` before the reward mode, so it enters every cumulative and
             influence-aware sum the answer's score is part of (`credit.maporl.penalized_score`).
+        first_turn_box_exempt (`bool`, defaults to `True`):
+            Collaboration training as the authors' trainer runs it: first-turn answers are not penalised for a
+            missing `\boxed{}` (`credit.maporl.first_turn_exempt`); `False`: every turn (App. G.2's text).
+        incentive_right_to_wrong (`bool`, defaults to `True`):
+            Tables 1-2's R -> W rows subtract the mirrored incentive (`credit.maporl.collaboration_incentives`
+            says why); `False`: they give nothing.
         penalize_no_boxed, penalize_no_eos, penalize_repetition, penalize_post_boxed (`bool`, default `True`):
             Switch each App. G penalty on or off: no `\boxed{}` answer, no EOS (cut at `max_completion_length`), a
             token n-gram repeated more than `max_repeats` times in a row (numbers exempt), text after the box.
@@ -124,16 +160,24 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
     Notes:
         `loss_type` defaults to `"bnpo"` (the policy loss is a mean over all tokens, as PPO's); `grpo`, `dr_grpo` and
         `dapo` also work. `num_iterations` defaults to 4 (the paper's four PPO epochs per rollout); every PPO epoch
-        is one optimizer step over the whole rollout, in micro-batches of `per_device_train_batch_size`.
+        is `num_minibatches` optimizer steps, each over its minibatch's debates in micro-batches of
+        `per_device_train_batch_size`.
     """
 
     min_generations: ClassVar[int] = 1
 
-    num_turns: int = field(default=3, metadata={"help": "T: debate turns (earlier end when all agents agree)."})
+    num_turns: int = field(default=3, metadata={"help": "T: debate turns (every one played in training)."})
+    train_early_stop: bool = field(default=False, metadata={
+        "help": "End a training debate when the environment says so (all agents agree); off: every debate plays "
+                "all turns, as the authors train (the evaluation still stops early)."})
+    num_minibatches: int | None = field(default=None, metadata={
+        "help": "Minibatches (optimizer steps) per PPO epoch, debates reshuffled every epoch (the authors' "
+                "num_mini_batches); None: 8, or one per debate when a rollout has fewer."})
     num_generations: int | None = field(default=1, metadata={"help": "Independent debates per task."})
     gamma: float = field(default=0.3, metadata={"help": "Discount of later turns' scores in the reward modes."})
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (the paper: 0.7)."})
-    num_iterations: int = field(default=4, metadata={"help": "PPO epochs (optimizer steps) per rollout."})
+    num_iterations: int = field(default=4, metadata={
+        "help": "PPO epochs per rollout (the paper's 4), each num_minibatches optimizer steps."})
     loss_type: str = field(default="bnpo", metadata={"help": "Policy-loss aggregation: bnpo (token mean), grpo, "
                                                              "dr_grpo or dapo."})
     reward_mode: str = field(default="influence", metadata={
@@ -150,7 +194,14 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
         "help": "Value clip around the rollout's values; None: no clip."})
     gae_gamma: float = field(default=1.0, metadata={"help": "GAE discount between the tokens of one answer."})
     gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
-    whiten_advantages: bool = field(default=True, metadata={"help": "Normalise each policy's token advantages."})
+    whiten_advantages: bool = field(default=True, metadata={"help": "Normalise the token advantages (whiten_by)."})
+    whiten_by: str = field(default="turn_agent", metadata={
+        "help": "'turn_agent': whiten every (turn, agent) batch apart (the authors' trainer); 'policy': all of a "
+                "policy's tokens together."})
+    first_turn_box_exempt: bool = field(default=True, metadata={
+        "help": "No missing-box penalty at the first turn (the authors' collaboration training); False: every turn."})
+    incentive_right_to_wrong: bool = field(default=True, metadata={
+        "help": "Tables 1-2's R->W rows subtract the mirrored incentive (the paper's '-' cells); False: nothing."})
     value_head_per_turn: bool = field(default=False, metadata={"help": "One value head per turn in every critic."})
     penalty_value: float = field(default=-10.0, metadata={
         "help": "Verifier score of an answer hit by an App. G penalty (the paper's -10); it enters the reward sums."})
@@ -183,11 +234,20 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
             raise ValueError("min_response_tokens must be >= 0, max_repeats and max_repeat_ngram >= 1")
         if not self.verifier:
             raise ValueError("verifier must be 'rule' or the directory of a saved learned verifier")
+        if self.whiten_by not in WHITEN_BY:
+            raise ValueError(f"whiten_by must be one of {WHITEN_BY}, got {self.whiten_by!r}")
+        debates = self.episodes_per_step * self.num_generations
+        if self.num_minibatches is None:
+            self.num_minibatches = min(AUTHORS_MINIBATCHES, max(debates, 1))
+        elif not 1 <= self.num_minibatches <= debates:
+            raise ValueError(f"num_minibatches must be between 1 and the debates of a rollout (episodes_per_step x "
+                             f"num_generations = {debates}), got {self.num_minibatches}: a minibatch holds whole "
+                             "debates")
         super().__post_init__()
 
     @property
     def incentives(self) -> Incentives:
-        return Incentives(self.alpha0, self.alpha1, self.beta0, self.beta1)
+        return Incentives(self.alpha0, self.alpha1, self.beta0, self.beta1, self.incentive_right_to_wrong)
 
     @property
     def penalty_settings(self) -> PenaltySettings | None:
@@ -236,7 +296,8 @@ class DebatePPOTrainer(MultiAgentTrainer):
     evaluate_sampled = True  # Sec. 4.1: majority vote over answers sampled at the training temperature
     algorithm = "MAPoRL"
     summary_fields = ("num_turns", "gamma", "reward_mode", "alpha0", "alpha1", "beta0", "beta1", "verifier", "kl_coef",
-                      "vf_coef", "gae_gamma", "gae_lambda", "num_iterations")
+                      "vf_coef", "gae_gamma", "gae_lambda", "num_iterations", "num_minibatches", "train_early_stop",
+                      "whiten_by", "first_turn_box_exempt", "incentive_right_to_wrong")
 
     def validate_environment(self, probe, agent_names, train_dataset, args: DebatePPOConfig) -> None:
         """The Environment protocol; incentives and a learned verifier need a debate environment; a learned verifier
@@ -286,7 +347,13 @@ class DebatePPOTrainer(MultiAgentTrainer):
             self.verifier_model = LearnedVerifier.load(args.verifier, dtype=args.model_dtype)
             scorer = self.verifier_model.score
         return DebateSampler(num_turns=args.num_turns, num_debates=args.num_generations,
-                             penalties=args.penalty_settings, scorer=scorer)
+                             penalties=args.penalty_settings, scorer=scorer, early_stop=args.train_early_stop)
+
+    def set_grpo_state(self, args: DebatePPOConfig) -> None:
+        super().set_grpo_state(args)
+        # One rollout serves E epochs of M minibatches, one optimizer step each: the shared base re-rolls every
+        # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.
+        self.num_iterations = args.num_iterations * args.num_minibatches
 
     # ------------------------------------------------------------------------------------------------ rollout
     @torch.no_grad()
@@ -314,9 +381,10 @@ class DebatePPOTrainer(MultiAgentTrainer):
         """Every answer's reward (:func:`debate_rewards`: App. G penalties, reward mode, Tables 1-2 incentives), then
         its token rewards and GAE with the rollout's values (:func:`token_credit`)."""
         args = self.args
-        debate_rewards(experience, args.num_turns, args.reward_mode, args.gamma, args.incentives, args.penalty_value)
+        debate_rewards(experience, args.num_turns, args.reward_mode, args.gamma, args.incentives, args.penalty_value,
+                       args.first_turn_box_exempt)
         token_credit(experience, args.kl_coef, args.gae_gamma, args.gae_lambda, args.whiten_advantages,
-                     agents=self.pool.agent_names)
+                     agents=self.pool.agent_names, whiten_by=args.whiten_by)
 
     def _completion_values(self, agent: str, batch: dict[str, torch.Tensor],
                            samples: Sequence[DebateSample]) -> torch.Tensor:
@@ -339,6 +407,29 @@ class DebatePPOTrainer(MultiAgentTrainer):
         return batch
 
     # ------------------------------------------------------------------------------------------------ update
+    @torch.no_grad()
+    def rollout(self, tasks) -> Experience:
+        """The base's rollout and credit, then this rollout's minibatch schedule (:func:`minibatch_schedule`)."""
+        experience = super().rollout(tasks)
+        rng = random.Random(f"{self.args.seed}/{self.state.global_step}/{self.accelerator.process_index}")
+        episodes = sorted({s.episode for s in experience.samples})
+        self._schedule = minibatch_schedule(episodes, self.args.num_minibatches, self.args.num_iterations, rng)
+        return experience
+
+    def update(self, model, experience: Experience) -> torch.Tensor:
+        """The base's update on one minibatch of the rollout's debates: step ``k`` of a rollout's cycle is epoch
+        ``k // num_minibatches``, minibatch ``k % num_minibatches`` of :meth:`rollout`'s schedule."""
+        schedule = getattr(self, "_schedule", None)
+        if self.args.num_minibatches == 1 or not schedule:
+            return super().update(model, experience)
+        epoch, part = divmod(self.state.global_step % self.num_iterations, self.args.num_minibatches)
+        if epoch >= len(schedule):  # resumed mid-cycle on a fresh rollout: start its schedule over
+            epoch, part = 0, 0
+        chosen = set(schedule[epoch][part])
+        rows = [s for s in experience.samples if s.episode in chosen]
+        joints = [j for j in experience.joint_actions if j.episode in chosen]
+        return super().update(model, Experience(rows, joints, {}, experience.agents))
+
     def auxiliary_loss(self, model, policy: str, chunk: Sequence[DebateSample], batch: dict[str, torch.Tensor],
                        experience: Experience) -> torch.Tensor:
         """The critics' value loss on one micro-batch of the base's update loop: for each agent answering in
@@ -365,21 +456,43 @@ class DebatePPOTrainer(MultiAgentTrainer):
 _VALUE_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "returns", "old_values")
 
 
+def minibatch_schedule(items: Sequence, num_minibatches: int, num_epochs: int, rng: random.Random) -> list[list[list]]:
+    """The authors' PPO schedule over one rollout: for each of ``num_epochs`` epochs a fresh random order of
+    ``items`` (their ``b_inds = np.random.permutation(local_batch_size)``), cut into ``num_minibatches`` consecutive
+    minibatches whose sizes differ by at most one (theirs are equal: ``num_mini_batches`` divides their batch).
+    ``schedule[epoch][k]`` is minibatch ``k`` of ``epoch``; every epoch is a partition of ``items`` (with fewer items
+    than minibatches, e.g. a short last batch of tasks, the last minibatches are empty: their steps update nothing)."""
+    if num_minibatches < 1 or num_epochs < 1:
+        raise ValueError(f"{num_minibatches} minibatches of {len(items)} items over {num_epochs} epochs")
+    schedule = []
+    for _ in range(num_epochs):
+        order = list(items)
+        rng.shuffle(order)
+        size, extra = divmod(len(order), num_minibatches)
+        bounds = [k * size + min(k, extra) for k in range(num_minibatches + 1)]
+        schedule.append([order[bounds[k]:bounds[k + 1]] for k in range(num_minibatches)])
+    return schedule
+
+
 # ---------------------------------------------------------------------------------------------------- credit
 def debate_rewards(experience: Experience, num_turns: int, reward_mode: str, gamma: float,
-                   incentives: Incentives | None = None, penalty_value: float = -10.0) -> None:
+                   incentives: Incentives | None = None, penalty_value: float = -10.0,
+                   first_turn_box_exempt: bool = True) -> None:
     """MAPoRL's reward of every answer of a :class:`~trl_multiagent.rollout.DebateSampler` rollout, written onto its
     samples (``base_reward``, ``incentive``, ``reward`` = ``ret`` = their sum), debate by debate:
 
     1. an answer that triggered an App. G check gets the verifier score ``penalty_value`` (App. G.2,
        :func:`~trl_multiagent.credit.maporl.penalized_score`) BEFORE the reward mode aggregates the scores, so the
-       penalty also lowers the cumulative and influence-aware rewards the answer's score enters;
+       penalty also lowers the cumulative and influence-aware rewards the answer's score enters; with
+       ``first_turn_box_exempt`` a first-turn answer's missing box does not count
+       (:func:`~trl_multiagent.credit.maporl.first_turn_exempt`, the authors' collaboration training);
     2. the reward mode (``"immediate"``, ``"cumulative"`` or ``"influence"``, App. F / Def. 1,
-       :func:`~trl_multiagent.credit.maporl.verification_rewards`) over the ``num_turns`` turns, an early-stopped
-       debate's last answers standing for its remaining turns
-       (:func:`~trl_multiagent.credit.maporl.fill_after_early_stop`);
-    3. plus the collaboration incentives of Tables 1-2 (:func:`~trl_multiagent.credit.maporl.collaboration_incentives`),
-       which need every answer's group and correctness (a debate environment).
+       :func:`~trl_multiagent.credit.maporl.verification_rewards`) over the turns the debate played: all
+       ``num_turns`` of them in training (no early stop), fewer only if the debate stopped early, whose rewards are
+       then those of the played turns alone, as the authors' ``score_rule`` truncates (scores [1] and [0] stopping
+       at turn 1 reward agent 1 with 1.0, not the 0.8597 of its score repeated over 3 turns with gamma 0.3);
+    3. plus the collaboration incentives of Tables 1-2 (:func:`~trl_multiagent.credit.maporl.collaboration_incentives`)
+       over the played turns, which need every answer's group and correctness (a debate environment).
 
     The joint actions' returns are the team's per-turn results summed from each turn on; the credit's metrics
     (``incentive`` among them) go to ``experience.stats``.
@@ -389,18 +502,19 @@ def debate_rewards(experience: Experience, num_turns: int, reward_mode: str, gam
         agents = list(dict.fromkeys(s.agent for s in rows))
         cell = {(s.agent, s.turn): s for s in rows}
         played = 1 + max(s.turn for s in rows)
+        if played > num_turns:
+            raise ValueError(f"a debate played {played} turns, more than num_turns={num_turns}")
         grid = [[cell[(a, t)] for t in range(played)] for a in agents]
-        scores = [[penalized_score(s.score, s.penalties, penalty_value) for s in row] for row in grid]
-        base = [row[:played] for row in verification_rewards(fill_after_early_stop(scores, num_turns), reward_mode,
-                                                             gamma)]
+        scores = [[penalized_score(s.score, first_turn_exempt(s.penalties, s.turn, first_turn_box_exempt),
+                                   penalty_value) for s in row] for row in grid]
+        base = verification_rewards(scores, reward_mode, gamma)
         incentive = [[0.0] * played for _ in agents]
         if incentives.active:
             if any(s.correct is None for s in rows):
                 raise ValueError("collaboration incentives need a debate environment that knows which answers are "
                                  "right; the rollout's environment is not a DebateEnv")
-            groups = fill_after_early_stop([[s.answer_group for s in row] for row in grid], num_turns)
-            correct = fill_after_early_stop([[s.correct for s in row] for row in grid], num_turns)
-            incentive = [row[:played] for row in collaboration_incentives(groups, correct, incentives)]
+            incentive = collaboration_incentives([[s.answer_group for s in row] for row in grid],
+                                                 [[s.correct for s in row] for row in grid], incentives)
         for i, row in enumerate(grid):
             for t, s in enumerate(row):
                 s.base_reward, s.incentive = base[i][t], incentive[i][t]
@@ -414,14 +528,17 @@ def debate_rewards(experience: Experience, num_turns: int, reward_mode: str, gam
 
 
 def token_credit(experience: Experience, kl_coef: float, gae_gamma: float, gae_lambda: float, whiten_advantages: bool,
-                 agents: Sequence[str] | None = None) -> None:
+                 agents: Sequence[str] | None = None, whiten_by: str = "turn_agent") -> None:
     """MAPoRL's token-level credit (Sec. 3.2) of answers that carry their rollout-time log-probs, reference log-probs
     and critic values: the token rewards ``-kl_coef * (log pi - log pi_ref)`` plus the answer's reward on its last
     token (:func:`~trl_multiagent.credit.maporl.token_level_rewards`) through GAE
     (:func:`~trl_multiagent.credit.returns.gae`) into per-token advantages and value targets; with
-    ``whiten_advantages`` each policy's token advantages are normalised together
-    (:func:`~trl_multiagent.credit.returns.whiten`). Logs the summed KL per answer, the values and the value
-    targets (``kl``, ``value_mean``, ``returns_mean``; ``agents`` is the order they are summed in)."""
+    ``whiten_advantages`` the token advantages are normalised per (turn, agent) batch (``whiten_by="turn_agent"``,
+    the authors' trainer) or per policy (``"policy"``), :func:`~trl_multiagent.credit.returns.whiten_groups`. Logs
+    the summed KL per answer, the values and the value targets (``kl``, ``value_mean``, ``returns_mean``;
+    ``agents`` is the order they are summed in)."""
+    if whiten_by not in WHITEN_BY:
+        raise ValueError(f"whiten_by must be one of {WHITEN_BY}, got {whiten_by!r}")
     kls, values, returns = [], [], []
     for agent in agents if agents is not None else experience.agents:
         for s in (s for s in experience.samples if s.agent == agent):
@@ -431,10 +548,10 @@ def token_credit(experience: Experience, kl_coef: float, gae_gamma: float, gae_l
             values.extend(s.old_values)
             returns.extend(s.token_returns)
     if whiten_advantages:
-        for policy in dict.fromkeys(s.policy for s in experience.samples):
-            rows = [s for s in experience.samples if s.policy == policy]
-            for s, adv in zip(rows, whiten([s.token_advantages for s in rows])):
-                s.token_advantages = adv
+        rows = experience.samples
+        keys = [(s.turn, s.agent) if whiten_by == "turn_agent" else s.policy for s in rows]
+        for s, adv in zip(rows, whiten_groups([s.token_advantages for s in rows], keys)):
+            s.token_advantages = adv
     experience.stats.update({"kl": _mean(kls), "value_mean": _mean(values), "returns_mean": _mean(returns)})
 
 

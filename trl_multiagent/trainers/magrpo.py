@@ -22,7 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..credit.group import grouped_advantages
-from ..credit.magrpo import cross_sample_credit, turn_loss_weights
+from ..credit.magrpo import (
+    ADVANTAGE_MODES,
+    cross_sample_credit,
+    grouped_released_code_advantages,
+    turn_loss_weights,
+)
 from ..credit.returns import tree_returns
 from ..losses import RESPONSE_LOSS
 from ..rollout import Experience, JointAction, JointTreeSampler, Sample, credit_stats
@@ -73,6 +78,11 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
             embedded-model recipes use larger rates (LoRA adapters on a 135M model, trained for tens of steps).
         beta (`float`, defaults to `0.0`):
             No KL term (and no reference pass): the paper's 0.02 is stated for writing only, none for coding.
+        advantage_mode (`str`, defaults to `"eq1"`):
+            `"eq1"`: the paper's Eq. 1, `(R - mean) / std` over the joint actions of a node (`scale_rewards` as in
+            TRL). The authors' released trainer (CoMLRL) instead: `"mean"` (its default, `R - mean`, no std:
+            returns [0, 0, 0, 1] give 0.75 where Eq. 1 gives 1.4997), `"raw"` (`R`), `"max"` (`R - max`) or
+            `"rloo"` (`R` minus the mean of the other K - 1), `credit.magrpo.released_code_advantages`.
     """
 
     joint_mode: str = field(default="aligned", metadata={"help": "'aligned' (K joint actions) or 'cross' (K**n)."})
@@ -88,10 +98,18 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
         "help": "The paper's one-turn coding rate (1e-6; TRL's default); writing and two-turn coding: 5e-6."})
     beta: float = field(default=0.0, metadata={
         "help": "KL coefficient; 0 (no reference pass): the paper states 0.02 for writing only, none for coding."})
+    advantage_mode: str = field(default="eq1", metadata={
+        "help": "'eq1': the paper's (R - mean) / std per node; the authors' released code (CoMLRL): 'mean' (R - "
+                "mean, its default), 'raw', 'max' (R - max) or 'rloo' (leave-one-out mean)."})
 
     def __post_init__(self):
         if self.joint_mode not in ("aligned", "cross"):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
+        if self.advantage_mode not in ADVANTAGE_MODES:
+            raise ValueError(f"advantage_mode must be one of {ADVANTAGE_MODES}, got {self.advantage_mode!r}")
+        if self.advantage_mode != "eq1" and self.scale_rewards not in ("group", True):
+            raise ValueError(f"scale_rewards applies to advantage_mode='eq1' (Eq. 1) only; advantage_mode="
+                             f"{self.advantage_mode!r} never divides, got scale_rewards={self.scale_rewards!r}")
         if self.num_turns > 1 and self.loss_type != RESPONSE_LOSS and self.loss_type not in ROW_MEAN_LOSSES:
             raise ValueError(f"num_turns > 1 weighs each turn's samples on their own (Algorithm 1), which needs a "
                              f"per-response loss_type ({RESPONSE_LOSS!r} or {sorted(ROW_MEAN_LOSSES)}), got "
@@ -114,7 +132,7 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
 
     config_class = MultiAgentGRPOConfig
     algorithm = "MAGRPO"
-    summary_fields = ("num_turns", "joint_mode", "gamma")
+    summary_fields = ("num_turns", "joint_mode", "gamma", "advantage_mode")
     _tag_names = ["trl", "trl-multiagent", "magrpo"]
     _name = "MAGRPO"
     _paper = {
@@ -132,7 +150,8 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
 
     def assign_credit(self, experience: Experience) -> None:
         """Returns along the tree, Eq. 1 per node and each sample's share of its joint actions (:func:`tree_credit`)."""
-        tree_credit(experience, self.args.num_generations, self.args.gamma, self.args.scale_rewards)
+        tree_credit(experience, self.args.num_generations, self.args.gamma, self.args.scale_rewards,
+                    self.args.advantage_mode)
 
     def sample_weights(self, policy: str, rows: Sequence[Sample]) -> list[float] | None:
         """Algorithm 1 with H > 1: each turn's Eq. 2 objective is the mean over that turn's samples, and the turns'
@@ -143,19 +162,25 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
         return turn_loss_weights([s.turn for s in rows])
 
 
-def tree_credit(experience: Experience, num_samples: int, gamma: float, scale_rewards: str = "group") -> None:
+def tree_credit(experience: Experience, num_samples: int, gamma: float, scale_rewards: str = "group",
+                advantage_mode: str = "eq1") -> None:
     """MAGRPO's credit of a joint tree (Algorithm 1, Eq. 1), written onto ``experience``.
 
     Every joint action's return is its reward plus ``gamma`` times the mean return of its children
     (:func:`~trl_multiagent.credit.returns.tree_returns`); its advantage is Eq. 1 over the joint actions of its node
-    (:func:`~trl_multiagent.credit.group.grouped_advantages`, ``scale_rewards`` as ``GRPOConfig.scale_rewards``).
+    (:func:`~trl_multiagent.credit.group.grouped_advantages`, ``scale_rewards`` as ``GRPOConfig.scale_rewards``), or
+    with another ``advantage_mode`` the authors' released code's
+    (:func:`~trl_multiagent.credit.magrpo.grouped_released_code_advantages`).
     Each sample's reward, return and advantage are those of its joint action (``aligned``), or their mean over the
     K**(n-1) joint actions it takes part in (``cross``: :func:`~trl_multiagent.credit.magrpo.cross_sample_credit`).
     ``num_samples`` is K.
     """
     joints = experience.joint_actions
     returns = tree_returns([j.reward for j in joints], [j.children for j in joints], gamma)
-    advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=scale_rewards)
+    if advantage_mode == "eq1":
+        advantages, group_stats = grouped_advantages(returns, [j.node for j in joints], scale=scale_rewards)
+    else:
+        advantages, group_stats = grouped_released_code_advantages(returns, [j.node for j in joints], advantage_mode)
     for j, r, a in zip(joints, returns, advantages):
         j.ret, j.advantage = r, a
     by_node: dict[int, list[JointAction]] = {}

@@ -74,6 +74,12 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
             between (two agents: 0.7, 0.3), see
             :func:`~trl_multiagent.rollout.pipeline.default_fork_probabilities`. (The field cannot default to the
             list itself: it depends on the number of agents and is refused by the other strategies.)
+        regroup_singletons (`bool`, defaults to `True`):
+            Round-robin only: after the batch's rollouts, the samples whose group has one member (an agent before
+            the fork point of the only question forking there) are shuffled and cut into groups of G, the leftover
+            ones left out of training, as the paper's Algorithm 5 does
+            (:func:`~trl_multiagent.credit.mhgpo.regroup_singletons`). `False`: they stay as groups of one, with
+            advantage 0 (the paper's main text alone).
         reward_aggregation (`str`, defaults to `"mean"`):
             Aggr of Eq. 4, how an output's shared reward combines the rewards of the outputs that consumed it:
             `"mean"` (the paper), `"max"` or `"min"`.
@@ -103,6 +109,9 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
         "help": "RR: probability that each agent (environment order) is the fork point; None = the paper's "
                 "[0.7, 0.1, 0.2] for three agents (entry, middle, final; other lengths: 0.7 entry, 0.2 final, 0.1 "
                 "shared by the agents in between)."})
+    regroup_singletons: bool = field(default=True, metadata={
+        "help": "RR: regroup singleton groups into groups of G, leftovers out of training (Algorithm 5); False: "
+                "keep them as groups of one (advantage 0)."})
     reward_aggregation: str = field(default="mean", metadata={
         "help": "Aggr of Eq. 4 for backward reward propagation: 'mean', 'max' or 'min'."})
     agent_loss_weighting: bool = field(default=True, metadata={
@@ -163,7 +172,8 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
 
     config_class = HeterogeneousGroupConfig
     algorithm = "MHGPO"
-    summary_fields = ("sampling", "fork_probabilities", "reward_aggregation", "agent_loss_weighting", "share_policy")
+    summary_fields = ("sampling", "fork_probabilities", "regroup_singletons", "reward_aggregation",
+                      "agent_loss_weighting", "share_policy")
 
     def prepare_agents(self, agents, args: HeterogeneousGroupConfig):
         """Parameter sharing: the agents that name no policy of their own act with one policy (``share_policy``)."""
@@ -190,7 +200,8 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
         if args.fork_probabilities is not None:
             probs = dict(zip(self.agent_order, args.fork_probabilities))
         # RR's fork draws use Python's `random`, which the trainer seeds per process (set_seed(seed, device_specific)).
-        return PipelineSampler(num_samples=args.num_generations, strategy=args.sampling, fork_probabilities=probs)
+        return PipelineSampler(num_samples=args.num_generations, strategy=args.sampling, fork_probabilities=probs,
+                               regroup_singletons=args.regroup_singletons)
 
     def assign_credit(self, experience: PipelineExperience) -> None:
         """Eq. 4 propagation and agent-specific rewards, Eq. 5 heterogeneous groups (:func:`pipeline_credit`)."""

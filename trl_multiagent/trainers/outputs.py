@@ -1,14 +1,20 @@
 """What a run leaves in its ``output_dir``, and the rules that keep it from being lost.
 
 A run marks its directory with ``run_status.json`` (``running`` while it trains, ``finished`` at the end, ``failed``
-with the error when it ends on one; with the process id and host). Before any model loads, a trainer refuses an
+with the error when it ends on one, ``interrupted`` when SIGINT or SIGTERM stopped it, with the step, the checkpoint
+and the command that resumes it: :mod:`~trl_multiagent.trainers.signals`; with the process id and host). Before any model loads, a trainer refuses an
 ``output_dir`` that is empty, an existing file, a path where no directory can be made, or that holds the results of
 another run (a status file, ``summary.json``, ``adapters/`` or ``checkpoint-*``), unless the run resumes from one of
 its checkpoints or ``overwrite_output_dir`` is set; a directory whose run is still alive is refused even then. A
 status that says ``running`` for a process of this host that is gone is stale (the run crashed or was killed): the
 refusal says so, and a run allowed into the directory replaces it. A checkpoint to resume from is checked (its files
 exist and parse) before anything loads; ``resume_from_checkpoint`` ``true`` / ``last`` is first resolved to the path of
-the last checkpoint whose save completed (:func:`resolve_checkpoint`).
+the last checkpoint whose save completed (:func:`resolve_checkpoint`); a checkpoint's temporary folder
+(``checkpoint-<step>.tmp-<pid>``, :mod:`~trl_multiagent.trainers.checkpoint_staging`) is never taken for one.
+
+Every file written here is written whole or not at all (:mod:`trl_multiagent.atomic_files`); a disk that is full
+while a run trains is one :class:`~trl_multiagent.errors.DiskFullError` line, and the status file is still written
+(in place, where no new file fits).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from ..errors import one_line
+from ..atomic_files import disk_full_error, is_disk_full, write_text_atomically
+from ..errors import DiskFullError, TrainingInterrupted, one_line
 from ..provenance import machine_record
 
 logger = logging.getLogger(__name__)
@@ -86,6 +93,8 @@ def _describe_status(status: dict | None) -> str:
         return f"a run that failed ({error})"
     if status and status.get("status") == "finished":
         return "a finished run"
+    if status and status.get("status") == "interrupted":
+        return f"a run that was interrupted ({status.get('message') or 'by a signal'})"
     return "the results of another run"
 
 
@@ -132,7 +141,7 @@ def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: 
     if run_is_alive(status):
         raise OutputDirError(f"output_dir {str(path)!r} belongs to a run that is still running (pid {status['pid']}); "
                              "wait for it to end or choose another output_dir")
-    by_step = sorted(path.glob("checkpoint-*"), key=lambda p: (_checkpoint_step(p) or -1, p.name))
+    by_step = sorted((p for p in path.glob("checkpoint-*") if _checkpoint_step(p) is not None), key=_checkpoint_step)
     checkpoints = [p.name for p in by_step]
     complete = [p.name for p in by_step if (p / CHECKPOINT_COMPLETE_MARKER).is_file()]
     if resume_from_checkpoint or overwrite:
@@ -140,7 +149,8 @@ def check_output_dir(output_dir: str | Path, resume_from_checkpoint, overwrite: 
             logger.warning("output_dir %s: %s; its status is replaced by this run's", path, _describe_status(status))
             (path / RUN_STATUS_FILE).unlink(missing_ok=True)
         return
-    found = [m for m in RESULT_MARKERS if (path / m).exists()] + checkpoints
+    found = [m for m in RESULT_MARKERS if (path / m).exists()] + checkpoints + \
+        sorted(p.name for p in path.glob("checkpoint-*") if _checkpoint_step(p) is None)
     if found:
         what = _describe_status(status)
         resume = ("Resume it (--resume_from_checkpoint <output_dir>/checkpoint-N, or true for the last complete one: "
@@ -178,7 +188,7 @@ def last_complete_checkpoint(output_dir: str | Path, asked: str = "true") -> Pat
     found = [m for m in RESULT_MARKERS if (path / m).exists()]
     holds = (f" It holds {_describe_status(read_run_status(path))} ({', '.join(found)}), which cannot be continued "
              "without a checkpoint (a run writes them with save_strategy 'steps' and save_steps)."
-             if found else "")
+             f"{_init_adapters_hint(path)}" if found else "")
     what = (f"no complete checkpoint in {str(path)!r} (no {CHECKPOINT_COMPLETE_MARKER} in "
             f"{', '.join(p.name for p in checkpoints)}: the saves were cut short)" if checkpoints
             else f"no checkpoint-* folder in {str(path)!r}")
@@ -238,8 +248,24 @@ def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -
     if not ((path / "optimizer.pt").is_file() or (path / "optimizer.bin").is_file() or (path / "optimizer_0").is_dir()):
         problems.append("optimizer.pt is missing")
     if problems:
+        inside = sorted((p for p in path.glob("checkpoint-*") if (p / CHECKPOINT_COMPLETE_MARKER).is_file()),
+                        key=lambda p: _checkpoint_step(p) or -1)
+        where = (f"; it is a run's output_dir, not a checkpoint: resume from one of its checkpoints "
+                 f"({', '.join(p.name for p in inside)}), or pass true for the last complete one of --output_dir"
+                 if inside else "")
+        others = "" if inside and path.resolve() == Path(output_dir).resolve() else _other_checkpoints(output_dir, path)
+        hint = _init_adapters_hint(path) if "trainer_state.json is missing" in problems else ""
         raise OutputDirError(f"resume_from_checkpoint {str(path)!r} is incomplete or corrupt: {'; '.join(problems)}"
-                             f"{_other_checkpoints(output_dir, path)}")
+                             f"{where}{others}{'.' + hint if hint else ''}")
+
+
+def _init_adapters_hint(path: Path) -> str:
+    """The other way on from a folder that holds a saved team but no training state to resume: ``init_adapters``
+    (:mod:`trl_multiagent.warm_start`)."""
+    if not (path / "adapters" / "team.json").is_file():
+        return ""
+    return (f" To start a new run from its saved team instead (its adapters; a new optimizer, global step 0), pass "
+            f"--init_adapters {path} without --resume_from_checkpoint.")
 
 
 def _other_checkpoints(output_dir: str | Path, unusable: Path) -> str:
@@ -253,30 +279,55 @@ def _other_checkpoints(output_dir: str | Path, unusable: Path) -> str:
     return f"; output_dir {str(folder)!r} has {', '.join(p.name for p in others)} to resume from instead"
 
 
-def write_run_status(output_dir: str | Path, status: str, error: str | None = None) -> None:
-    """Mark ``output_dir`` as ``running`` (with this process), ``finished`` or ``failed`` (with ``error``)."""
+def write_run_status(output_dir: str | Path, status: str, error: str | None = None, **fields) -> None:
+    """Mark ``output_dir`` as ``running`` (with this process), ``finished``, ``failed`` (with ``error``) or
+    ``interrupted`` (with ``fields``: the signal, the step, ...). The file is replaced whole; on a full disk, where no
+    new file fits, it is rewritten in place (its blocks are already there), and where even that fails a warning says
+    so: the status never hides the error that ended the run."""
     path = Path(output_dir)
     path.mkdir(parents=True, exist_ok=True)
     record = {"status": status, "pid": os.getpid(), "host": socket.gethostname(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
     if error is not None:
         record["error"] = error
-    tmp = path / (RUN_STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(path / RUN_STATUS_FILE)
+    text = json.dumps(record, indent=2)
+    try:
+        write_text_atomically(path / RUN_STATUS_FILE, text)
+    except DiskFullError:
+        try:
+            with open(path / RUN_STATUS_FILE, "r+") as handle:
+                handle.write(text)
+                handle.truncate()
+        except OSError as exc:
+            logger.warning("%s could not be written (%s): the disk is full; the run's status is %r",
+                           path / RUN_STATUS_FILE, exc, status)
 
 
 @contextlib.contextmanager
 def marked_running(output_dir: str | Path, enabled: bool = True) -> Iterator[None]:
-    """Mark ``output_dir`` ``running`` for the ``with`` block, and ``failed`` (with the error) if the block raises;
-    ``enabled=False`` (processes other than the main one) marks nothing."""
+    """Mark ``output_dir`` ``running`` for the ``with`` block, and ``failed`` (with the error) if the block raises,
+    ``interrupted`` if a signal stopped it (:class:`~trl_multiagent.errors.TrainingInterrupted`); ``enabled=False``
+    (processes other than the main one) marks nothing. A full disk that a write of the block met without saying so
+    (e.g. ``metrics.jsonl``'s) becomes one :class:`~trl_multiagent.errors.DiskFullError` line."""
     if enabled:
         write_run_status(output_dir, "running")
     try:
         yield
-    except BaseException as exc:
+    except TrainingInterrupted as exc:
         if enabled:
-            write_run_status(output_dir, "failed", error=one_line(exc))
+            write_run_status(output_dir, "interrupted", message=one_line(exc), **exc.status_fields)
+        raise
+    except BaseException as exc:
+        error = exc
+        if isinstance(exc, Exception) and not isinstance(exc, DiskFullError) and is_disk_full(exc, output_dir):
+            where = getattr(exc, "filename", None) or output_dir
+            error = disk_full_error(f"{Path(where).name!r}", where, None, "the checkpoints saved before are as they "
+                                    "were; free space on that file system, then resume with --resume_from_checkpoint "
+                                    "true")
+        if enabled:
+            write_run_status(output_dir, "failed", error=one_line(error))
+        if error is not exc:
+            raise error from exc
         raise
 
 
@@ -311,5 +362,5 @@ def write_summary(trainer, output) -> Path:
     summary.update(own)
     summary["machine"] = machine_record(trainer.pool)
     path = Path(args.output_dir) / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, default=str))
+    write_text_atomically(path, json.dumps(summary, indent=2, default=str))
     return path

@@ -257,7 +257,9 @@ def average_gradients(groups: list[list[nn.Parameter]], num_processes: int) -> N
 
 def average_stats(stats: dict[str, float], num_processes: int) -> dict[str, float]:
     """Per-process statistics averaged over the processes. Keys may differ between processes (e.g.
-    ``turn/1/reward``): each key is the mean over the processes that have it, NaN values left out."""
+    ``turn2/team_reward``): each key is the mean over the processes that have it, NaN values left out; the
+    smallest and largest completion lengths (``.../min_length``, ``.../max_terminated_length``, ...) are the minimum
+    and maximum over the processes, as TRL takes them over the gathered completions."""
     if num_processes == 1:
         return stats
     gathered: list[dict[str, float] | None] = [None] * num_processes
@@ -265,5 +267,9 @@ def average_stats(stats: dict[str, float], num_processes: int) -> dict[str, floa
     merged: dict[str, float] = {}
     for key in dict.fromkeys(k for g in gathered for k in g):
         values = [g[key] for g in gathered if key in g and not math.isnan(g[key])]
-        merged[key] = sum(values) / len(values) if values else math.nan
+        last = key.rsplit("/", 1)[-1]
+        if values and last.startswith(("min_", "max_")) and last.endswith("length"):
+            merged[key] = min(values) if last.startswith("min_") else max(values)
+        else:
+            merged[key] = sum(values) / len(values) if values else math.nan
     return merged
