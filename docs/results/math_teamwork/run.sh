@@ -36,7 +36,7 @@ for step in ${STEPS-1 2 3}; do
        launch recipes/at_grpo.py --config recipes/configs/math_generalisation_tool_final.yaml --seed "$seed" \
          --output_dir "$OUT/tool_final_s$seed" --overwrite_output_dir true
        keep "$OUT/tool_final_s$seed" "$HERE/seed$seed"
-       "$BIN/python" -m trl_multiagent train-single --team "$OUT/tool_final_s$seed" --agent tool --agent reasoner \
+       "$BIN/python" -m trl_multiagent train-single --team "$OUT/tool_final_s$seed" ${STEP3_AGENTS:---agent tool --agent reasoner} \
          --out "$HERE/single_agent/seed$seed" --work "$OUT/single_s$seed"
      done ;;
   esac
