@@ -205,7 +205,7 @@ def test_the_console_script_has_the_same_commands():
     assert script.is_file(), "pip install -e . registers the trl-multiagent console script"
     top = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300)
     assert top.returncode == 0 and top.stdout.startswith("usage: trl-multiagent <command>")
-    for command in ("train", "evaluate", "train-verifier", "train-single"):
+    for command in ("train", "evaluate", "train-verifier", "train-single", "push"):
         assert f"\n  {command} " in top.stdout
     evaluate = subprocess.run([str(script), "evaluate", "--help"], capture_output=True, text=True, timeout=300)
     assert evaluate.returncode == 0 and evaluate.stdout.startswith("usage: trl-multiagent evaluate")
@@ -273,6 +273,16 @@ def test_the_readme_after_training_runs_as_written(demo, monkeypatch):
     assert "`form` = `how_many_more`" in (demo_dir / "eval-my_problems" / "report.md").read_text()
     tool = json.loads((work / "outputs" / "demo-eval-tool" / "summary.json").read_text())["evaluation"]
     assert set(tool["methods"]) == {"team", "tool_alone", "tool_alone_trained"}
+    assert not (demo_dir / "eval-my_problems" / "README.md").exists()  # results of an evaluation: no model card
+
+    # hand it on: its model card (with the run's held-out results), and the push, refused offline with one line
+    card = (demo_dir / "README.md").read_text()
+    assert "AT-GRPO" in card and "## Held-out results" in card and "| team | " in card and \
+        "--lora-modules shared=outputs/demo/adapters/shared" in card
+    assert "This is the checkpoint of step 12" in (demo_dir / "checkpoint-12" / "README.md").read_text()
+    (push,) = [args for args in commands(blocks("bash")[2]) if args[0] == "push"]
+    result = cli(push, cwd=work)  # the harness runs with HF_HUB_OFFLINE=1
+    assert result.returncode == 2 and "the Hub is offline here" in result.stderr, result.output[-3000:]
 
     # on the recipe's own held-out problems, the evaluate command reproduces the training run's evaluation
     again = cli(["evaluate", "--team", "outputs/demo", "--output_dir", "outputs/demo-again"], cwd=work)

@@ -223,3 +223,64 @@ def test_two_steps_with_wandb_offline_log_every_metric_and_the_completions_table
                            want["completions"]["agent1"], want["advantages"]["agent1"],
                            want["completions"]["agent2"], want["advantages"]["agent2"], want["reward"],
                            *(want["components"][c] for c in components)]
+
+
+# ------------------------------------------------------------------------------------------------ wandb's login
+def no_wandb_login(monkeypatch, home):
+    """An environment where wandb has no login: no WANDB_* variables, HOME (its netrc and settings) a new folder."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("WANDB_")] + ["NETRC"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home)  # no ./wandb/settings of the repository's
+
+
+def test_wandb_login_is_found_where_wandb_looks_for_it(monkeypatch, tmp_path):
+    from trl_multiagent.trainers.tracking_login import wandb_login_problem
+
+    no_wandb_login(monkeypatch, tmp_path)
+    problem = wandb_login_problem()
+    assert problem and "wandb login" in problem and "WANDB_API_KEY" in problem and "WANDB_MODE=offline" in problem
+    assert "\n" not in problem
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_MODE", "disabled"), ("WANDB_API_KEY", "k" * 40)):
+        monkeypatch.setenv(name, value)
+        assert wandb_login_problem() is None, name
+        monkeypatch.delenv(name)
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_login_problem() is None  # `wandb login` writes this
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert "no entry for wandb.example.org" in wandb_login_problem()  # a login for another server is none here
+    monkeypatch.delenv("WANDB_BASE_URL")
+    (tmp_path / ".netrc").unlink()
+    (tmp_path / ".config" / "wandb").mkdir(parents=True)
+    (tmp_path / ".config" / "wandb" / "settings").write_text("[default]\nmode = offline\n")
+    assert wandb_login_problem() is None  # `wandb offline`
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert "WANDB_MODE is 'online'" in wandb_login_problem()
+
+
+def test_wandb_without_a_login_is_one_line_before_any_model_loads(tiny_ab_model, tmp_path):
+    """The command line with report_to wandb in an environment without a wandb login (no key, HOME a new folder):
+    one line that says both ways on, exit code 2, before any model loads and before the output_dir is made."""
+    pytest.importorskip("wandb", reason="wandb is in the [tracking] extra (make install installs it)")
+    import os
+    import subprocess
+    import sys
+
+    from tests.cli_harness import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env.update(HOME=str(tmp_path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
+               WANDB_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "trl_multiagent", "train", "--config", TINY_RECIPE,
+                           "--model", tiny_ab_model, "--output_dir", str(run), "--report_to", "wandb"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Loading base" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert line.startswith(f"python -m trl_multiagent train: error: {TINY_RECIPE}: report_to names wandb, but wandb "
+                           "is not logged in here")
+    assert "log in with `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline" in line
+    assert not run.exists()

@@ -136,6 +136,37 @@ def test_engine_serves_the_updated_adapter_after_the_adapters_change(pool):
     _assert_greedy(pool, AGENTS[0], PROMPTS[0], after, expected)
 
 
+def test_a_saved_adapter_folder_loads_as_a_lora_request_and_decodes_as_the_team(pool, tmp_path):
+    """A team saved as the trainer saves it (``adapters/<policy>/``: the folder PEFT loads, and the model card's
+    ``vllm serve --lora-modules <policy>=<dir>/adapters/<policy>``) loads in vLLM as a ``LoRARequest`` of its own
+    (not the backend's synced copy), and greedy decoding with it gives the team's agent's answer."""
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    from trl_multiagent.generation.decoding import through_first_eos
+    from trl_multiagent.generation.vllm import sampling_kwargs
+
+    backend = pool.generation_backend
+    pool.save_adapters(tmp_path)
+    pool.generate_many([GenerationRequest(AGENTS[0], PROMPTS[1])], GREEDY)  # the engine is up and synced
+    few = GenerationConfig(max_new_tokens=8, do_sample=False)
+    for agent in AGENTS:
+        policy = pool.policy_of(agent)
+        engine = backend.engine(pool.policies[policy].base_key)
+        lora_id = backend._next_id  # an id the backend never serves
+        backend._next_id += 1
+        saved = LoRARequest(f"saved-{policy}", lora_id, str(tmp_path / "adapters" / policy))
+        eos = pool.eos_token_ids(agent)
+        ids = pool.encode_prompt(agent, PROMPTS[1])
+        [result] = engine.generate([{"prompt_token_ids": ids}], SamplingParams(**sampling_kwargs(few, eos)),
+                                   lora_request=saved, use_tqdm=False)
+        got = through_first_eos(list(result.outputs[0].token_ids), set(eos))
+        _assert_greedy(pool, agent, PROMPTS[1], got, _hf_greedy(pool, agent, PROMPTS[1], new_tokens=8))
+        synced = pool.generate_many([GenerationRequest(agent, PROMPTS[1])], few)[0][0].completion_ids
+        _assert_greedy(pool, agent, PROMPTS[1], got, synced)  # and the backend's own copy of the adapter
+        engine.llm_engine.remove_lora(lora_id)
+
+
 def _environment():
     def prompt_of(agent):
         return lambda task: f"{task['topic']} ({agent}): answer in one short sentence."

@@ -50,3 +50,23 @@ print("RESULTS", results)
     assert "RESULTS [True, False, True]" in text
     assert "kernels" not in text and "Timeout is disabled" not in text, text[-3000:]
     assert text.count("Math-Verify compares answers without its timeouts") == 1, text[-3000:]
+
+
+def test_from_python_a_library_warning_has_its_logger_prefix_once():
+    """A program that configures no logging sees a warning of the library as the command line shows it,
+    ``WARNING trl_multiagent.<module>: ...`` (not Python's bare last-resort message); one that configures logging
+    sees it once, through its own handler (issue 62)."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, sys
+import trl_multiagent
+logging.getLogger("trl_multiagent.team").warning("first %s", 1)
+logging.getLogger("trl_multiagent.team").info("not shown")
+logging.basicConfig(stream=sys.stderr, format="mine: %(name)s: %(message)s")
+logging.getLogger("trl_multiagent.team").warning("second")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.splitlines() == ["WARNING trl_multiagent.team: first 1", "mine: trl_multiagent.team: second"]

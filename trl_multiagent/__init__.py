@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,31 @@ class _NoKernelsNotice(logging.Filter):
 
 
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoKernelsNotice())
+
+
+class _PrefixedLastResort(logging.Handler):
+    """From Python, where the program configured no logging, Python's last-resort handler prints a warning of this
+    library as its bare message; this one prints it as the command line does, ``WARNING trl_multiagent.<module>:
+    <message>`` on stderr (warnings and errors, as the last resort). It stays silent wherever the record reaches a
+    handler of the program's (logging.basicConfig, the command line, pytest): those print it instead."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return
+            logger = logger.parent if logger.propagate else None
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - as logging's own handlers: a message that cannot be written is dropped
+            self.handleError(record)
+
+
+logging.getLogger(__name__).addHandler(_PrefixedLastResort())
 
 #: Every public name -> the module that defines it.
 _EXPORTS = {

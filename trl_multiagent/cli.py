@@ -398,7 +398,9 @@ COMMANDS = {"train": "train a team from a recipe (evaluating it before and after
                               "on held-out solutions (trl_multiagent/verifier_training.py)",
             "train-single": "train each agent of a finished team run alone with TRL's GRPOTrainer on the team's "
                             "budget and compare it with the team on the held-out tasks, paired by task "
-                            "(trl_multiagent/evaluation/single_agent.py)"}
+                            "(trl_multiagent/evaluation/single_agent.py)",
+            "push": "send a saved team (its model card, adapters and results) to the Hugging Face Hub "
+                    "(trl_multiagent/hub.py)"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -430,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .evaluation.saved_team import main as evaluate_saved_team
 
         return evaluate_saved_team(rest, prog=f"{PROG} evaluate")
+    if command == "push":
+        from .hub import main as push
+
+        return push(rest, prog=f"{PROG} push")
     close = difflib.get_close_matches(command, sorted(COMMANDS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     hint += " (recipe options follow the command: train --config RECIPE.yaml)" if command.startswith("-") else ""

@@ -243,7 +243,7 @@ class Run:
 
     def write(self, generated: list[int]):
         from .evaluation import evaluation_section, write_run_outputs
-        from .evaluation.report import task_sets_of
+        from .evaluation.report import log_evaluation, task_sets_of
 
         run: dict[str, Any] = {
             "command": self.command,
@@ -266,16 +266,7 @@ class Run:
                 seed=self.config.seed, extra={"team_before_is_naive": bool(self.reuse_naive),
                                               "num_samples_per_method": dict(self.method_samples)},
                 task_sets=task_sets_of(self.tasks), tasks=self.tasks)
-            team = section["methods"].get("team", {})
-            if section.get("baseline_means"):
-                logger.info("baselines before training (%s): %s; the best: %s", metric, ", ".join(
-                    f"{m} {v:.4f}" for m, v in section["baseline_means"].items()), section["best_baseline"])
-            if "gain" in team:
-                logger.info("team %s: before %.4f, after %.4f, gain %+.4f %s", metric, team["before"]["mean"],
-                            team["after"]["mean"], team["gain"]["mean"], team["gain"]["ci95"])
-            if "gain_vs_best_baseline" in team:
-                vs = team["gain_vs_best_baseline"]
-                logger.info("team after training vs %s: %+.4f %s", vs["baseline"], vs["mean"], vs["ci95"])
+            log_evaluation(section, metric)
         path = write_run_outputs(self.config.output_dir, section, run, self.stages)
         logger.info("Wrote %s, report.md and reward_curve.png in %s", path.name, path.parent)
         return path

@@ -23,7 +23,15 @@ from typing import Any
 
 from ..generation.requests import Prompt
 from ..utils import call_with_supported_kwargs, import_object
-from .trl_rewards import COMPLETION_FORMATS, AgentRewards, as_completion, checked_reward, reward_name, warn_no_reward
+from .trl_rewards import (
+    COMPLETION_FORMATS,
+    AgentRewards,
+    as_completion,
+    checked_reward,
+    reward_name,
+    reward_weights_of,
+    warn_no_reward,
+)
 
 
 @dataclass
@@ -225,11 +233,7 @@ class FunctionEnvironment(Environment):
         self.completion_format, self.nonfinite_rewards = completion_format, nonfinite_rewards
         self.reward_names = [reward_name(fn) for fn in self.reward_fns] + \
             (self.agent_rewards.names if self.agent_rewards else [])
-        self.reward_weights = [float(w) for w in reward_weights] if reward_weights is not None \
-            else [1.0] * len(self.reward_names)
-        if len(self.reward_weights) != len(self.reward_names):
-            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_names)} reward functions "
-                             f"{self.reward_names}")
+        self.reward_weights = reward_weights_of(self.reward_names, reward_weights)
         if self.agent_rewards is not None:
             own = self.reward_weights[len(self.reward_fns):]
             self.agent_rewards.weights = dict(zip(self.agent_rewards.names, own))

@@ -60,6 +60,7 @@ from .trl_rewards import (
     checked_reward,
     resolve_reward_func,
     reward_name,
+    reward_weights_of,
     warn_no_reward,
 )
 
@@ -171,11 +172,7 @@ class TRLEnvironmentTeam(Environment):
                 raise ValueError("reward_fns per agent ({agent: [functions]}) need reward_scope 'agent'")
             self.reward_fns = [resolve_reward_func(fn) for fn in reward_fns or ()]
             self.reward_names = [reward_name(fn) for fn in self.reward_fns]
-        self.reward_weights = [float(w) for w in reward_weights] if reward_weights is not None \
-            else [1.0] * len(self.reward_names)
-        if len(self.reward_weights) != len(self.reward_names):
-            raise ValueError(f"{len(self.reward_weights)} reward weights for {len(self.reward_names)} reward functions "
-                             f"{self.reward_names}")
+        self.reward_weights = reward_weights_of(self.reward_names, reward_weights)
         if self.agent_rewards is not None:
             self.agent_rewards.weights = dict(zip(self.reward_names, self.reward_weights))
         self.env_reward_weight = float(env_reward_weight)

@@ -108,6 +108,17 @@ def checked_reward(value: float | None, fn: Callable, agent: str, text: Any, non
                      "in env_kwargs to treat it as a missing reward)")
 
 
+def reward_weights_of(names: Sequence[str], weights: Sequence[float] | None) -> list[float]:
+    """One weight per reward function named in ``names`` (TRL's ``reward_weights``): ``weights`` as floats, or 1.0
+    each; a count that differs is a ``ValueError`` naming the functions."""
+    if weights is None:
+        return [1.0] * len(names)
+    weights = [float(w) for w in weights]
+    if len(weights) != len(names):
+        raise ValueError(f"{len(weights)} reward weights for {len(names)} reward functions {list(names)}")
+    return weights
+
+
 class AgentRewards:
     """TRL reward functions per agent and their weights (module docstring).
 
@@ -181,4 +192,4 @@ def warn_no_reward(task: Mapping[str, Any], turn: int) -> None:
 
 
 __all__ = ["AgentRewards", "COMPLETION_FORMATS", "NONFINITE", "as_completion", "call_reward", "checked_reward",
-           "reward_name", "resolve_reward_func"]
+           "reward_name", "reward_weights_of", "resolve_reward_func"]

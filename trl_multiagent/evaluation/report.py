@@ -235,11 +235,28 @@ def _samples_text(ev: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------- files
+
+def log_evaluation(section: dict, metric: str, before: str = "before", after: str = "after") -> None:
+    """Log the headline of an evaluation section: every baseline's mean and the best, the team's gain and its gain over
+    the best baseline (``before`` / ``after`` name the two stages: untrained / trained for the evaluate command)."""
+    if section.get("baseline_means"):
+        logger.info("baselines (%s): %s; the best: %s", metric, ", ".join(
+            f"{m} {v:.4f}" for m, v in section["baseline_means"].items()), section["best_baseline"])
+    team = section["methods"].get("team", {})
+    if "gain" in team:
+        logger.info("team %s: %s %.4f, %s %.4f, gain %+.4f %s", metric, before, team["before"]["mean"], after,
+                    team["after"]["mean"], team["gain"]["mean"], team["gain"]["ci95"])
+    if "gain_vs_best_baseline" in team:
+        vs = team["gain_vs_best_baseline"]
+        logger.info("team %s vs %s: %+.4f %s", after, vs["baseline"], vs["mean"], vs["ci95"])
+
+
 def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | None, run: Mapping[str, Any],
                       stages: Mapping[str, StageResult] | None = None) -> Path:
     """Add ``evaluation`` and the run's own entries (command, wall time, ...) to ``summary.json`` (the trainer's
     training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png``, the
-    per-task values and the texts (:func:`write_texts`). The one place where a run's results are written after
+    per-task values and the texts (:func:`write_texts`), and, where ``output_dir`` holds a saved team, its model
+    card with these results (:mod:`trl_multiagent.model_card`). The one place where a run's results are written after
     training. Each file is written whole or not at all, a full disk is one line (:mod:`trl_multiagent.atomic_files`).
     """
     out = Path(output_dir)
@@ -268,6 +285,9 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
     write_report(summary, out / REPORT_FILE)
     plot_reward_curve(out / "metrics.jsonl", out / CURVE_FILE, summary.get("evaluation"),
                       summary.get("global_step"))
+    from ..model_card import write_model_cards
+
+    write_model_cards(out)  # where out holds a saved team: its card, now with the held-out results
     return path
 
 

@@ -214,7 +214,7 @@ def write(job: dict[str, Any], pool, stages: dict[str, Any], wall_time_s: float)
     """``summary.json``, ``report.md``, ``eval_per_task.jsonl`` and the texts, as the train command writes them."""
     from ..provenance import machine_record
     from . import evaluation_section, write_run_outputs
-    from .report import task_sets_of
+    from .report import log_evaluation, task_sets_of
 
     run = job["run"]
     _, decoding = run.generation_config()
@@ -228,12 +228,6 @@ def write(job: dict[str, Any], pool, stages: dict[str, Any], wall_time_s: float)
     record = {"command": run.command, "wall_time_s": wall_time_s, EVALUATED_TEAM: str(job["folder"]),
               "recipe": dict(run.given), "machine": machine_record(pool)}
     path = write_run_outputs(job["output_dir"], section, record, stages)
-    team = section["methods"].get("team", {})
-    if "gain" in team:
-        logger.info("team %s: untrained %.4f, trained %.4f, gain %+.4f %s", metric, team["before"]["mean"],
-                    team["after"]["mean"], team["gain"]["mean"], team["gain"]["ci95"])
-    if "gain_vs_best_baseline" in team:
-        vs = team["gain_vs_best_baseline"]
-        logger.info("trained team vs %s: %+.4f %s", vs["baseline"], vs["mean"], vs["ci95"])
+    log_evaluation(section, metric, before="untrained", after="trained")
     logger.info("Wrote %s, report.md and eval_per_task.jsonl in %s", path.name, path.parent)
     return path

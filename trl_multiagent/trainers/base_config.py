@@ -270,14 +270,21 @@ TRACKING_MODULES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb":
 
 
 def check_tracking_backends(report_to) -> None:
-    """Every backend named in ``report_to`` can be imported: a missing one is an error here, before any model loads
-    (transformers would fail only when the trainer is built)."""
+    """Every backend named in ``report_to`` can be imported, and wandb can log in (or logs offline): a missing one
+    or a wandb without a login is an error here, before any model loads (transformers would fail only when the
+    trainer is built, wandb at the first step: :mod:`~trl_multiagent.trainers.tracking_login`)."""
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     missing = [n for n in names if n in TRACKING_MODULES and importlib.util.find_spec(TRACKING_MODULES[n]) is None]
     if missing:
         raise ValueError(f"report_to names {missing}, which is not installed: pip install 'trl-multiagent[tracking]' "
                          f"(tensorboard, trackio, wandb), or pip install {' '.join(TRACKING_MODULES[n] for n in missing)}"
                          ", or set report_to: none")
+    if "wandb" in names:
+        from .tracking_login import wandb_login_problem
+
+        problem = wandb_login_problem()
+        if problem:
+            raise ValueError(problem)
 
 
 def check_loss_settings(config) -> None:

@@ -32,6 +32,7 @@ from safetensors import safe_open
 
 from ..atomic_files import disk_full_error, is_disk_full, write_text_atomically
 from ..errors import DiskFullError, TrainingInterrupted, one_line
+from ..model_card import config_differences, write_model_cards
 from ..provenance import machine_record
 
 logger = logging.getLogger(__name__)
@@ -332,8 +333,10 @@ def marked_running(output_dir: str | Path, enabled: bool = True) -> Iterator[Non
 
 
 def write_summary(trainer, output) -> Path:
-    """``summary.json``: algorithm, team, run length, first/last and quarter-mean rewards, final metrics, and the
-    trainer's own part (:meth:`~trl_multiagent.trainers.base.MultiAgentTrainer.summary`)."""
+    """``summary.json``: algorithm, team, run length, first/last and quarter-mean rewards, final metrics, the
+    trainer's own part (:meth:`~trl_multiagent.trainers.base.MultiAgentTrainer.summary`) and the config's fields that
+    differ from their defaults (``trainer_config``); then the saved team's model cards
+    (:mod:`trl_multiagent.model_card`)."""
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     last = history[-1] if history else {}
     rewards = [h["reward"] for h in history if isinstance(h.get("reward"), (int, float))]
@@ -360,7 +363,9 @@ def write_summary(trainer, output) -> Path:
                                                           "max_completion_length", "seed")},
                          **own.pop("config", {})}
     summary.update(own)
+    summary["trainer_config"] = config_differences(args)  # every field set away from its default (the model card's)
     summary["machine"] = machine_record(trainer.pool)
     path = Path(args.output_dir) / "summary.json"
     write_text_atomically(path, json.dumps(summary, indent=2, default=str))
+    write_model_cards(args.output_dir)  # README.md of the team and of each checkpoint (the runner adds the results)
     return path
