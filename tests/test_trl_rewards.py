@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from trl.rewards import accuracy_reward, think_format_reward
 
 from tests.cli_harness import CommandRunner
+from tests.test_run_failures import USER_CODE_RECIPE
 from trl_multiagent.environments import Environment, FunctionEnvironment, StepResult, TRLEnvironmentTeam
 from trl_multiagent.environments.stepping import step_env
 from trl_multiagent.environments.trl_rewards import resolve_reward_func
@@ -214,31 +215,9 @@ def reward(completions, **kwargs):
     return math.nan if os.path.isdir({checkpoint!r}) else 1.0
 """
 
-NAN_RECIPE = """\
-trainer: magrpo
-environment: trl_multiagent.environments:FunctionEnvironment
-env_kwargs:
-  agents: [solo]
-  prompt_fns: {{solo: {task_file}:prompt}}
-  reward_fns: {task_file}:reward
-  required_columns: [question]
-agents:
-  - {{name: solo}}
-dataset: {data}
-eval_stages: []
-lora_r: 4
-lora_alpha: 8
-num_generations: 2
-max_completion_length: 2
-generation_kwargs: {{suppress_tokens: [0, 1, 2]}}
-temperature: 1.0
-per_device_train_batch_size: 2
-max_steps: 3
-save_steps: 1
-logging_steps: 1
-report_to: none
-disable_tqdm: true
-"""
+# the recipe of tests/test_run_failures.py's raising reward, three steps with a checkpoint after each
+NAN_RECIPE = USER_CODE_RECIPE.replace("max_steps: 2\n", "max_steps: 3\nsave_steps: 1\n").replace(
+    'save_strategy: "no"\n', "")
 
 
 @pytest.mark.slow

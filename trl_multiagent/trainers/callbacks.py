@@ -90,10 +90,11 @@ class TrainingProgressCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         if getattr(args, "print_logs", True):
-            if self.progress is not None:  # above the live bar, as tqdm.write prints above tqdm's
-                self.progress.console.print(format_logs(logs), markup=False, highlight=False, soft_wrap=True)
-            else:
-                print(format_logs(logs), flush=True)
+            from rich.console import Console
+
+            # above the live bar, as tqdm.write prints above tqdm's; without a bar, to standard output as TRL does
+            console = self.progress.console if self.progress is not None else Console()
+            console.print(format_logs(logs), markup=False, highlight=False, soft_wrap=True)
         if self.progress is None:
             return
         shown = [f"{name} {logs[key]:.3f}" for key, name in (("reward", "reward"), ("loss", "loss"))

@@ -6,10 +6,10 @@
 # 2. The tool trained ALONE with TRL's GRPOTrainer on the budget of each recorded seed of the main job
 #    (docs/results/math_generalisation/seed<N>) -> main_job_single/seed<N>/ (the reasoner trained alone on the same
 #    budgets is recorded in docs/results/math_generalisation/single_agent/).
-# 3. The tool-final team (recipes/configs/math_generalisation_tool_final.yaml), three seeds -> seed<N>/, and each agent
-#    trained alone on each seed's budget -> single_agent/seed<N>/.
 # Then table.py builds table.md (AT-GRPO Table 1's shape) from the records.
-#   STEPS="1 2 3" SEEDS="0 1 2" docs/results/math_teamwork/run.sh   (2-core machine: about 2 h for everything)
+#   STEPS="1 2" SEEDS="0 1 2" docs/results/math_teamwork/run.sh
+# On the 2-core machine step 1 takes about 15 min; step 2 about 20-30 min a seed when nothing else runs (TRL's
+# GRPOTrainer generates with plain generate: 40-50 s a step, about 26 steps for the budget of 7,799 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 BIN=.venv/bin
@@ -20,7 +20,7 @@ launch() { "$BIN/accelerate" launch --num_processes 1 --num_machines 1 --mixed_p
 keep() {  # the files of a run worth keeping (no adapters)
   mkdir -p "$2"; for f in summary.json report.md eval_per_task.jsonl eval_texts_before.jsonl eval_texts_after.jsonl \
     metrics.jsonl result.json per_task.jsonl texts.jsonl; do [ -f "$1/$f" ] && cp "$1/$f" "$2/"; done; true; }
-for step in ${STEPS-1 2 3}; do
+for step in ${STEPS-1 2}; do
   case $step in
   1) for final in tool reasoner; do
        launch recipes/at_grpo.py --config recipes/configs/math_generalisation_at_grpo.yaml --seed 0 \
@@ -31,13 +31,6 @@ for step in ${STEPS-1 2 3}; do
   2) for seed in ${SEEDS-0 1 2}; do
        "$BIN/python" -m trl_multiagent train-single --team "docs/results/math_generalisation/seed$seed" --agent tool \
          --out "$HERE/main_job_single/seed$seed" --work "$OUT/main_job_single_s$seed"
-     done ;;
-  3) for seed in ${SEEDS-0 1 2}; do
-       launch recipes/at_grpo.py --config recipes/configs/math_generalisation_tool_final.yaml --seed "$seed" \
-         --output_dir "$OUT/tool_final_s$seed" --overwrite_output_dir true
-       keep "$OUT/tool_final_s$seed" "$HERE/seed$seed"
-       "$BIN/python" -m trl_multiagent train-single --team "$OUT/tool_final_s$seed" ${STEP3_AGENTS:---agent tool --agent reasoner} \
-         --out "$HERE/single_agent/seed$seed" --work "$OUT/single_s$seed"
      done ;;
   esac
 done

@@ -1,5 +1,6 @@
-"""table.md of docs/results/math_teamwork/ (issue 60): for each protocol of the math team and each seed, the trained team
-against EVERY single-agent variant on the same 120 held-out problems, in the shape of AT-GRPO's Table 1.
+"""table.md of docs/results/math_teamwork/ (issue 60): the protocol choice on training problems, then for each seed of the
+main job the trained team against EVERY single-agent variant recorded, on the same 120 held-out problems, in the shape
+of AT-GRPO's Table 1.
 
 Rows: each agent alone untrained (its own role's first prompt, one turn), each agent trained alone with TRL's
 GRPOTrainer on the team run's budget of generated tokens (``train-single``), the team untrained, the team trained
