@@ -22,7 +22,9 @@ from trl.rewards import accuracy_reward, think_format_reward
 
 from tests.cli_harness import CommandRunner
 from tests.test_run_failures import USER_CODE_RECIPE
-from trl_multiagent.environments import Environment, FunctionEnvironment, StepResult, TRLEnvironmentTeam
+from tests.test_trl_env import call
+from tests.test_trl_env import team as counter_team
+from trl_multiagent.environments import Environment, FunctionEnvironment, StepResult
 from trl_multiagent.environments.stepping import step_env
 from trl_multiagent.environments.trl_rewards import resolve_reward_func
 from trl_multiagent.errors import UserCodeError
@@ -163,18 +165,6 @@ def test_bare_names_are_trls_rewards():
 
 
 # ------------------------------------------------------------------------------------------------ TRL environments
-COUNTER = "examples/trl_environments/counter_env.py:CounterEnv"
-
-
-def call(name, **arguments) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
-
-
-def counter_team(**kw):
-    return TRLEnvironmentTeam(COUNTER, agents=["adder", "subtractor"],
-                              tools={"adder": ["increment"], "subtractor": ["decrement"]}, **kw)
-
-
 def test_a_trl_environment_scores_each_agents_own_messages():
     seen = {}
 
