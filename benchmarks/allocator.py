@@ -1,8 +1,8 @@
 """What keeping freed CPU memory (``cpu_keep_freed_memory``) does to the main job's steps: step times, page faults and
 system time of runs with it off and on, alternating, each in a process of its own.
 
-    python benchmarks/allocator.py [--rounds 2] [--steps 5] [--out docs/results/step_profile/allocator.json]
-    python benchmarks/allocator.py --memory [--out docs/results/step_profile/allocator_memory.json]
+    python benchmarks/allocator.py [--rounds 2] [--steps 5] [--out experiments/speed/step_profile/allocator.json]
+    python benchmarks/allocator.py --memory [--out experiments/speed/step_profile/allocator_memory.json]
 
 Each run is ``python -m trl_multiagent train`` on make demo's recipe (``targets.MAIN_JOB``) for ``--steps`` steps
 without evaluation, as ``make bench``'s ``demo_step_s`` runs it, with ``--cpu_keep_freed_memory`` false or true; the
@@ -31,7 +31,7 @@ from main_job_ab import alternate
 from measure import write_result
 from targets import MAIN_JOB
 
-from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 
 def memory(out_path: str, argv) -> int:
@@ -53,13 +53,13 @@ def memory(out_path: str, argv) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/step_profile/allocator.json")
+    parser.add_argument("--out", default="experiments/speed/step_profile/allocator.json")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--memory", action="store_true", help="the memory measurement instead of the step times")
     args = parser.parse_args(argv)
     if args.memory:
-        out = args.out if args.out != parser.get_default("out") else "docs/results/step_profile/allocator_memory.json"
+        out = args.out if args.out != parser.get_default("out") else "experiments/speed/step_profile/allocator_memory.json"
         return memory(out, argv if argv is not None else sys.argv[1:])
     runs = alternate({way: ["--cpu_keep_freed_memory", str(way == "on").lower()] for way in ("off", "on")},
                      args.rounds, args.steps)

@@ -1,6 +1,6 @@
 """Benchmarks of trl-multiagent against TRL, on the embedded SmolLM2-135M-Instruct, CPU.
 
-    python benchmarks/bench.py            # full run (~15 min on a 2-core CPU), writes docs/results/bench.{json,md}
+    python benchmarks/bench.py            # full run (~15 min on a 2-core CPU), writes experiments/speed/bench/bench.{json,md}
     python benchmarks/bench.py --quick    # smoke version (fewer steps, fewer memory configurations)
 
 (a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
@@ -50,7 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from measure import keep_cpu_record  # noqa: E402 - benchmarks/ is the script's own folder
 from targets import TARGETS  # noqa: E402
 
-from trl_multiagent.provenance import cpu_model, kernel_record, versions  # noqa: E402 - after the environment above
+from trl_multiagent.runtime.provenance import cpu_model, kernel_record, versions  # noqa: E402 - after the environment above
 
 log = logging.getLogger("bench")
 
@@ -239,9 +239,9 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import FunctionEnvironment
-    from trl_multiagent.models import load_base_model, load_tokenizer
+    from trl_multiagent.models.loading import load_base_model, load_tokenizer
+    from trl_multiagent.team.pool import AgentSpec
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     K, L = settings["num_generations"], settings["max_completion_length"]
@@ -260,7 +260,7 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     t0 = time.perf_counter()
     trl_model = load_base_model(model_path, dtype=dtype, quantization=quantization)
     # TRL's side as a TRL user gets it: transformers' own attention (the library's loader switches a CPU model to its
-    # grouped_sdpa, which the teacher-forced pass gains from: trl_multiagent/grouped_attention.py)
+    # grouped_sdpa, which the teacher-forced pass gains from: trl_multiagent/models/grouped_attention.py)
     trl_model.set_attn_implementation(settings.get("trl_attention", "sdpa"))
     trl_trainer = GRPOTrainer(
         model=trl_model, reward_funcs=bench_reward,
@@ -295,7 +295,7 @@ def run_speed(settings: dict) -> dict:
     import torch
     from transformers import PrinterCallback, ProgressCallback
 
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     torch.set_num_threads(settings["threads"])
     model_path = resolve_model(settings["model"])
@@ -444,8 +444,8 @@ def memory_child(cfg: dict) -> dict:
     import torch
     from datasets import Dataset
 
-    from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.team.pool import AgentSpec
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     setup_logging(verbose=False)
@@ -507,7 +507,7 @@ def make_model_copies(model_path: str, n: int, root: Path) -> list[str]:
 
 
 def run_memory(settings: dict) -> dict:
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     model_path = resolve_model(settings["model"])
     results = []
@@ -584,7 +584,7 @@ def run_memory(settings: dict) -> dict:
 def paired_memory_ratios(results: list[dict], n_max: int) -> list[float]:
     """``memory_4_agents_vs_1`` of each round of :func:`run_memory`: the peak RSS of ``n_max`` agents on one base over
     one agent's, both of that round (a round without both runs counts for nothing). The target takes their median:
-    identical runs' peaks spread by tens of MiB, about the target's margin (``docs/results/memory_ab/README.md``)."""
+    identical runs' peaks spread by tens of MiB, about the target's margin (``experiments/speed/memory_ab/README.md``)."""
     peaks: dict[int, dict[int, float]] = {}
     for r in results:
         if r.get("layout") == "shared" and "peak_rss_mib" in r and r["n_agents"] in (1, n_max):
@@ -671,7 +671,7 @@ def write_markdown(report: dict, path: Path) -> None:
         f"(affinity {report['environment']['cpu_affinity']}), torch {v['torch']}, trl {v['trl']}, "
         f"transformers {v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}."
         + _kernels_line(report["environment"].get("kernels")),
-        "Raw measurements: `docs/results/bench.json`.",
+        "Raw measurements: `experiments/speed/bench/bench.json`.",
         "",
         "| Benchmark | Measured | Ratio | Target | Result |",
         "|---|---|---|---|---|",
@@ -791,7 +791,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="speed: also cProfile a few steps of each trainer")
-    parser.add_argument("--out-dir", default=str(ROOT / "docs" / "results"))
+    parser.add_argument("--out-dir", default=str(ROOT / "experiments" / "speed" / "bench"))
     parser.add_argument("--verbose", action="store_true", help="keep the libraries' own logs")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     parser.add_argument("--memory-keep-freed", action="store_true",

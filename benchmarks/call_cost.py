@@ -1,7 +1,7 @@
 """What one more call of the teacher-forced pass costs, in positions: the constant ``CALL_COST_POSITIONS`` with which
 ``teacher_forcing.length_buckets`` weighs calls against padded positions.
 
-    python benchmarks/call_cost.py [--out docs/results/teacher_forcing/call_cost.json]
+    python benchmarks/call_cost.py [--out experiments/speed/teacher_forcing/call_cost.json]
 
 The main job's base (SmolLM2-135M-Instruct, float32, one LoRA adapter r=16 on every linear) continues a 377-token KV
 cache (a second-turn prompt of the main job) with ``rows x length`` new positions, forward with gradients and
@@ -11,7 +11,7 @@ over the shapes gives the fixed cost of a call ``a`` (at few rows every weight i
 and the cost of a position ``b``; ``a / b`` is the call's cost in positions.
 
 Then the largest shape with the model's attention switched between transformers' ``sdpa`` (each key/value head
-copied for its query heads) and the library's ``grouped_sdpa`` (trl_multiagent/grouped_attention.py), alternately,
+copied for its query heads) and the library's ``grouped_sdpa`` (trl_multiagent/models/grouped_attention.py), alternately,
 ``--repeats`` times each: ``sdpa_over_grouped`` is the median of the paired ratios. Last, three shapes with the
 frozen linears through ``F.linear`` and through oneDNN-packed weights (the pool's ``packs_training``, switched for
 the base between calls), alternately: ``f_linear_over_packed`` per shape, the median of the paired ratios.
@@ -28,17 +28,17 @@ import time
 import torch
 from measure import matmul_flops, write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.grouped_attention import GROUPED_SDPA
-from trl_multiagent.provenance import cpu_model
-from trl_multiagent.teacher_forcing import CALL_COST_POSITIONS, lm_forward
+from trl_multiagent.generation.teacher_forcing import CALL_COST_POSITIONS, lm_forward
+from trl_multiagent.models.grouped_attention import GROUPED_SDPA
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 SHAPES = [(1, 4), (2, 16), (4, 40), (8, 20), (12, 40)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/call_cost.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/call_cost.json")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cached", type=int, default=377)
     args = parser.parse_args(argv)

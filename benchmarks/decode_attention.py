@@ -1,7 +1,7 @@
 """One layer's attention in a decoding step: ``scaled_dot_product_attention`` against two batched matmuls and a
 softmax, the choice behind ``lean_step.MATMUL_ATTENTION_MIN_ROWS``.
 
-    python benchmarks/decode_attention.py [--out docs/results/generation/decode_attention.json]
+    python benchmarks/decode_attention.py [--out experiments/speed/generation/decode_attention.json]
 
 SmolLM2-135M's attention shape: 3 key/value heads of 64 dimensions, 3 query heads per key/value head grouped as the
 lean step groups them, 204 cached positions (slices of a 256-position preallocated cache) with one row's first 10
@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from measure import write_result
 
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/decode_attention.json")
+    parser.add_argument("--out", default="experiments/speed/generation/decode_attention.json")
     parser.add_argument("--rows", default="1,2,4,8,16,64")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """What shared-prefix ("cascade") attention could save in the main job's decoding steps: an upper estimate.
 
-    python benchmarks/decode_cascade.py [--steps 3] [--warm] [--out docs/results/generation/decode_cascade.json]
+    python benchmarks/decode_cascade.py [--steps 3] [--warm] [--out experiments/speed/generation/decode_cascade.json]
 
 After the prefill, ``decoding.decode`` copies each prompt's cache row to its K samples (``expand``), and every
 decoding step's attention then reads each row's own copy of its prompt's keys and values. Cascade attention would
@@ -45,12 +45,12 @@ from targets import MAIN_JOB
 
 from trl_multiagent.generation import lean_step as lean
 from trl_multiagent.generation import team
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
 
 
 def record_main_job(steps: int) -> tuple[list[dict], list[dict], object]:
     """Train the main job ``steps`` steps here; return its decoding calls, its logged steps and the model config."""
-    from trl_multiagent.cli import main as cli
+    from trl_multiagent.command.cli import main as cli
 
     calls, configs = [], []
     original_decode, original_step = team.decode, lean.LeanStep.__call__
@@ -163,7 +163,7 @@ def time_shape(rows: int, length: int, prompts: int, width: int, shape: tuple[in
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/decode_cascade.json")
+    parser.add_argument("--out", default="experiments/speed/generation/decode_cascade.json")
     parser.add_argument("--steps", type=int, default=3, help="steps of the main job to record")
     parser.add_argument("--repeats", type=int, default=None,
                         help="calls per timing, 3 timings per way and shape (default 5; --warm: 20)")

@@ -1,6 +1,6 @@
 """The lean decoding step compiled with ``torch.compile`` against the same step eager, with and without packed weights.
 
-    python benchmarks/decode_compiled.py [--out docs/results/generation/decode_compiled.json] [--rows 1]
+    python benchmarks/decode_compiled.py [--out experiments/speed/generation/decode_compiled.json] [--rows 1]
 
 The main job's base as in ``benchmarks/decode_step.py`` (4-bit SmolLM2-135M computing with its de-quantised copy,
 two LoRA adapters r=16), a 200-token prompt prefilled, then 8 one-token steps per round: eager with packed weights
@@ -20,15 +20,15 @@ import torch
 from decode_step import run_steps
 from measure import write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/decode_compiled.json")
+    parser.add_argument("--out", default="experiments/speed/generation/decode_compiled.json")
     parser.add_argument("--rows", type=int, default=1)
     args = parser.parse_args(argv)
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """One decoding step on a GPU: transformers' forward, the lean step, and the lean step replayed from a CUDA graph,
 each against the step's bound measured on the same device in the same run.
 
-    python benchmarks/decode_gpu.py --out docs/results/gpu/decode_gpu.json      # CUDA: gpu_check.py's 491M Llama
+    python benchmarks/decode_gpu.py --out experiments/speed/gpu/decode_gpu.json      # CUDA: gpu_check.py's 491M Llama
     python benchmarks/decode_gpu.py --device cpu --tiny --out /tmp/decode.json  # the tests' run (no graph on CPU)
 
 The base is ``gpu_check.py``'s random Llama (bf16 on CUDA; ``--tiny``: its tiny one in float32) with two LoRA
@@ -25,7 +25,7 @@ the weights the step reads (frozen linears, LM head, LoRA matrices, at their ele
 weights`` plus attention, with the bandwidth of a 1 GiB device copy (bytes read + written per second) and the matmul
 rate of an 8192^3 matmul in the model's dtype (on CPU: 1024^3 and a 64 MiB copy), both measured in this run: the
 copy's best of 5 (``decode_step.copy_bandwidth``), the matmul's mean over 5 after a warm-up (``measure.matmul_flops``;
-the record of 50a48ac, ``docs/results/gpu/2026-11-28-stop55/``, took the best of 5 matmul calls).
+the record of 50a48ac, ``experiments/speed/gpu/2026-11-28-stop55/``, took the best of 5 matmul calls).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from decode_step import copy_bandwidth, step_counts
 from gpu_check import GPU_MODEL, TINY_MODEL, build_checkpoint
 from measure import matmul_flops, synchronize, write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 PROMPT = 200
 ADAPTERS = ("first", "second")
@@ -169,7 +169,7 @@ def captured_step(lean: LeanStep, tokens, mask, positions, cache):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/gpu/decode_gpu.json")
+    parser.add_argument("--out", default="experiments/speed/gpu/decode_gpu.json")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--tiny", action="store_true", help="gpu_check.py's tiny model (the tests' run)")
     parser.add_argument("--rows", default="8,64")

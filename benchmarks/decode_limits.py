@@ -2,7 +2,7 @@
 and the same step compiled whole by inductor, all in one run.
 
     python benchmarks/decode_limits.py [--rows 1,16] [--rounds 5] [--skip-compiled]
-        [--out docs/results/generation/decode_limits.json]
+        [--out experiments/speed/generation/decode_limits.json]
 
 The main job's base as in ``benchmarks/decode_step.py`` (4-bit SmolLM2-135M computing with its de-quantised copy,
 two LoRA adapters r=16 with random B matrices, rows alternating between them), a 200-token prompt prefilled, then per
@@ -59,7 +59,7 @@ from measure import matmul_flops, write_result
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
 from trl_multiagent.generation.lean_step import ONE_THREAD, PACKED_MIN_ROWS
-from trl_multiagent.provenance import cpu_model, kernel_record
+from trl_multiagent.runtime.provenance import cpu_model, kernel_record
 
 PROMPT, STEPS = 200, 8
 
@@ -343,7 +343,7 @@ def measure_rows(peft_model, rows: int, rounds: int, compiled_paths: bool = True
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/decode_limits.json")
+    parser.add_argument("--out", default="experiments/speed/generation/decode_limits.json")
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-compiled", action="store_true", help="leave out the compiled paths")

@@ -1,7 +1,7 @@
 """One decoding step of the main job's base: transformers' forward against the lean step, and both against the
 physical bound of the same run.
 
-    python benchmarks/decode_step.py [--out docs/results/generation/decode_step.json] [--threads N] [--rounds R]
+    python benchmarks/decode_step.py [--out experiments/speed/generation/decode_step.json] [--threads N] [--rounds R]
 
 The base is the main job's: 4-bit SmolLM2-135M computing with its de-quantised copy, two agents' LoRA adapters
 (r=16, every linear) active on alternate rows of a mixed batch. For each batch size (1, 16, 64 rows) a 200-token
@@ -47,12 +47,12 @@ from collections import defaultdict
 import torch
 from measure import matmul_flops, packed_matmul_flops, synchronize, write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.kv_cache import preallocated_cache
 from trl_multiagent.generation.lean_step import frozen_linear
 from trl_multiagent.generation.sampling import sample_next
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 
 def copy_bandwidth(clock, mib: int = 256, repeats: int = 5, device: str = "cpu") -> float:
@@ -134,7 +134,7 @@ def run_steps(model, cache, batch, path: str, step: LeanStep, tokens, mask, prom
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/decode_step.json")
+    parser.add_argument("--out", default="experiments/speed/generation/decode_step.json")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8)

@@ -22,10 +22,10 @@ from measure import matmul_flops, write_result
 from transformers import GenerationConfig
 
 import trl_multiagent
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.environments.writing import TLDREnv
 from trl_multiagent.evaluation.core import evaluate_team
 from trl_multiagent.evaluation.writing import BASELINES, WritingEvaluator
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 
 def main(argv=None) -> int:

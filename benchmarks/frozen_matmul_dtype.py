@@ -1,7 +1,7 @@
 """``frozen_matmul_dtype`` float32 against bfloat16 on the main job's base: the frozen matmuls, a decoding step, a
 teacher-forced call, the main job's step, and what the rounding changes.
 
-    python benchmarks/frozen_matmul_dtype.py [--out docs/results/frozen_matmul_dtype/frozen_matmul_dtype.json]
+    python benchmarks/frozen_matmul_dtype.py [--out experiments/speed/frozen_matmul_dtype/frozen_matmul_dtype.json]
                                              [--rounds 5] [--demo-steps 5] [--no-demo]
 
 Base: SmolLM2-135M-Instruct in float32 (the main job's), LoRA r=16 on every linear. Each part alternates the two
@@ -46,12 +46,12 @@ from decode_step import copy_bandwidth, step_counts
 from measure import matmul_flops, write_result
 from targets import MAIN_JOB, recipe_train_pass_flops, train_pass_bound
 
-from trl_multiagent.agents import AgentPool, AgentSpec
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, PackedFrozenLinears
 from trl_multiagent.generation.frozen_weights import packed_linear, packed_transposed, packed_weight
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.provenance import cpu_model
-from trl_multiagent.teacher_forcing import CACHE_KEYWORD
+from trl_multiagent.generation.teacher_forcing import CACHE_KEYWORD
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def demo_steps(dtype: str, steps: int, tmp: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/frozen_matmul_dtype/frozen_matmul_dtype.json")
+    parser.add_argument("--out", default="experiments/speed/frozen_matmul_dtype/frozen_matmul_dtype.json")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--demo-steps", type=int, default=5)
     parser.add_argument("--no-demo", action="store_true")

@@ -1,6 +1,6 @@
 """An int8 weight-only copy of the frozen weights for generation (issue 40's candidate), against the packed copies.
 
-    python benchmarks/frozen_matmul_int8.py [--rounds 5] [--out docs/results/frozen_matmul_dtype/int8.json]
+    python benchmarks/frozen_matmul_int8.py [--rounds 5] [--out experiments/speed/frozen_matmul_dtype/int8.json]
 
 A decoding step's frozen matmuls read every weight of the base; an int8 copy would read a quarter of float32's
 bytes. This script times the frozen matmuls of one decoding step of the embedded SmolLM2-135M-Instruct (per layer:
@@ -29,7 +29,7 @@ import torch
 from measure import write_result
 
 from trl_multiagent.generation.frozen_weights import packed_matmul, packed_weight
-from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 ROWS = (1, 4, 16, 32, 64)
 
@@ -38,7 +38,7 @@ def model_weights() -> list[torch.Tensor]:
     """The frozen matmuls' weights of one decoding step: per layer q/k/v and gate/up concatenated, o, down; the head."""
     from transformers import AutoModelForCausalLM
 
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"), dtype=torch.float32)
     out = []
@@ -56,7 +56,7 @@ def int8_copy(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/frozen_matmul_dtype/int8.json")
+    parser.add_argument("--out", default="experiments/speed/frozen_matmul_dtype/int8.json")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     weights = model_weights()

@@ -1,7 +1,7 @@
 """What the main job's generation computes: its decoding calls (prefill and decoding steps) and the rows and cache
 lengths of their decoding steps.
 
-    python benchmarks/generation_shapes.py [--steps 4] [--out docs/results/step_profile/generation_shapes.json]
+    python benchmarks/generation_shapes.py [--steps 4] [--out experiments/speed/step_profile/generation_shapes.json]
 
 Runs make demo's recipe (``benchmarks/targets.py:MAIN_JOB``, without evaluation) for ``--steps`` training steps with
 the decoding loop (``generation.decoding.decode``, as ``generation/team.py`` calls it) and the lean decoding step
@@ -32,7 +32,7 @@ import torch
 from measure import write_result
 from targets import MAIN_JOB
 
-from trl_multiagent.provenance import kernel_record
+from trl_multiagent.runtime.provenance import kernel_record
 
 ROW_BINS = ((0, 7), (8, 15), (16, 31), (32, None))
 
@@ -46,15 +46,15 @@ def bin_of(rows: int) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/step_profile/generation_shapes.json")
+    parser.add_argument("--out", default="experiments/speed/step_profile/generation_shapes.json")
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is reported apart)")
     import trl_multiagent.generation.team as team
-    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
     from trl_multiagent.generation.lean_step import LeanStep
-    from trl_multiagent.runner import Run
 
     calls, steps = [], []
     step_call = LeanStep.__call__

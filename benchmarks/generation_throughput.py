@@ -1,7 +1,7 @@
 """Team rollout generation against plain HF generate and the CPU's compute limit, in one process.
 
     python benchmarks/generation_throughput.py [--tasks 4] [--samples 4] [--new-tokens 48]
-        [--out docs/results/generation/throughput.json]
+        [--out experiments/speed/generation/throughput.json]
 
 One team step of the main job (TLDR, summary + elaboration, QLoRA adapters on one shared 4-bit SmolLM2-135M, K
 samples per agent and task) is generated twice with the pool's team-level generation (the second is timed), then
@@ -21,8 +21,8 @@ import torch
 from measure import matmul_flops, write_result
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.writing import TLDREnv
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", type=int, default=4, help="training tasks of the step (prompts per agent)")
     parser.add_argument("--samples", type=int, default=4, help="samples per agent and task (K)")
     parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--out", default="docs/results/generation/throughput.json")
+    parser.add_argument("--out", default="experiments/speed/generation/throughput.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     specs = [AgentSpec(name=n, model="smollm2-135m-instruct", quantization="4bit", lora_r=16, lora_alpha=32)

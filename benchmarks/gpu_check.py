@@ -1,11 +1,11 @@
 """GPU check (issue 38 item 4): a few MAGRPO steps of a team on a CUDA machine, against TRL's GRPOTrainer.
 
-    python benchmarks/gpu_check.py --out docs/results/gpu            # CUDA: ~0.5B Llama, bf16 (+ 4-bit base)
+    python benchmarks/gpu_check.py --out experiments/speed/gpu            # CUDA: ~0.5B Llama, bf16 (+ 4-bit base)
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/x  # the same code on a tiny model, CPU, < 1 min
 
 The model is a Llama built from a config in this file (random weights, no download): about 0.5B parameters
 (32000-token vocabulary, 28 layers of width 1024), or with ``--tiny`` a few thousand. Its tokenizer is the
-character-level one of the tests (``tests/tiny.py``), padded with filler tokens to the model's vocabulary, with a
+character-level one of the tests (``trl_multiagent.testing.char_tokenizer``), padded with filler tokens to the model's vocabulary, with a
 plain chat template. For each base -- the weights in bf16 (float32 on CPU) and, when bitsandbytes can quantize on
 the GPU, a 4-bit NF4 base (on CPU only with ``--cpu-4bit``: slow) -- it measures:
 
@@ -96,7 +96,7 @@ def pick_device(requested: str) -> str:
 
 
 def vocabulary(size: int) -> list[str]:
-    """Tokens after the three specials of ``tests/tiny.py``: printable characters (the prompts' text), then filler
+    """Tokens after the three specials of ``trl_multiagent.testing.char_tokenizer``: printable characters (the prompts' text), then filler
     tokens up to ``size`` entries (the encoder splits text into characters, so fillers are only generated)."""
     chars = list(dict.fromkeys(string.ascii_letters + string.digits + string.punctuation + " \n"))
     return chars + [f"<t{i}>" for i in range(size - 3 - len(chars))]
@@ -107,9 +107,9 @@ def build_checkpoint(directory: Path, sizes: dict, dtype, device: str) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.tiny import build_tokenizer
+    from trl_multiagent.testing import char_tokenizer
 
-    tok = build_tokenizer(vocabulary(sizes["vocab_size"]))
+    tok = char_tokenizer(vocabulary(sizes["vocab_size"]))
     tok.chat_template = CHAT_TEMPLATE
     assert len(tok) == sizes["vocab_size"], (len(tok), sizes["vocab_size"])
     config = LlamaConfig(**sizes, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
@@ -192,9 +192,9 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     """``n_agents`` agents on one shared base (one LoRA adapter each), ``s["team_steps"]`` MAGRPO steps."""
     from transformers import PrinterCallback, ProgressCallback
 
-    from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import FunctionEnvironment
-    from trl_multiagent.provenance import pool_paths
+    from trl_multiagent.runtime.provenance import pool_paths
+    from trl_multiagent.team.pool import AgentSpec
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     names = [f"agent{i + 1}" for i in range(n_agents)]

@@ -1,7 +1,7 @@
 """The LoRA deltas of a mixed-adapter batch in the block form against the masked form
 (``trl_multiagent/generation/lora_batch.py``: ``AdapterBlocks``, ``add_block_lora``, ``BLOCK_FORM``).
 
-    python benchmarks/lora_blocks.py [--out docs/results/generation/lora_blocks.json]
+    python benchmarks/lora_blocks.py [--out experiments/speed/generation/lora_blocks.json]
 
 Three parts, each form alternating with the other:
 
@@ -27,7 +27,7 @@ import time
 import torch
 from measure import write_result
 
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
 
 WIDTHS = {"q_proj": (576, 576), "k_proj": (576, 192), "v_proj": (576, 192), "o_proj": (576, 576),
           "gate_proj": (576, 1536), "up_proj": (576, 1536), "down_proj": (1536, 576)}
@@ -123,14 +123,14 @@ def prefill_layer(calls: int = 20) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/generation/lora_blocks.json")
+    parser.add_argument("--out", default="experiments/speed/generation/lora_blocks.json")
     parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args(argv)
     from transformers import GenerationConfig
 
     import trl_multiagent.generation.lora_batch as lora_batch
-    from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
     from trl_multiagent.environments.writing import TLDREnv
+    from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
     torch.manual_seed(0)
     layers = {"decode_layer": decode_layer(), "prefill_layer": prefill_layer()}

@@ -1,8 +1,8 @@
 """The loss head on its own: log-probs of the sampled tokens and the entropies, forward and backward, from the logits
 of one micro-batch of the main job, computed as one ``log_softmax`` over the whole ``(B, T, V)`` tensor (the library's
-way before 2026-11-28) and by ``trl_multiagent.logprobs.token_logps_and_entropies`` (a few rows at a time).
+way before 2026-11-28) and by ``trl_multiagent.generation.logprobs.token_logps_and_entropies`` (a few rows at a time).
 
-    python benchmarks/loss_head.py [--out docs/results/teacher_forcing/loss_head.json]
+    python benchmarks/loss_head.py [--out experiments/speed/teacher_forcing/loss_head.json]
     python benchmarks/loss_head.py --device cuda --dtype bfloat16 --shape 16 256 32000 --block-rows 64 256 1024 4096
 
 By default the logits are float32 ``(16, 40, 49152)`` (``per_device_train_batch_size`` 16, ``max_completion_length``
@@ -23,13 +23,13 @@ import time
 import torch
 from measure import paired_medians, write_result
 
-from trl_multiagent.logprobs import (
+from trl_multiagent.generation.logprobs import (
     ACCELERATOR_HEAD_BLOCK_BYTES,
     HEAD_BLOCK_BYTES,
     head_block_rows,
     token_logps_and_entropies,
 )
-from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 
 def whole_tensor(logits, ids, temperature):
@@ -44,7 +44,7 @@ def whole_tensor(logits, ids, temperature):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/loss_head.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/loss_head.json")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block-rows", type=int, nargs="*", default=[2, 5, 20, 80])
     parser.add_argument("--shape", type=int, nargs=3, default=[16, 40, 49152], metavar=("B", "T", "V"))

@@ -1,7 +1,7 @@
 """The loss's log-prob pass of one step of the main job, forward and backward, three ways in the same run: what
 reducing each call's logits to per-token values before assembling them saves, and what the blocked head saves.
 
-    python benchmarks/loss_pass.py [--out docs/results/teacher_forcing/loss_pass.json]
+    python benchmarks/loss_pass.py [--out experiments/speed/teacher_forcing/loss_pass.json]
 
 The step's 48 samples are those of ``benchmarks/loss_positions.py`` (the math team's environment, 4 training
 problems: both agents' first prompts and, for 2 episodes, their second-turn prompts, K = 4 each; completion lengths
@@ -33,10 +33,10 @@ from loss_head import whole_tensor
 from loss_positions import step_prompts
 from measure import matmul_flops, paired_medians, write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.logprobs import completion_logps, token_logps_and_entropies
-from trl_multiagent.provenance import cpu_flags, cpu_model
-from trl_multiagent.teacher_forcing import PrefixStore, completion_outputs, lm_forward
+from trl_multiagent.generation.logprobs import completion_logps, token_logps_and_entropies
+from trl_multiagent.generation.teacher_forcing import PrefixStore, completion_outputs, lm_forward
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 TEMPERATURE = 0.7
 
@@ -75,7 +75,7 @@ def step_workload():
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/loss_pass.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/loss_pass.json")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro_batch", type=int, default=16)
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 micro-batches ordered by total length (before issue 40), by prompt tokens, and by prompt tokens with the shared
 prefixes stored once for all micro-batches (teacher_forcing.PrefixStore), against the positions needed at least.
 
-    python benchmarks/loss_positions.py [--micro_batch 8] [--out docs/results/generation/loss_positions.json]
+    python benchmarks/loss_positions.py [--micro_batch 8] [--out experiments/speed/generation/loss_positions.json]
 
 The step is built from the recipe's environment (math_tool_generalisation, 4 training problems): both agents' first
 prompts with K = 4 samples each, and for 2 of the episodes both agents' second-turn prompts (after a wrong reasoner
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import random
 
-    from trl_multiagent.models import load_tokenizer, resolve_model
+    from trl_multiagent.models.loading import load_tokenizer, resolve_model
 
     prompts = step_prompts(load_tokenizer(resolve_model("smollm2-135m-instruct")))
     rng = random.Random(args.seed)

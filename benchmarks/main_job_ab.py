@@ -3,7 +3,7 @@ the training passes against the matmul rate, page faults and peak memory of runs
 process of its own.
 
     python benchmarks/main_job_ab.py --option per_device_train_batch_size --values 16 64 [--rounds 3] [--steps 5] \
-        [--out docs/results/step_profile/micro_batch.json]
+        [--out experiments/speed/step_profile/micro_batch.json]
     python benchmarks/main_job_ab.py --baseline COMMIT [--rounds 3] [--steps 5] [--out ...]
 
 Each run is ``python -m trl_multiagent train`` on make demo's recipe (``targets.MAIN_JOB``) for ``--steps`` steps
@@ -38,7 +38,7 @@ from pathlib import Path
 from measure import matmul_flops, write_result
 from targets import MAIN_JOB, recipe_train_pass_flops, train_pass_bound
 
-from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 PARTS = ("time/generation", "time/forward", "time/backward", "time/environment")
 

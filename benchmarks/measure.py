@@ -39,7 +39,7 @@ def packed_matmul_flops(n: int = 2048, repeats: int = 10, clock=time.perf_counte
     (``torch.ops.mkldnn._linear_pointwise``, the kernel of the library's frozen matmuls), or ``None`` where this
     torch has no such op. ``torch.mm`` (:func:`matmul_flops`) is MKL's ``sgemm``, which may use narrower vector
     instructions than oneDNN on the same CPU (on the AMD EPYC with AVX-512 it ran at about half oneDNN's rate:
-    ``docs/results/isa_caps/``), so this is the better estimate of what the machine's arithmetic allows."""
+    ``experiments/speed/isa_caps/``), so this is the better estimate of what the machine's arithmetic allows."""
     from trl_multiagent.generation.frozen_weights import packed_matmul, packed_weight
 
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
@@ -92,10 +92,40 @@ def cpu_slug(cpu: str) -> str:
 
 
 def keep_cpu_record(out: Path, cpu: str) -> Path:
-    """Copy ``out``'s bench.json and bench.md to ``out/bench_by_cpu/<cpu_slug>.{json,md}``: the latest record of
+    """Copy ``out``'s bench.json and bench.md to ``out/by_cpu/<cpu_slug>.{json,md}``: the latest record of
     each kind of CPU a bench ran on stays beside the latest record of all (issue 40: targets hold on every CPU)."""
-    folder = out / "bench_by_cpu"
+    folder = out / "by_cpu"
     folder.mkdir(parents=True, exist_ok=True)
     for suffix in ("json", "md"):
         shutil.copyfile(out / f"bench.{suffix}", folder / f"{cpu_slug(cpu)}.{suffix}")
     return folder / f"{cpu_slug(cpu)}.json"
+
+
+#: The kinds of operator a step's profile is split into (``step_profile.py``, ``targets.py``).
+KINDS = ("frozen matmuls", "other matmuls", "attention kernels", "softmax", "copies and gathers", "autograd engine",
+         "element-wise and other", "python")
+_MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
+            "aten::addbmm", "aten::mv"}
+_COPIES = {"aten::copy_", "aten::index_select", "aten::cat", "aten::index", "aten::index_put_", "aten::gather",
+           "aten::clone", "aten::contiguous", "aten::embedding", "aten::embedding_dense_backward",
+           "aten::index_add_", "aten::scatter_add_", "aten::constant_pad_nd", "aten::fill_", "aten::zero_",
+           "aten::_index_put_impl_"}
+
+
+def kind(name: str) -> str:
+    """The kind of an operator, by its profiler name."""
+    if name == "mkldnn::_linear_pointwise":
+        return "frozen matmuls"
+    if name in _MATMULS:
+        return "other matmuls"
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention kernels"
+    if "softmax" in name:
+        return "softmax"
+    if name in _COPIES:
+        return "copies and gathers"
+    if name.startswith("autograd::engine::"):
+        return "autograd engine"
+    if "::" not in name:  # a Python range: an autograd Function's forward or backward, the optimizer's step, ...
+        return "python"
+    return "element-wise and other"

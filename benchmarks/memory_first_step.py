@@ -2,7 +2,7 @@
 and the optimizer's moments, stays allocated from the first step into the second, and how torch's live bytes peak in
 each phase of both steps.
 
-    python benchmarks/memory_first_step.py [--out docs/results/memory_ab/first_step_tensors.json]
+    python benchmarks/memory_first_step.py [--out experiments/speed/memory_ab/first_step_tensors.json]
 
 Runs ``bench.py``'s memory child (MAGRPO, n agents on one shared 4-bit SmolLM2-135M, LoRA r=8, K=4, 32 forced tokens,
 2 steps) for 1 and 4 agents, each in a fresh subprocess, under ``torch.profiler`` with ``profile_memory`` over the
@@ -98,7 +98,7 @@ def child(n_agents: int, output_dir: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
     from trl_multiagent.trainers import MultiAgentGRPOTrainer
 
     original, found = MultiAgentGRPOTrainer.train, {}
@@ -120,7 +120,7 @@ def child(n_agents: int, output_dir: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/memory_ab/first_step_tensors.json")
+    parser.add_argument("--out", default="experiments/speed/memory_ab/first_step_tensors.json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         return 0
     from measure import child_result, write_result
 
-    from trl_multiagent.provenance import cpu_model
+    from trl_multiagent.runtime.provenance import cpu_model
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="memory-first-step-") as tmp:

@@ -1,6 +1,6 @@
 """The live tensors of ``make bench``'s memory runs, as the allocator sees them: 1 and 4 agents, packed or not.
 
-    python benchmarks/memory_live.py [--out docs/results/memory_ab/live_tensors.json]
+    python benchmarks/memory_live.py [--out experiments/speed/memory_ab/live_tensors.json]
 
 ``memory_4_agents_vs_1`` compares peak resident memory (``VmHWM``), which holds, besides the live tensors, whatever
 glibc keeps of the memory freed before. To tell the two apart, this script runs ``bench.py``'s memory child (MAGRPO,
@@ -34,8 +34,8 @@ def child(n_agents: int, packed: bool, output_dir: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from trl_multiagent import teacher_forcing
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.generation import teacher_forcing
+    from trl_multiagent.models.loading import resolve_model
     from trl_multiagent.trainers import MultiAgentGRPOTrainer
 
     if not packed:
@@ -70,7 +70,7 @@ def child(n_agents: int, packed: bool, output_dir: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/memory_ab/live_tensors.json")
+    parser.add_argument("--out", default="experiments/speed/memory_ab/live_tensors.json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         return 0
     from measure import child_result, write_result
 
-    from trl_multiagent.provenance import cpu_model
+    from trl_multiagent.runtime.provenance import cpu_model
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="memory-live-") as tmp:

@@ -1,7 +1,7 @@
 """Where the peak memory of ``make bench``'s memory runs falls, and what glibc's heap holds there: the peak RSS of
 each call of each phase of a team step, with or without each policy's gradients in one block.
 
-    python benchmarks/memory_phases.py [--out docs/results/memory_phases.json] [--rounds 2]
+    python benchmarks/memory_phases.py [--out experiments/speed/memory_phases/memory_phases.json] [--rounds 2]
 
 Runs ``bench.py``'s memory child (MAGRPO, n agents on one shared 4-bit SmolLM2-135M, LoRA r=8, K=4, 32 forced
 tokens, 2 steps) for 1 and 4 agents, each in a fresh subprocess, with the library as it is (``blocks``) and with
@@ -66,8 +66,8 @@ def child(n_agents: int, variant: str, output_dir: str) -> dict:
     import torch
 
     import trl_multiagent.trainers.base as trainer_base
-    from trl_multiagent.agents import AgentPool
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
+    from trl_multiagent.team.pool import AgentPool
     from trl_multiagent.trainers import MultiAgentGRPOTrainer
 
     if variant == "scattered":
@@ -116,7 +116,7 @@ def child(n_agents: int, variant: str, output_dir: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/memory_phases.json")
+    parser.add_argument("--out", default="experiments/speed/memory_phases/memory_phases.json")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
 
     from measure import child_result, write_result
 
-    from trl_multiagent.provenance import cpu_model
+    from trl_multiagent.runtime.provenance import cpu_model
 
     runs, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="memory-phases-") as tmp:

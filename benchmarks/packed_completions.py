@@ -2,7 +2,7 @@
 job, forward and backward, the ways alternating in one process.
 
     python benchmarks/packed_completions.py [--micro_batches 64 16] [--main_job_steps 4] [--repeats 5] \
-        [--baseline COMMIT] [--out docs/results/teacher_forcing/packed_completions.json]
+        [--baseline COMMIT] [--out experiments/speed/teacher_forcing/packed_completions.json]
 
 The step's 48 samples are ``benchmarks/loss_pass.py``'s (``loss_positions.step_prompts``: the math team's prompts of
 4 training problems, both agents, first and second turns, K = 4 each; completion lengths drawn from 5 to 40, seeded;
@@ -43,10 +43,10 @@ from loss_pass import micro_batches, step_workload
 from measure import matmul_flops, paired_medians, write_result
 from targets import MAIN_JOB
 
-from trl_multiagent import logprobs, teacher_forcing
-from trl_multiagent.logprobs import completion_logps
-from trl_multiagent.provenance import cpu_flags, cpu_model
-from trl_multiagent.teacher_forcing import PrefixStore, completion_outputs, lm_forward
+from trl_multiagent.generation import logprobs, teacher_forcing
+from trl_multiagent.generation.logprobs import completion_logps
+from trl_multiagent.generation.teacher_forcing import PrefixStore, completion_outputs, lm_forward
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 TEMPERATURE = 0.7
 PACKED_TYPES = teacher_forcing.PACKED_MODEL_TYPES
@@ -54,7 +54,7 @@ PACKED_TYPES = teacher_forcing.PACKED_MODEL_TYPES
 
 def main_job_batches(steps: int) -> list:
     """``(model, batch)`` of every log-prob pass with gradients of ``steps`` steps of the main job, trained here."""
-    from trl_multiagent.cli import main as cli
+    from trl_multiagent.command.cli import main as cli
     from trl_multiagent.trainers.compat import TeamTrainerSurface
 
     kept, original = [], TeamTrainerSurface.token_logps
@@ -114,7 +114,7 @@ def baseline_completion_outputs(commit: str):
     import subprocess
     from pathlib import Path
 
-    source = subprocess.run(["git", "show", f"{commit}:trl_multiagent/teacher_forcing.py"], check=True,
+    source = subprocess.run(["git", "show", f"{commit}:trl_multiagent/generation/teacher_forcing.py"], check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp(prefix="baseline-")) / "teacher_forcing.py"
     path.write_text(source)
@@ -126,7 +126,7 @@ def baseline_completion_outputs(commit: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/packed_completions.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/packed_completions.json")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro_batches", type=int, nargs="+", default=[64, 16])
     parser.add_argument("--main_job_steps", type=int, default=4)

@@ -1,7 +1,7 @@
 """The frozen matmuls of a teacher-forced pass, through ``F.linear`` and through oneDNN-packed weights, forward and
 backward: the choice behind ``PackedFrozenLinears(differentiable=True)`` (trl_multiagent/generation/frozen_weights.py).
 
-    python benchmarks/packed_training.py [--out docs/results/teacher_forcing/packed_training.json]
+    python benchmarks/packed_training.py [--out experiments/speed/teacher_forcing/packed_training.json]
 
 SmolLM2-135M's frozen linears (per layer q+k+v 960 x 576 as three, o 576 x 576, gate+up 3072 x 576 as two, down
 576 x 1536; 30 layers; the LM head 49152 x 576), random float32 weights, at M rows (the positions of one call).
@@ -19,7 +19,7 @@ import time
 import torch
 from measure import matmul_flops, write_result
 
-from trl_multiagent.provenance import cpu_model
+from trl_multiagent.runtime.provenance import cpu_model
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 
@@ -36,7 +36,7 @@ def best_ms(fn, repeats: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/packed_training.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/packed_training.json")
     parser.add_argument("--rows", default="4,40,160,480")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)

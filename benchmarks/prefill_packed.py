@@ -1,7 +1,7 @@
 """The prefill's frozen q/k/v and gate/up projections with packed copies or with ``F.linear``, on the main job's
 first-turn prompts: the generation of one step timed both ways, alternately, in one process.
 
-    python benchmarks/prefill_packed.py [--rounds 5] [--out docs/results/generation/prefill_packed.json]
+    python benchmarks/prefill_packed.py [--rounds 5] [--out experiments/speed/generation/prefill_packed.json]
 
 The pool is the main job's (``targets.MAIN_JOB``: a reasoner and a tool agent on one shared LoRA policy, r=16, of the
 embedded SmolLM2-135M-Instruct in float32), where the teacher-forced passes pack every frozen layer
@@ -32,10 +32,10 @@ from measure import matmul_flops, paired_medians, write_result
 from targets import MAIN_JOB
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
+from trl_multiagent.command.recipe import resolve_environment
 from trl_multiagent.generation import team
-from trl_multiagent.provenance import cpu_flags, cpu_model
-from trl_multiagent.recipe import resolve_environment
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 
 def main(argv=None) -> int:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--problems", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--out", default="docs/results/generation/prefill_packed.json")
+    parser.add_argument("--out", default="experiments/speed/generation/prefill_packed.json")
     args = parser.parse_args(argv)
     specs = [AgentSpec(name=n, model="smollm2-135m-instruct", policy="shared", lora_r=16, lora_alpha=32)
              for n in ("reasoner", "tool")]

@@ -6,7 +6,7 @@ problems, each the prompt plus its canonical solution and the first five asserts
 pass, on both sides. The older one is either the single-file ``trl_multiagent/sandbox.py`` (the default, commit
 63a6a5d: everything in the worker) or the package ``trl_multiagent/sandbox/`` of a later commit (``--old main``).
 
-    python benchmarks/sandbox_throughput.py [--rounds 8] [--old 63a6a5d] [--out docs/results/sandbox_throughput.json]
+    python benchmarks/sandbox_throughput.py [--rounds 8] [--old 63a6a5d] [--out experiments/speed/sandbox_throughput/sandbox_throughput.json]
 
 Needs root (namespaces, uid switching), like the sandbox's hostile tests. Writes the per-round rates, their medians
 and ``ratio`` = median(new) / median(old).
@@ -103,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--old", default=OLD_COMMIT, help="the commit whose sandbox is the baseline")
-    parser.add_argument("--out", default=str(REPO / "docs" / "results" / "sandbox_throughput.json"))
+    parser.add_argument("--out", default=str(REPO / "experiments" / "speed" / "sandbox_throughput" / "sandbox_throughput.json"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: both implementations need namespaces and uid switching to be measured as deployed")

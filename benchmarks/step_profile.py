@@ -1,7 +1,7 @@
 """Where a step of the main job spends its time: each phase of the step (generation, environment, the loss's forward
 and backward, the optimizer) split by kind of operation, from a ``torch.profiler`` record of whole steps.
 
-    python benchmarks/step_profile.py [--steps 4] [--profile 2] [--out docs/results/step_profile/step_profile.json]
+    python benchmarks/step_profile.py [--steps 4] [--profile 2] [--out experiments/speed/step_profile/step_profile.json]
 
 Runs make demo's recipe (``benchmarks/targets.py:MAIN_JOB``, AT-GRPO math team, without evaluation) for ``--steps``
 steps and profiles the last ``--profile`` of them (the first step is never profiled: it pays one-time costs). The
@@ -39,39 +39,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
-from measure import matmul_flops, write_result
+from measure import KINDS, kind, matmul_flops, write_result
 from targets import MAIN_JOB, train_pass_flops, train_pass_step_flops
 from transformers import TrainerCallback
 
-from trl_multiagent.provenance import cpu_model
-
-KINDS = ("frozen matmuls", "other matmuls", "attention kernels", "softmax", "copies and gathers", "autograd engine",
-         "element-wise and other", "python")
-_MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
-            "aten::addbmm", "aten::mv"}
-_COPIES = {"aten::copy_", "aten::index_select", "aten::cat", "aten::index", "aten::index_put_", "aten::gather",
-           "aten::clone", "aten::contiguous", "aten::embedding", "aten::embedding_dense_backward",
-           "aten::index_add_", "aten::scatter_add_", "aten::constant_pad_nd", "aten::fill_", "aten::zero_",
-           "aten::_index_put_impl_"}
-
-
-def kind(name: str) -> str:
-    """The kind of an operator, by its profiler name."""
-    if name == "mkldnn::_linear_pointwise":
-        return "frozen matmuls"
-    if name in _MATMULS:
-        return "other matmuls"
-    if "scaled_dot_product" in name or "flash_attention" in name:
-        return "attention kernels"
-    if "softmax" in name:
-        return "softmax"
-    if name in _COPIES:
-        return "copies and gathers"
-    if name.startswith("autograd::engine::"):
-        return "autograd engine"
-    if "::" not in name:  # a Python range: an autograd Function's forward or backward, the optimizer's step, ...
-        return "python"
-    return "element-wise and other"
+from trl_multiagent.runtime.provenance import cpu_model
 
 
 class ProfileSteps(TrainerCallback):
@@ -120,14 +92,14 @@ def split_by_phase(events, steps: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/step_profile/step_profile.json")
+    parser.add_argument("--out", default="experiments/speed/step_profile/step_profile.json")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--profile", type=int, default=2, help="how many of the last steps to profile")
     args = parser.parse_args(argv)
     if not 1 <= args.profile < args.steps:
         parser.error("--profile must be at least 1 and fewer than --steps (the first step is not profiled)")
-    from trl_multiagent.cli import parse_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
 
     rate_before = matmul_flops()
     with tempfile.TemporaryDirectory() as tmp:

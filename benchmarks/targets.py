@@ -16,12 +16,12 @@ Each measurement runs in a fresh subprocess, one after the other (never two side
   against their FLOPs (frozen linears, LoRA and attention's products: :func:`train_pass_step_flops`) at the
   matmul rate measured around the run -> ``train_pass_vs_matmul`` (:func:`train_pass_bound`). Beside it, not a target: the same ratio at the faster of that rate (MKL's ``sgemm``)
   and oneDNN's packed matmul (``measure.packed_matmul_flops``, the kernel of the library's frozen matmuls), which on
-  some CPUs uses wider vector instructions than MKL (``docs/results/isa_caps/``) -> ``train_pass_fastest_matmul``.
+  some CPUs uses wider vector instructions than MKL (``experiments/speed/isa_caps/``) -> ``train_pass_fastest_matmul``.
 * ``decode``: ``benchmarks/decode_step.py``: one decoding step at 1, 16 and 64 rows against
   ``max(weight bytes / bandwidth, FLOPs / matmul rate)`` of the same run -> ``decode_vs_bound_{1,16,64}`` (and, not
   a target, ``lean_over_fastest_matmul_bound``: the same with the faster matmul rate above).
 * ``evaluation``: ``benchmarks/eval_speed.py`` (the main job's before-training evaluation on 10 held-out posts)
-  against the same command run once on the code before the speed work (``docs/results/eval_speed/reference.json``),
+  against the same command run once on the code before the speed work (``experiments/speed/eval_speed/reference.json``),
   with each side's seconds scaled by its own matmul rate -> ``eval_speedup``.
 """
 
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_EVAL = ROOT / "docs" / "results" / "eval_speed" / "reference.json"
+REFERENCE_EVAL = ROOT / "experiments" / "speed" / "eval_speed" / "reference.json"
 
 #: name -> (target, "ge" | "le")
 TARGETS = {
@@ -89,7 +89,7 @@ def linear_flops_per_token(model: str) -> dict[str, float]:
     :func:`train_pass_flops`)."""
     from transformers import AutoConfig
 
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     c = AutoConfig.from_pretrained(resolve_model(model))
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -107,7 +107,7 @@ def train_pass_flops(model: str, lora_r: int) -> dict[str, float]:
     every layer (2 x 2 x heads x head_dim)."""
     from transformers import AutoConfig
 
-    from trl_multiagent.models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     c = AutoConfig.from_pretrained(resolve_model(model))
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -280,7 +280,7 @@ def profile_calls(pools: dict, requests: dict, config, calls: int = 2) -> dict:
     the operators whose median time differs most between the 4-agent and the 1-agent call. The profiler adds a few
     microseconds per operator, so the 4-agent call's additional operators weigh a little more than unprofiled."""
     import torch
-    from step_profile import KINDS, kind
+    from measure import KINDS, kind
 
     records: dict[int, list] = {1: [], 4: []}
     for r in range(calls):
@@ -317,8 +317,8 @@ def agents_workload(n: int, prompts: int = 8, samples: int = 4, new_tokens: int 
     import torch
     from transformers import GenerationConfig
 
-    from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
     from trl_multiagent.environments.writing import TLDREnv
+    from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
     torch.manual_seed(0)
     env = TLDREnv()
@@ -383,7 +383,7 @@ def agents_main(out: str, prompts: int = 8, samples: int = 4, new_tokens: int = 
 
 def team_time_main(out: str, agents: int, calls: int) -> dict:
     """``calls`` timed calls of the ``agents`` workload at ``agents`` agents (:func:`agents_workload`), in the library
-    this process imports (``PYTHONPATH`` decides: ``docs/results/agents_paired/ab.sh`` times two commits so)."""
+    this process imports (``PYTHONPATH`` decides: ``experiments/speed/agents_paired/ab.sh`` times two commits so)."""
     import trl_multiagent
 
     pool, requests, config = agents_workload(agents)

@@ -1,8 +1,8 @@
 """What sharing the prompts' opening saves in the teacher-forced passes of a MAPoRL debate batch: the policy's
-log-probs and the critic's values with :func:`~trl_multiagent.teacher_forcing.completion_outputs` sharing prompts
+log-probs and the critic's values with :func:`~trl_multiagent.generation.teacher_forcing.completion_outputs` sharing prompts
 and prefixes, against one plain pass per row, in the same run.
 
-    python benchmarks/teacher_forcing.py [--out docs/results/teacher_forcing/teacher_forcing.json]
+    python benchmarks/teacher_forcing.py [--out experiments/speed/teacher_forcing/teacher_forcing.json]
 
 The batch is one agent's micro-batch of the MAPoRL easy-math recipe (``recipes/configs/math_easy_debate.yaml``):
 8 rows, the 4 turn-1 prompts of 4 training problems of ``math_debate_easy`` (system message and worked examples as
@@ -23,10 +23,10 @@ import time
 import torch
 from measure import write_result
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.critics import CriticSpec
 from trl_multiagent.environments.debate import MathDebateEasyEnv
-from trl_multiagent.logprobs import completion_logps
+from trl_multiagent.generation.logprobs import completion_logps
+from trl_multiagent.team.critics import CriticSpec
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 # 30 tokens-ish answers, as the debaters write them (a short sentence and a box)
 ANSWERS = ["Tom has 3 apples and gets 4 more, so he has 3 + 4 = 7 apples. \\boxed{7}",
@@ -60,7 +60,7 @@ def debate_batch(pool: AgentPool, agent: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/teacher_forcing.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/teacher_forcing.json")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     pool = AgentPool([AgentSpec("agent1", model="smollm2-135m-instruct", lora_r=16, lora_alpha=32)],

@@ -3,7 +3,7 @@ backward, three ways in one run: the library's pass, the same layers written as 
 functions compiled by ``torch.compile`` (inductor, forward and backward).
 
     python benchmarks/train_layers_compiled.py [--rows 12] [--length 40] [--cached 377] [--repeats 3]
-        [--out docs/results/teacher_forcing/train_layers_compiled.json]
+        [--out experiments/speed/teacher_forcing/train_layers_compiled.json]
 
 The workload is ``benchmarks/call_cost.py``'s largest shape. SmolLM2-135M-Instruct in float32 with one LoRA adapter
 (r=16, alpha 32) on every projection continues a cached prompt of ``--cached`` tokens with ``rows x length`` new
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from measure import matmul_flops, write_result
 from targets import linear_flops_per_token
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.provenance import cpu_model
-from trl_multiagent.teacher_forcing import lm_forward
+from trl_multiagent.generation.teacher_forcing import lm_forward
+from trl_multiagent.runtime.provenance import cpu_model
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 ADAPTER = "solver"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -103,7 +103,7 @@ def decoder_layer(x, past_k, past_v, cos, sin, mask, qkv, o, gate_up, down, norm
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/results/teacher_forcing/train_layers_compiled.json")
+    parser.add_argument("--out", default="experiments/speed/teacher_forcing/train_layers_compiled.json")
     parser.add_argument("--rows", type=int, default=12)
     parser.add_argument("--length", type=int, default=40)
     parser.add_argument("--cached", type=int, default=377)

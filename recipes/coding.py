@@ -10,7 +10,7 @@ report.md, reward_curve.png and the adapters to output_dir.
 
 import sys
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ The same runner as `python -m trl_multiagent train`; this script insists on the 
 
 import sys
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 
 
 def main(argv=None) -> int:

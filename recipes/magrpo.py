@@ -11,7 +11,7 @@ reward_curve.png in output_dir.
 
 import sys
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ZYGOTE = r"""
 import json, os, runpy, sys, traceback
 sys.path.insert(0, os.getcwd())
-import trl_multiagent.cli, trl_multiagent.runner, trl_multiagent.evaluation  # the slow imports, done once
+import trl_multiagent.command.cli, trl_multiagent.command.runner, trl_multiagent.evaluation  # the slow imports, done once
 import trl_multiagent.trainers
 print("ready", flush=True)
 for line in sys.stdin:

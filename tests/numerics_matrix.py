@@ -1,7 +1,7 @@
 """Run the tests that compare two numerical paths under every kernel choice and thread count this CPU offers, and
 report each comparison's worst deviation against its tolerance (tests/numerics.py).
 
-    .venv/bin/python tests/numerics_matrix.py                 # writes docs/results/numerics/<cpu>.json and .md
+    .venv/bin/python tests/numerics_matrix.py                 # writes experiments/speed/numerics/<cpu>.json and .md
     .venv/bin/python tests/numerics_matrix.py --tests tests/test_logprobs.py --threads 1
 
 Kernel choices: ``ATEN_CPU_CAPABILITY`` = default (no vector instructions), avx2 and, where the CPU has AVX-512,
@@ -23,7 +23,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from trl_multiagent.provenance import cpu_flags, cpu_model
+from trl_multiagent.runtime.provenance import cpu_flags, cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", nargs="+", default=NUMERICAL_TESTS)
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--capabilities", nargs="+", default=None, help="default: every one this CPU has")
-    parser.add_argument("--out", default=None, help="default: docs/results/numerics/<cpu>.json (and .md)")
+    parser.add_argument("--out", default=None, help="default: experiments/speed/numerics/<cpu>.json (and .md)")
     args = parser.parse_args(argv)
     import torch
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python tests/numerics_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "tests": args.tests, "summary": summarise(records)}
     slug = "".join(ch if ch.isalnum() else "_" for ch in cpu).strip("_").lower()
-    out = Path(args.out) if args.out else ROOT / "docs" / "results" / "numerics" / f"{slug}.json"
+    out = Path(args.out) if args.out else ROOT / "experiments" / "speed" / "numerics" / f"{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trl_multiagent.runner import Run
+from trl_multiagent.command.runner import Run
 
 
 def build_trainer(recipe, config, callbacks=None):

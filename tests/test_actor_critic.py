@@ -11,9 +11,9 @@ from datasets import Dataset
 from tests.fake_pool import ScriptedPool
 from tests.numerics import assert_same_computation
 from tests.tiny import model_terms
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.rollout import SinglePathSampler
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer, DebatePPOConfig
 from trl_multiagent.trainers.actor_critic import episode_returns
 
@@ -304,8 +304,8 @@ def _actor_step(trainer, offsets, advantages):
     adapter, and the current token log-probs (with grad) for the hand-built surrogate."""
     import functools
 
-    from trl_multiagent.agents import Generation
     from trl_multiagent.rollout import Experience, Sample
+    from trl_multiagent.team.pool import Generation
     from trl_multiagent.trainers.base import MultiAgentTrainer
 
     with torch.no_grad():  # non-zero B so that the adapter's log-probs have a gradient everywhere
@@ -425,7 +425,7 @@ def test_missing_reward_max_fails_before_any_model_loads(tmp_path):
 def test_recipes_parse(tmp_path):
     from pathlib import Path
 
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command.cli import load_recipe
 
     configs = sorted(Path("recipes/configs").glob("*_cc.yaml")) + sorted(Path("recipes/configs").glob("*_dc.yaml"))
     names = {p.name for p in configs}
@@ -441,9 +441,9 @@ def test_recipes_parse(tmp_path):
 def test_hub_writing_recipes_fail_clearly_offline(tmp_path, monkeypatch, name):
     import datasets
 
-    from trl_multiagent import recipe as recipe_module
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command import recipe as recipe_module
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.runner import Run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -15,8 +15,8 @@ import itertools
 from datasets import Dataset
 
 from tests.tiny import prob_first_choice, save_tiny
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")

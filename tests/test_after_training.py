@@ -19,12 +19,12 @@ from transformers import GenerationConfig
 
 from tests.cli_harness import ROOT, CommandRunner
 from tests.tiny import save_tiny
-from trl_multiagent.agents import Generation
+from trl_multiagent.command.evaluate import AdaptersOff
 from trl_multiagent.environments import MathToolEnv
 from trl_multiagent.errors import RecipeError
 from trl_multiagent.evaluation import TEAM, EpisodeEvaluator, evaluate_team, evaluation_section, write_run_outputs
 from trl_multiagent.evaluation.report import task_groups
-from trl_multiagent.evaluation.saved_team import AdaptersOff
+from trl_multiagent.team.pool import Generation
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 README = ROOT / "README.md"
@@ -128,14 +128,14 @@ def test_a_question_without_a_gold_answer_is_played_and_answered():
 
 # ------------------------------------------------------------------------------------------------ recipe checks
 def recipe_of(*overrides):
-    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.command.cli import parse_recipe
 
     return parse_recipe(["--config", str(ROOT / MAIN_JOB), *overrides])
 
 
 def test_eval_num_problems_zero_means_every_row_of_a_held_out_file(tmp_path):
-    from trl_multiagent.recipe import RecipeArguments
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.recipe import RecipeArguments
+    from trl_multiagent.command.runner import Run
 
     held = tmp_path / "mine.jsonl"
     held.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
@@ -161,7 +161,7 @@ def saved_team(folder: Path, lora_r: int = 16) -> Path:
 
 
 def test_init_adapters_is_checked_before_any_model_loads(tmp_path):
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.runner import Run
     from trl_multiagent.trainers.outputs import OutputDirError, check_checkpoint
 
     team = saved_team(tmp_path / "team")
@@ -182,7 +182,7 @@ def test_init_adapters_is_checked_before_any_model_loads(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ command line
 def test_the_evaluate_command_refuses_with_one_line(tmp_path, capsys):
-    from trl_multiagent.cli import main
+    from trl_multiagent.command.cli import main
 
     team = saved_team(tmp_path / "team")
     recipe, _, given = recipe_of()

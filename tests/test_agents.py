@@ -6,7 +6,7 @@ from transformers import GenerationConfig
 
 from tests.numerics import assert_same_greedy
 from tests.tiny import model_terms, save_tiny
-from trl_multiagent.agents import AgentPool, AgentSpec, check_team
+from trl_multiagent.team.pool import AgentPool, AgentSpec, check_team
 
 
 def _lora(pool, policy, which="lora_B"):
@@ -132,14 +132,14 @@ def test_qlora_shared_4bit_base(tiny_text_model):
 def test_lora_on_the_output_layer_is_refused_before_loading(targets):
     with pytest.raises(ValueError, match=r"output layer '(model\.)?lm_head'.*never be trained"):
         AgentSpec("ann", model="/nonexistent/model", lora_target_modules=targets)
-    from trl_multiagent.critics import CriticSpec
+    from trl_multiagent.team.critics import CriticSpec
 
     with pytest.raises(ValueError, match="output layer"):
         CriticSpec("critic", agent="ann", lora_target_modules=targets)
 
 
 def test_an_adapted_output_layer_that_slips_past_the_names_is_refused_after_loading(tiny_ab_model, monkeypatch):
-    import trl_multiagent.agent_spec as agent_spec_module
+    import trl_multiagent.team.agent_spec as agent_spec_module
 
     monkeypatch.setattr(agent_spec_module, "check_lora_targets", lambda owner, targets: None)
     spec = AgentSpec("ann", model=tiny_ab_model, lora_target_modules=["q_proj", "lm_head"])
@@ -154,7 +154,7 @@ def test_policy_names_inside_peft_prefix_are_refused():
 
 
 def test_generate_many_answers_every_request_in_order(tiny_text_model, second_tiny_model):
-    from trl_multiagent.agents import GenerationRequest
+    from trl_multiagent.team.pool import GenerationRequest
 
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4),
                       AgentSpec("main", model=tiny_text_model, lora_r=4),

@@ -10,7 +10,7 @@ import json
 import pytest
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import Generation
+from trl_multiagent.command.recipe import ALONE_METHOD, RecipeArguments
 from trl_multiagent.environments import (
     FunctionEnvironment,
     MathDebateEnv,
@@ -31,7 +31,7 @@ from trl_multiagent.evaluation import (
     write_run_outputs,
 )
 from trl_multiagent.evaluation.alone import alone_methods
-from trl_multiagent.recipe import ALONE_METHOD, RecipeArguments
+from trl_multiagent.team.pool import Generation
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 
@@ -249,8 +249,8 @@ def test_debate_agents_alone_are_each_debaters_base_answer():
 def plan(tmp_path, *overrides):
     """The evaluation plan of the math team's recipe (no model is loaded)."""
     from tests.cli_harness import ROOT
-    from trl_multiagent.cli import parse_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
 
     recipe, config, given = parse_recipe(["--config", str(ROOT / "recipes/configs/math_easy_at_grpo.yaml"),
                                           "--output_dir", str(tmp_path), "--eval_num_problems", "4", *overrides])

@@ -13,14 +13,14 @@ import platform
 import subprocess
 import sys
 
-from trl_multiagent import utils
+from trl_multiagent.runtime import memory as utils
 from trl_multiagent.trainers import MultiAgentGRPOConfig
 
 PROBE = r"""
 import ctypes, json, sys
 import torch
-from trl_multiagent.provenance import kernel_record
-from trl_multiagent.utils import keep_freed_cpu_memory, release_freed_memory
+from trl_multiagent.runtime.provenance import kernel_record
+from trl_multiagent.runtime.memory import keep_freed_cpu_memory, release_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",

@@ -44,9 +44,9 @@ def _defined_names(path: Path) -> set[str]:
 
 
 def _config_fields() -> set[str]:
-    from trl_multiagent.recipe import RecipeArguments
+    from trl_multiagent.command.recipe import RecipeArguments
+    from trl_multiagent.command.verifier_recipe import VerifierTrainingConfig
     from trl_multiagent.trainers import TRAINERS
-    from trl_multiagent.verifier_config import VerifierTrainingConfig
 
     fields = {f.name for f in dataclasses.fields(RecipeArguments)} | {f.name for f in dataclasses.fields(VerifierTrainingConfig)}
     for config_cls, _ in TRAINERS.values():

@@ -5,8 +5,8 @@ import functools
 import pytest
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import ATGRPOConfig, ATGRPOTrainer
 
 

@@ -93,10 +93,10 @@ def test_each_kind_of_cpu_keeps_its_latest_bench_record(tmp_path):
         (tmp_path / "bench.json").write_text(f'{{"run": "{text}"}}')
         (tmp_path / "bench.md").write_text(f"# {text}")
         keep_cpu_record(tmp_path, cpu)
-    kept = sorted(p.name for p in (tmp_path / "bench_by_cpu").iterdir())
+    kept = sorted(p.name for p in (tmp_path / "by_cpu").iterdir())
     assert kept == ["amd_epyc.json", "amd_epyc.md", "intel_r_xeon_r_cpu.json", "intel_r_xeon_r_cpu.md"]
-    assert (tmp_path / "bench_by_cpu" / "amd_epyc.md").read_text() == "# third"  # the latest run of that CPU
-    assert (tmp_path / "bench_by_cpu" / "intel_r_xeon_r_cpu.json").read_text() == '{"run": "second"}'
+    assert (tmp_path / "by_cpu" / "amd_epyc.md").read_text() == "# third"  # the latest run of that CPU
+    assert (tmp_path / "by_cpu" / "intel_r_xeon_r_cpu.json").read_text() == '{"run": "second"}'
 
 
 def test_paired_medians_by_hand():

@@ -246,7 +246,7 @@ def test_no_arguments_prints_usage_and_fails(cli):
 
 
 def test_help_lists_every_field_with_its_help(cli):
-    from trl_multiagent.recipe import RecipeArguments, _fields
+    from trl_multiagent.command.recipe import RecipeArguments, _fields
     from trl_multiagent.trainers import TRAINERS
 
     result = cli(["train", "--help"])

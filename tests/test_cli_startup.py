@@ -1,5 +1,5 @@
 """The command line answers ``--help`` and the recipe errors it can decide without importing torch
-(trl_multiagent/recipe_fields.py): a snapshot written from the config classes reads back current, its answers are the
+(trl_multiagent/command/recipe_fields.py): a snapshot written from the config classes reads back current, its answers are the
 classes' answers (help text for help text, error for error), and a stale one is ignored and rewritten."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import textwrap
 import pytest
 
 from tests.cli_harness import ROOT
-from trl_multiagent import cli, recipe_fields
+from trl_multiagent.command import cli, recipe_fields, recipe_parser
+from trl_multiagent.command.recipe import coerce_value
 from trl_multiagent.errors import RecipeError
-from trl_multiagent.recipe import coerce_value
 from trl_multiagent.trainers import TRAINERS
 
 PROG = "python -m trl_multiagent train"
@@ -63,7 +63,7 @@ def outcome(argv, snapshot=None, yaml_text=None):
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stdout(buffer):
-            cli._parse(list(map(str, argv)), yaml_text, PROG, snapshot)
+            recipe_parser._parse(list(map(str, argv)), yaml_text, PROG, snapshot)
     except SystemExit as exc:
         assert exc.code == 0
         return "help", buffer.getvalue()
@@ -190,8 +190,8 @@ def test_every_config_field_coerces_alike(snapshot):
     class's type accepts and refuses it with the same message, or says it cannot decide."""
     decided = 0
     for trainer, (config_class, _) in sorted(TRAINERS.items()):
-        cli._recipe_parser_class()(trainer)  # build the parser first, as parse_recipe does
-        real = cli._hints(config_class)
+        recipe_parser._recipe_parser_class()(trainer)  # build the parser first, as parse_recipe does
+        real = recipe_parser._hints(config_class)
         light = recipe_fields.config_hints(snapshot, trainer)
         assert set(light) <= set(real)
         for name, hint in light.items():
@@ -272,10 +272,10 @@ def test_a_fresh_interpreter_answers_help_and_recipe_errors_without_torch(snapsh
     assert error_run["heavy"] == [] and error_run["code"] == 2
     assert error_run["stderr"].strip() == f"{PROG}: error: command line: unknown key 'lerning_rate'; did you mean " \
                                           "'learning_rate' or 'logging_strategy'?"
-    package = fresh("import json, sys\nimport trl_multiagent, trl_multiagent.cli, trl_multiagent.recipe\n"
+    package = fresh("import json, sys\nimport trl_multiagent, trl_multiagent.command.cli, trl_multiagent.command.recipe\n"
                     "light = 'torch' not in sys.modules\nfrom trl_multiagent import AgentSpec\n"
                     "print(json.dumps({'light': light, 'lazy': AgentSpec.__module__}))")
-    assert package == {"light": True, "lazy": "trl_multiagent.agent_spec"}
+    assert package == {"light": True, "lazy": "trl_multiagent.team.agent_spec"}
 
 
 def test_a_fault_of_the_file_leaves_the_answer_to_the_classes(snapshot, monkeypatch):

@@ -147,8 +147,8 @@ def test_make_dataset_splits_are_humaneval():
 @pytest.mark.parametrize("name,mapping", [("code_at_grpo_shared", "shared"),
                                           ("code_at_grpo_specialized", "specialized")])
 def test_code_recipes_load(tmp_path, name, mapping):
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import build_team, resolve_environment
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.recipe import build_team, resolve_environment
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
                                   str(tmp_path)])

@@ -103,9 +103,9 @@ def test_mbpp_rows_map_to_humaneval_columns():
 
 @pytest.mark.parametrize("config", ["recipes/configs/coop_humaneval.yaml", "recipes/configs/mbpp.yaml"])
 def test_hub_recipes_fail_clearly_offline(config, tmp_path, monkeypatch):
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import RecipeError
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.recipe import RecipeError
+    from trl_multiagent.command.runner import Run
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

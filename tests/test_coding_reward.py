@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from trl_multiagent.reward_blocks.coding import MAX_REWARD, analyze
-from trl_multiagent.utils import import_object
+from trl_multiagent.runtime.user_code import import_object
 
 cooperative_code_reward = import_object(f"{Path(__file__).resolve().parents[1]}/rewards/coding.py:cooperative_code_reward")
 

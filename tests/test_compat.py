@@ -58,8 +58,8 @@ def _self_attributes_read(func) -> set[str]:
 def test_every_attribute_trls_loss_and_logging_read_is_set(tiny_ab_model, tmp_path):
     from datasets import Dataset
 
-    from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import MatrixGameEnv
+    from trl_multiagent.team.pool import AgentSpec
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], disable_tqdm=True, max_completion_length=1)

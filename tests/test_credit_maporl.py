@@ -3,7 +3,6 @@
 
 import pytest
 
-from trl_multiagent.answers import text_after_boxed
 from trl_multiagent.credit.maporl import (
     Incentives,
     PenaltySettings,
@@ -22,6 +21,7 @@ from trl_multiagent.credit.maporl import (
     verification_rewards,
 )
 from trl_multiagent.credit.returns import gae, whiten, whiten_groups
+from trl_multiagent.metrics.answers import text_after_boxed
 from trl_multiagent.metrics.debate import majority_vote_accuracy, peer_majority, transition_fractions
 
 

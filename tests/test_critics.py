@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.critics import CriticSpec, select_head
+from trl_multiagent.team.critics import CriticSpec, select_head
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 
 def _ids(pool, name, texts):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.test_e2e import ROOT, _subprocess_env
-from trl_multiagent.models import DEFAULT_MODEL, ModelNotFoundError, resolve_model
+from trl_multiagent.models.loading import DEFAULT_MODEL, ModelNotFoundError, resolve_model
 
 
 @pytest.mark.slow

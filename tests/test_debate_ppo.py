@@ -13,10 +13,10 @@ from datasets import Dataset
 from tests.numerics import assert_same_computation
 from tests.recipe_runs import build_trainer
 from tests.tiny import model_terms
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import CollaborationGameEnv
 from trl_multiagent.rollout import Experience
 from trl_multiagent.rollout.debate import DebateSample
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
 from trl_multiagent.trainers.base import MultiAgentTrainer
 from trl_multiagent.trainers.debate_ppo import minibatch_schedule, token_credit
@@ -262,7 +262,7 @@ DEBATE_CONFIGS = ("math_debate", "nli_debate", "gsm8k_debate", "anli_debate", "d
 
 
 def test_debate_recipes_parse(tmp_path):
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command.cli import load_recipe
 
     for name in DEBATE_CONFIGS:
         path = Path("recipes/configs") / f"{name}.yaml"
@@ -274,8 +274,8 @@ def test_debate_recipes_parse(tmp_path):
 def test_hub_debate_recipes_fail_clearly_offline(tmp_path, monkeypatch, name, dataset):
     import datasets
 
-    from trl_multiagent import recipe as recipe_module
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command import recipe as recipe_module
+    from trl_multiagent.command.cli import load_recipe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

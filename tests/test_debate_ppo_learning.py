@@ -20,9 +20,9 @@ import functools
 from datasets import Dataset
 
 from tests.tiny import prob_first_choice, save_tiny
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.credit.maporl import best_response_threshold
 from trl_multiagent.environments import CollaborationGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")

@@ -7,11 +7,11 @@ import pytest
 from transformers import GenerationConfig
 
 from tests.fake_pool import ScriptedPool
-from trl_multiagent.answers import parse_nli_label
 from trl_multiagent.credit.maporl import Incentives, PenaltySettings, fill_after_early_stop, verification_rewards
 from trl_multiagent.environments import CollaborationGameEnv, MathDebateEnv, NLIDebateEnv
 from trl_multiagent.environments.debate import anli_to_task, nli_problems
 from trl_multiagent.evaluation import debate_metrics, evaluate_debate
+from trl_multiagent.metrics.answers import parse_nli_label
 from trl_multiagent.rollout import DebateSampler
 from trl_multiagent.trainers.debate_ppo import debate_rewards
 

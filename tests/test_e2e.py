@@ -22,7 +22,7 @@ import torch
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
-from trl_multiagent.models import DEFAULT_MODEL, ModelNotFoundError, load_tokenizer, resolve_model
+from trl_multiagent.models.loading import DEFAULT_MODEL, ModelNotFoundError, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ("agent1", "agent2")
@@ -109,7 +109,7 @@ def test_saved_adapters_reload_and_moved(e2e_run):
     assert any(r.get("frac_reward_zero_std", 1.0) < 1.0 for r in records if "loss" in r), (
         "no group had different rewards, so no gradient could move the adapters", records)
 
-    from trl_multiagent.agents import AgentPool
+    from trl_multiagent.team.pool import AgentPool
 
     pool = AgentPool.from_pretrained(out)
     assert sorted(pool.policies) == list(AGENTS)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from trl_multiagent.answers import final_answer, last_number, text_after_boxed
 from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
 from trl_multiagent.environments import ENVIRONMENTS
 from trl_multiagent.environments.base import chat_with_examples, revise_last_message
@@ -25,6 +24,7 @@ from trl_multiagent.environments.math_prompts import (
     EASY_TOOL_SYSTEM,
 )
 from trl_multiagent.environments.math_tool import MathToolEasyEnv, MathToolEnv
+from trl_multiagent.metrics.answers import final_answer, last_number, text_after_boxed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,8 +196,8 @@ def test_math_debate_easy_shows_worked_examples_as_chat_turns():
                                            ("math_easy_cc", MathToolEasyEnv), ("math_easy_dc", MathToolEasyEnv),
                                            ("math_easy_magrpo", MathToolEasyEnv)])
 def test_easy_recipes_load(tmp_path, name, env_cls):
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import build_team, resolve_environment
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.recipe import build_team, resolve_environment
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
                                   str(tmp_path)])
@@ -208,7 +208,7 @@ def test_easy_recipes_load(tmp_path, name, env_cls):
 def test_collm_and_magrpo_easy_recipes_share_one_budget_and_protocol(tmp_path):
     """CoLLM-CC, CoLLM-DC and MAGRPO are compared on the same task: the same environment settings, model, sampling,
     number of training episodes (CoLLM: one per problem; MAGRPO: K joint actions per problem) and held-out protocol."""
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command.cli import load_recipe
 
     loaded = {name: load_recipe(["--config", str(ROOT / f"recipes/configs/math_easy_{name}.yaml"), "--output_dir",
                                  str(tmp_path / name)])[:2] for name in ("cc", "dc", "magrpo")}

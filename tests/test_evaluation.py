@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import Generation, GenerationRequest
 from trl_multiagent.evaluation import (
     TEAM,
     EpisodeEvaluator,
@@ -25,6 +24,7 @@ from trl_multiagent.evaluation import (
     write_run_outputs,
 )
 from trl_multiagent.metrics.stats import percentile_interval
+from trl_multiagent.team.pool import Generation, GenerationRequest
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 
@@ -321,9 +321,9 @@ def test_pipeline_evaluator_single_pass_per_question():
 
 
 def test_coding_evaluation_runs_every_method_in_two_generation_calls(tiny_text_model):
-    from trl_multiagent.agents import AgentPool, AgentSpec
     from trl_multiagent.environments import AuxMainCodingEnv
     from trl_multiagent.evaluation import METHODS, CodingEvaluator
+    from trl_multiagent.team.pool import AgentPool, AgentSpec
 
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4),
                       AgentSpec("main", model=tiny_text_model, lora_r=4)])

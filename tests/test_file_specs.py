@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from trl_multiagent.cli import parse_recipe
+from trl_multiagent.command.cli import parse_recipe
+from trl_multiagent.command.recipe import environment_factory, resolve_environment
+from trl_multiagent.command.recipe_files import read_recipe_file
 from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.errors import RecipeError
-from trl_multiagent.recipe import environment_factory, resolve_environment
-from trl_multiagent.recipe_files import read_recipe_file
-from trl_multiagent.utils import anchor_file_specs, import_object, load_file_module
+from trl_multiagent.runtime.user_code import anchor_file_specs, import_object, load_file_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

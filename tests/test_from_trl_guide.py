@@ -55,8 +55,8 @@ def test_the_trl_script_and_its_team_port_train_as_written(chat_model, tmp_path,
 
 
 def test_the_guides_recipe_passes_every_check(tmp_path, monkeypatch):
-    from trl_multiagent.cli import parse_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
 
     (recipe_text,) = blocks("yaml")
     team_port = blocks("python")[1]

@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, frozen_weights
 from trl_multiagent.generation.frozen_weights import (
     PackedFrozenLinears,
@@ -24,7 +23,8 @@ from trl_multiagent.generation.frozen_weights import (
     packed_weight_bytes,
 )
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.provenance import pool_paths
+from trl_multiagent.runtime.provenance import pool_paths
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 from .numerics import UNIT_ROUNDOFF, assert_same_computation
 
@@ -193,7 +193,7 @@ def test_bfloat16_needs_packed_copies_for_generation_and_training(tiny_text_mode
     """A base whose copies the pool would not make (here: the tiny model's layers are below PACK_MIN_WEIGHTS, so
     nothing packs) is an error when it loads, not a silent float32."""
     if not bfloat16_matmuls_available():
-        from trl_multiagent import agents
+        from trl_multiagent.team import pool as agents
 
         monkeypatch.setattr(agents, "bfloat16_matmuls_available", lambda: True)
     with pytest.raises(ValueError, match="cannot compute with packed bfloat16 copies"):

@@ -1,4 +1,4 @@
-"""A full disk and a cut-short write (issue 65, points 4 and 5; trl_multiagent/atomic_files.py,
+"""A full disk and a cut-short write (issue 65, points 4 and 5; trl_multiagent/runtime/atomic_files.py,
 trl_multiagent/trainers/checkpoint_staging.py).
 
 A checkpoint, the team's final adapters, summary.json and report.md are written under a temporary name and renamed
@@ -32,15 +32,15 @@ from transformers import TrainerCallback
 
 from tests.cli_harness import CommandRunner
 from tests.test_cli import TINY_RECIPE
-from trl_multiagent.atomic_files import (
+from trl_multiagent.errors import DiskFullError
+from trl_multiagent.evaluation.report import write_run_outputs
+from trl_multiagent.runtime.atomic_files import (
     format_size,
     is_disk_full,
     publish_directory,
     write_atomically,
     write_text_atomically,
 )
-from trl_multiagent.errors import DiskFullError
-from trl_multiagent.evaluation.report import write_run_outputs
 from trl_multiagent.trainers.outputs import check_checkpoint, check_output_dir, resolve_checkpoint
 
 # The command line, with the disk filling (FAULT_MODE=fill: the file system of DISK, to the last byte) or the
@@ -51,8 +51,8 @@ DISK_RUN = r"""
 import errno, hashlib, json, os, sys
 from pathlib import Path
 
-from trl_multiagent import adapter_files
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.team import adapter_files
+from trl_multiagent.command.cli import run_recipe_script
 from trl_multiagent.evaluation import report
 from trl_multiagent.trainers import base
 from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
@@ -142,7 +142,7 @@ from pathlib import Path
 
 from transformers import Trainer
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 
 kill_at, save_rng_state = int(os.environ.get("KILL_AT", "-1")), Trainer._save_rng_state
 

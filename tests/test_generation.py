@@ -15,7 +15,6 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.generation import (
     LeanStep,
     MultiAdapterBatch,
@@ -26,6 +25,7 @@ from trl_multiagent.generation import (
     shared_prefixes,
 )
 from trl_multiagent.generation.decoding import sampling_order
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 from .numerics import assert_same_computation, assert_same_greedy
 from .tiny import model_terms

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_multiagent.utils import gradients_in_one_block
+from trl_multiagent.runtime.memory import gradients_in_one_block
 
 
 def test_missing_gradients_become_zero_views_of_one_block_per_dtype():
@@ -42,9 +42,9 @@ def test_a_team_update_gives_each_policy_one_block_and_the_same_gradients(tiny_t
     from datasets import Dataset
 
     import trl_multiagent.trainers.base as trainer_base
-    from trl_multiagent.agents import AgentSpec, Generation
     from trl_multiagent.environments import FunctionEnvironment
     from trl_multiagent.rollout import Experience, Sample
+    from trl_multiagent.team.pool import AgentSpec, Generation
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     names = ["first", "second"]

@@ -1,4 +1,4 @@
-"""Grouped-query attention without copied keys and values (trl_multiagent/grouped_attention.py): the same numbers and
+"""Grouped-query attention without copied keys and values (trl_multiagent/models/grouped_attention.py): the same numbers and
 gradients as transformers' ``sdpa`` attention, which copies each key/value head once per query head of its group.
 
 Both run in float64 and are compared with the rounding tolerance of tests/numerics.py (the sums run in another
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from trl_multiagent.grouped_attention import GROUPED_SDPA, grouped_sdpa, use_grouped_attention
-from trl_multiagent.models import load_base_model
+from trl_multiagent.models.grouped_attention import GROUPED_SDPA, grouped_sdpa, use_grouped_attention
+from trl_multiagent.models.loading import load_base_model
 
 from .numerics import assert_same_computation
 from .tiny import build_model, model_terms

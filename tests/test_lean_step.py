@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.generation import LeanStep, MultiAdapterBatch, lean_support
 from trl_multiagent.generation.frozen_weights import packing_available
 from trl_multiagent.generation.kv_cache import preallocated_cache
-from trl_multiagent.provenance import pool_paths
+from trl_multiagent.runtime.provenance import pool_paths
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 from .numerics import assert_same_computation, assert_same_greedy, rounding_tolerance
 from .test_generation import _hf_greedy
@@ -213,7 +213,7 @@ def test_lean_support_names_what_it_does_not_compute(tiny_text_model):
 
 
 def test_lean_decode_switch(tiny_text_model, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="trl_multiagent.agents")
+    caplog.set_level(logging.INFO, logger="trl_multiagent.team.pool")
     on = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
     assert on.lean_decodes("base0") and pool_paths(on)["base0"]["lean_decode"] is True
     assert "decodes with the lean step" in caplog.text
@@ -222,7 +222,7 @@ def test_lean_decode_switch(tiny_text_model, monkeypatch, caplog):
     with pytest.raises(ValueError, match="lean_decode must be one of"):
         AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], lean_decode="sometimes")
     # a base the step does not support: 'auto' falls back (logged with the reason), 'always' refuses
-    from trl_multiagent import agents
+    from trl_multiagent.team import pool as agents
 
     monkeypatch.setattr(agents, "lean_support", lambda model: "a reason")
     caplog.clear()

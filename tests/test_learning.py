@@ -8,8 +8,8 @@ import pytest
 from datasets import Dataset
 
 from tests.tiny import prob_first_choice
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 SEEDS = [0, 1, 2, 3, 4]

@@ -6,9 +6,9 @@ import json
 from datasets import Dataset
 from rich.console import Console
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.environments.matrix_game import TEAM_PAYOFF, parse_choice
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from trl_multiagent.trainers.completions import completions_table
 

@@ -1,4 +1,4 @@
-"""The one log-prob path (trl_multiagent/logprobs.py): sharing a prompt among its completions changes neither the
+"""The one log-prob path (trl_multiagent/generation/logprobs.py): sharing a prompt among its completions changes neither the
 log-probs nor their gradients, and both equal a plain per-row computation.
 
 The tiny model runs in float64 and the paths are compared with a tolerance derived from the number of summed terms
@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from trl_multiagent import teacher_forcing
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.critics import CriticSpec
-from trl_multiagent.logprobs import completion_logps, head_block_rows, token_logps_and_entropies
+from trl_multiagent.generation import teacher_forcing
+from trl_multiagent.generation.logprobs import completion_logps, head_block_rows, token_logps_and_entropies
+from trl_multiagent.team.critics import CriticSpec
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -239,7 +239,7 @@ def test_a_prefix_stored_for_all_micro_batches_gives_the_gradient_of_running_it_
     """PrefixStore: the prefix several prompts share runs once for two micro-batches, the gradients gathered on its
     keys and values are sent back once, and logps and LoRA gradients equal the micro-batches each running it, and
     one plain pass per row."""
-    from trl_multiagent.teacher_forcing import PrefixStore, lm_forward
+    from trl_multiagent.generation.teacher_forcing import PrefixStore, lm_forward
 
     pool = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], dtype="float64")
     _randomise_lora(pool)

@@ -5,7 +5,7 @@
   more than ``max_nonfinite_updates_in_a_row`` in a row ends the run with ONE error line (exit code 1) and a
   ``failed`` run status (trl_multiagent/trainers/update_guard.py).
 - A save never writes a non-finite adapter: every tensor is checked before anything is written, and the files of the
-  previous save stay byte for byte as they were (trl_multiagent/adapter_files.py).
+  previous save stay byte for byte as they were (trl_multiagent/team/adapter_files.py).
 
 NaN enters through the advantages (the credit stage's output, patched after the trainer's own), which makes the
 policy loss and its gradient NaN exactly as a NaN reward would, without depending on how environments treat a NaN
@@ -26,10 +26,10 @@ from transformers import TrainerCallback
 
 from tests.cli_harness import CommandRunner
 from tests.test_cli import TINY_RECIPE
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.critics import CriticSpec
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.errors import NonFiniteAdapterError, NonFiniteUpdateError
+from trl_multiagent.team.critics import CriticSpec
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from trl_multiagent.trainers.update_guard import NonFiniteUpdateGuard, describe_problem
 
@@ -205,7 +205,7 @@ def test_a_non_finite_adapter_is_not_saved_and_the_previous_files_stay(tiny_ab_m
 NAN_RUN = """
 import sys
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
 
 credit = MultiAgentGRPOTrainer.assign_credit

@@ -15,10 +15,10 @@ from datasets import Dataset
 
 from tests.numerics import assert_same_computation
 from tests.tiny import model_terms
-from trl_multiagent.agents import AgentSpec, Generation
+from trl_multiagent.credit.losses import response_policy_loss, value_loss
 from trl_multiagent.environments import FunctionEnvironment
-from trl_multiagent.losses import response_policy_loss, value_loss
 from trl_multiagent.rollout import Experience, Sample
+from trl_multiagent.team.pool import AgentSpec, Generation
 from trl_multiagent.trainers import (
     ActorCriticConfig,
     ActorCriticTrainer,

@@ -13,10 +13,10 @@ import torch
 import yaml
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec, Generation
 from trl_multiagent.credit import turn_loss_weights
 from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.rollout import Experience, Sample
+from trl_multiagent.team.pool import AgentSpec, Generation
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 from .numerics import assert_same_computation

@@ -1,7 +1,7 @@
 """Regression pins of the math and debate environments: generated problems (seeds, splits, levels), the prompts of
 every turn, the rewards, and the answers parsed from model text and program output.
 
-The results recorded under ``docs/results/`` were produced by these environments, so they must keep producing exactly
+The results recorded under ``experiments/`` were produced by these environments, so they must keep producing exactly
 the same problems, prompts and rewards. Unlike the rest of the suite (expected values worked out independently), the
 expected values here are the code's own output, recorded in ``tests/data/math_pins.json`` before the math environment
 was split into modules (issue 36, item 5): any difference is a change of behaviour. Regenerate the file only for an
@@ -16,7 +16,10 @@ import sys
 import threading
 from pathlib import Path
 
-from trl_multiagent.answers import (
+from trl_multiagent.environments import ENVIRONMENTS
+from trl_multiagent.environments.debate import nli_problems
+from trl_multiagent.environments.math_problems import gsm8k_to_task, polaris_to_task, word_problems
+from trl_multiagent.metrics.answers import (
     answers_match,
     final_answer,
     last_boxed,
@@ -25,9 +28,6 @@ from trl_multiagent.answers import (
     parse_nli_label,
     text_after_boxed,
 )
-from trl_multiagent.environments import ENVIRONMENTS
-from trl_multiagent.environments.debate import nli_problems
-from trl_multiagent.environments.math_problems import gsm8k_to_task, polaris_to_task, word_problems
 
 PINS = Path(__file__).resolve().parent / "data" / "math_pins.json"
 

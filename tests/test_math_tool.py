@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.recipe_runs import build_trainer
-from trl_multiagent.answers import answers_match, final_answer, last_boxed
 from trl_multiagent.environments.math_problems import (
     EASY_FORMS,
     HELD_OUT_FORMS,
@@ -27,6 +26,7 @@ from trl_multiagent.environments.math_problems import (
     word_problems,
 )
 from trl_multiagent.environments.math_tool import MathToolEnv, MathToolGeneralisationEnv
+from trl_multiagent.metrics.answers import answers_match, final_answer, last_boxed
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"question": "A rope of 7 m is cut into 2 equal pieces. How long is each piece, in metres?", "answer": "7/2"}
@@ -365,7 +365,7 @@ def test_gsm8k_and_polaris_transforms():
     assert polaris_to_task({"problem": " Find x. ", "answer": "\\frac{1}{2}", "difficulty": "3/8"}) == {
         "question": "Find x.", "answer": "\\frac{1}{2}"}
     MathToolEnv.validate_dataset_columns(list(task))
-    from trl_multiagent.utils import import_object
+    from trl_multiagent.runtime.user_code import import_object
 
     for name, function in (("gsm8k_to_task", gsm8k_to_task), ("polaris_to_task", polaris_to_task)):
         # the dataset_transform that recipes written before the problems moved to math_problems name
@@ -377,9 +377,9 @@ CONFIGS = ["math_at_grpo_shared", "math_at_grpo_specialized", "gsm8k_at_grpo", "
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_math_recipes_load(tmp_path, name):
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import build_team, resolve_environment
-    from trl_multiagent.utils import import_object
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.recipe import build_team, resolve_environment
+    from trl_multiagent.runtime.user_code import import_object
 
     recipe, config = load_recipe(["--config", str(ROOT / f"recipes/configs/{name}.yaml"), "--output_dir",
                                   str(tmp_path)])
@@ -397,8 +397,8 @@ def test_math_recipes_load(tmp_path, name):
 def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
     import datasets
 
-    from trl_multiagent import recipe as recipe_module
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command import recipe as recipe_module
+    from trl_multiagent.command.cli import load_recipe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -418,8 +418,8 @@ def test_hub_math_recipes_offline_are_clear(tmp_path, monkeypatch, name):
 
 
 def test_generalisation_recipe_holds_out_both_sets_and_names_its_baselines(tmp_path):
-    from trl_multiagent.cli import load_recipe
-    from trl_multiagent.recipe import held_out_tasks, resolve_environment
+    from trl_multiagent.command.cli import load_recipe
+    from trl_multiagent.command.recipe import held_out_tasks, resolve_environment
 
     recipe, config = load_recipe(["--config", str(ROOT / "recipes/configs/math_generalisation_at_grpo.yaml"),
                                   "--output_dir", str(tmp_path)])

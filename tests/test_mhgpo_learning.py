@@ -14,8 +14,8 @@ import torch
 from datasets import Dataset
 
 from tests.tiny import build_model, build_tokenizer, prob_first_choice
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments.pipeline import PipelineEnvironment
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")

@@ -12,11 +12,11 @@ from tests.numerics import assert_same_computation, relative_deviation, rounding
 from tests.recipe_runs import build_trainer
 from tests.test_mhgpo_learning import AB_ONLY, TwoStageGame
 from tests.tiny import model_terms
-from trl_multiagent.agents import AgentSpec
-from trl_multiagent.cli import load_recipe
+from trl_multiagent.command.cli import load_recipe
+from trl_multiagent.command.recipe import RecipeError
 from trl_multiagent.credit.mhgpo import agent_loss_weights
 from trl_multiagent.environments import MatrixGameEnv
-from trl_multiagent.recipe import RecipeError
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*mhgpo*.yaml"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from trl_multiagent.agents import Generation
 from trl_multiagent.generation.prefixes import distinct_prefix_tokens, needed_attention_pairs
+from trl_multiagent.generation.teacher_forcing import length_buckets
 from trl_multiagent.rollout import Sample
-from trl_multiagent.teacher_forcing import length_buckets
+from trl_multiagent.team.pool import Generation
 from trl_multiagent.trainers.micro_batches import prompt_grouped_chunks, prompt_order, weighted_chunks
 
 SYSTEM = [7, 7, 7, 7]  # what every prompt of the agent repeats (system message, worked examples)
@@ -50,7 +50,7 @@ def test_needed_attention_pairs_by_hand_and_by_enumeration():
 
 def test_length_buckets_pad_least_for_their_cost_per_call(monkeypatch):
     """The teacher-forced pass groups rows with generation's prefill grouping, one row a group allowed."""
-    from trl_multiagent import teacher_forcing
+    from trl_multiagent.generation import teacher_forcing
 
     def buckets(lengths, cost):
         monkeypatch.setattr(teacher_forcing, "CALL_COST_POSITIONS", cost)
@@ -104,10 +104,10 @@ def test_the_update_runs_a_shared_prefix_once_for_all_its_micro_batches(tiny_tex
     import torch
     from datasets import Dataset
 
-    from trl_multiagent.agents import AgentSpec
     from trl_multiagent.environments import FunctionEnvironment
+    from trl_multiagent.generation.teacher_forcing import PrefixStore
     from trl_multiagent.rollout import Experience
-    from trl_multiagent.teacher_forcing import PrefixStore
+    from trl_multiagent.team.pool import AgentSpec
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     from .numerics import assert_same_computation

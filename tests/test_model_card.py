@@ -16,8 +16,8 @@ import torch
 from datasets import Dataset
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MathToolEnv, MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
@@ -109,7 +109,7 @@ class ScriptPool:
         return False
 
     def generate_many(self, requests, generation_config, max_batch_sequences=None):
-        from trl_multiagent.agents import Generation
+        from trl_multiagent.team.pool import Generation
 
         def text(r):
             if r.agent == "tool":
@@ -121,8 +121,8 @@ class ScriptPool:
 def test_the_card_shows_the_held_out_results_once_the_run_has_them(trained, tmp_path):
     """The runner adds the held-out results to summary.json (write_run_outputs): the card is rewritten with them;
     a folder without a saved team (the evaluate command's results) gets no card."""
+    from trl_multiagent.command.evaluate import AdaptersOff
     from trl_multiagent.evaluation import TEAM, EpisodeEvaluator, evaluate_team, evaluation_section, write_run_outputs
-    from trl_multiagent.evaluation.saved_team import AdaptersOff
 
     _, out = trained
     folder = tmp_path / "run"
@@ -208,7 +208,7 @@ def test_push_sends_the_team_folder_with_its_card(trained, tiny_ab_model, tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from trl_multiagent.cli import main
+    from trl_multiagent.command.cli import main
 
     _, out = trained
     online(monkeypatch)
@@ -238,7 +238,7 @@ def error_lines(capsys) -> list[str]:
 
 
 def test_push_offline_is_refused_with_one_line_before_any_upload(trained, tmp_path, monkeypatch, capsys):
-    from trl_multiagent.cli import main
+    from trl_multiagent.command.cli import main
 
     _, out = trained
     hub = StandIn(tmp_path / "hub").install(monkeypatch)
@@ -254,7 +254,7 @@ def test_push_offline_is_refused_with_one_line_before_any_upload(trained, tmp_pa
 def test_push_without_a_network_is_refused_with_one_line_before_any_upload(trained, tmp_path, monkeypatch, capsys):
     import httpx
 
-    from trl_multiagent.cli import main
+    from trl_multiagent.command.cli import main
 
     _, out = trained
     online(monkeypatch)

@@ -1,4 +1,4 @@
-"""Tests for trl_multiagent.models and trl_multiagent.embedded_models: name resolution, the one-time GGUF conversion,
+"""Tests for trl_multiagent.models.loading and trl_multiagent.models.embedded: name resolution, the one-time GGUF conversion,
 and model/tokenizer loading.
 
 The real GGUF -> checkpoint conversion (~20 s on 2 CPU cores) runs exactly once, into a temporary cache shared by
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_multiagent import embedded_models, models
-from trl_multiagent.models import (
+from trl_multiagent.models import embedded as embedded_models
+from trl_multiagent.models import loading as models
+from trl_multiagent.models.loading import (
     DEFAULT_MODEL,
     EmbeddedModel,
     ModelNotFoundError,

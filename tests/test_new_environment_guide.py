@@ -16,12 +16,12 @@ import pytest
 from transformers import GenerationConfig
 
 from tests.cli_harness import ROOT, CommandRunner
-from trl_multiagent.cli import parse_recipe
-from trl_multiagent.recipe import environment_factory, held_out_tasks
+from trl_multiagent.command.cli import parse_recipe
+from trl_multiagent.command.recipe import environment_factory, held_out_tasks
+from trl_multiagent.command.runner import Run
 from trl_multiagent.rollout import JointTreeSampler
-from trl_multiagent.runner import Run
+from trl_multiagent.runtime.user_code import load_file_module
 from trl_multiagent.testing import ScriptedPool
-from trl_multiagent.utils import load_file_module
 
 GUIDE = ROOT / "docs" / "guides" / "new_environment.md"
 #: A fenced block whose first line is ``# my_task/<file>`` is that file.
@@ -80,7 +80,7 @@ def test_the_guides_own_tests_pass(project, monkeypatch):
 def test_the_recipe_plans_its_evaluation_on_the_eval_split(project, caplog):
     """The guide's recipe, found by path beside it: the episodes evaluator, headline success, 32 held-out tasks of
     ``make_dataset(split="eval")``, none of them a training task."""
-    caplog.set_level(logging.INFO, logger="trl_multiagent.recipe")
+    caplog.set_level(logging.INFO, logger="trl_multiagent.command.recipe")
     recipe, config, given = parse_recipe(["--config", "my_task/secret_sum.yaml", "--output_dir", str(project / "o")])
     assert recipe.environment == f"{project / 'my_task' / 'secret_sum.py'}:SecretSumEnv"
     run = Run(recipe, config, given)
@@ -168,7 +168,7 @@ def test_both_launchers_train_and_evaluate_the_users_environment(cli, project, t
 def test_fewer_held_out_tasks_than_asked_are_said(project, caplog):
     """The guide's two examples of held-out splits short of eval_num_problems: SecretSumEnv's 521 pairs (the
     evaluation takes them all: truncated) and TargetSumEnv's 50 odd targets drawn with replacement (repeated)."""
-    caplog.set_level(logging.INFO, logger="trl_multiagent.recipe")
+    caplog.set_level(logging.INFO, logger="trl_multiagent.command.recipe")
     recipe, config, _ = parse_recipe(["--config", "my_task/secret_sum.yaml", "--eval_num_problems", "1000"])
     tasks = held_out_tasks(recipe, config, 1000)
     assert len(tasks) == 521

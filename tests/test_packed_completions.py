@@ -1,4 +1,4 @@
-"""Stages 2 and 3 of the teacher-forced pass packed (trl_multiagent/teacher_forcing.py:
+"""Stages 2 and 3 of the teacher-forced pass packed (trl_multiagent/generation/teacher_forcing.py:
 ``_packed_rests_and_completions``): the rest of each distinct prompt and then its completions run as one sequence on
 its prefix's cache row, under a 4D mask. The log-probs, entropies and LoRA gradients must equal the plain pass (every
 row's prompt and completion run whole) and a row-at-a-time computation; the calls must have the packed shapes
@@ -12,10 +12,10 @@ import types
 
 import torch
 
-from trl_multiagent.agents import AgentPool, AgentSpec
-from trl_multiagent.grouped_attention import GROUPED_SDPA
-from trl_multiagent.logprobs import completion_logps
-from trl_multiagent.teacher_forcing import lm_forward, model_config, packs_completions
+from trl_multiagent.generation.logprobs import completion_logps
+from trl_multiagent.generation.teacher_forcing import lm_forward, model_config, packs_completions
+from trl_multiagent.models.grouped_attention import GROUPED_SDPA
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 
 from .numerics import assert_same_computation
 from .test_logprobs import PREFIX_COMPLETIONS, PREFIX_PROMPTS, _batch, _by_hand, _common, _randomise_lora, _terms

@@ -1,11 +1,11 @@
-"""The one padding of token rows (trl_multiagent/padding.py), by hand."""
+"""The one padding of token rows (trl_multiagent/generation/padding.py), by hand."""
 
 import math
 
 import pytest
 import torch
 
-from trl_multiagent.padding import left_pad, pad_token_id, right_pad, right_pad_values
+from trl_multiagent.generation.padding import left_pad, pad_token_id, right_pad, right_pad_values
 
 
 def test_left_and_right_padding_of_token_rows():

@@ -109,7 +109,7 @@ def claims(path: Path) -> dict[str, tuple[object, str]]:
 
 
 def load(path: Path, tmp_path: Path):
-    from trl_multiagent.cli import load_recipe
+    from trl_multiagent.command.cli import load_recipe
 
     return load_recipe(["--config", str(path), "--output_dir", str(tmp_path / path.stem)])
 
@@ -120,7 +120,7 @@ def actual(recipe, config, field: str):
         return getattr(config, field)
     if hasattr(recipe, field):
         return getattr(recipe, field)
-    from trl_multiagent.agents import AgentSpec
+    from trl_multiagent.team.pool import AgentSpec
 
     spec_fields = {f.name: f for f in dataclasses.fields(AgentSpec)}
     assert field in spec_fields, f"{field} is no config, recipe or AgentSpec field"

@@ -50,7 +50,7 @@ def forced():
     return m._replace(available=free, free=free)
 psutil.virtual_memory = forced
 sys.argv = ["recipes/magrpo.py", *sys.argv[2:]]
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 sys.exit(run_recipe_script(None, "recipes/magrpo.py", expect={"trainer": "magrpo"}))
 """
 #: Keys of summary.json that measure time, not results.
@@ -92,7 +92,7 @@ def test_same_recipe_and_seed_give_the_same_summary_whatever_memory_is_free(tiny
 def test_kernel_record_names_every_variable_that_caps_an_instruction_set(monkeypatch):
     """summary.json's machine record keeps the variables that cap ATen's, oneDNN's and MKL's instruction sets (each
     changes the order in which the kernels sum), and leaves out variables that were not set."""
-    from trl_multiagent.provenance import kernel_record
+    from trl_multiagent.runtime.provenance import kernel_record
 
     caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "MKL_CBWR": "COMPATIBLE"}

@@ -39,7 +39,7 @@ import json, os, sys, zlib
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
-from trl_multiagent.agents import AgentPool
+from trl_multiagent.team.pool import AgentPool
 from trl_multiagent.trainers import sharding
 from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
 

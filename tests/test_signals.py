@@ -32,7 +32,7 @@ SIGNAL_RUN = r"""
 import os, sys, time
 from pathlib import Path
 
-from trl_multiagent.cli import run_recipe_script
+from trl_multiagent.command.cli import run_recipe_script
 from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
 
 pause_at = int(os.environ.get("PAUSE_AT_STEP", "-1"))

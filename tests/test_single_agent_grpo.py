@@ -1,4 +1,4 @@
-"""``train-single`` (trl_multiagent/evaluation/single_agent.py): each agent of a team trained alone with TRL's
+"""``train-single`` (trl_multiagent/command/train_single.py): each agent of a team trained alone with TRL's
 GRPOTrainer on the budget of a team run, evaluated on the team's held-out problems and paired with the team by problem
 (issue 37, item 4; issue 60, item 2)."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from tests.tiny import save_tiny
-from trl_multiagent.cli import main as cli_main
+from trl_multiagent.command.cli import main as cli_main
+from trl_multiagent.command.train_single import SingleAgentError, read_team
 from trl_multiagent.environments.math_tool import MathToolGeneralisationEnv
-from trl_multiagent.evaluation.single_agent import SingleAgentError, read_team
 
 CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}")

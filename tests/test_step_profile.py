@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from step_profile import KINDS, kind, split_by_phase  # noqa: E402
 from targets import prefill_positions  # noqa: E402
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest  # noqa: E402
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest  # noqa: E402
 from trl_multiagent.trainers.base import MultiAgentTrainer  # noqa: E402
 
 

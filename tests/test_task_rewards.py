@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trl_multiagent.environments import ENVIRONMENTS, ArxivExpansionEnv, AuxMainCodingEnv, TLDREnv
-from trl_multiagent.utils import import_object
+from trl_multiagent.runtime.user_code import import_object
 
 ROOT = Path(__file__).resolve().parents[1]
 tldr_reward = import_object(f"{ROOT}/rewards/writing.py:tldr_reward")

@@ -1,4 +1,4 @@
-"""Tools for agents (trl_multiagent/tools.py): TRL-style tool functions in the prompt, tool calls parsed, run and
+"""Tools for agents (trl_multiagent/environments/tools.py): TRL-style tool functions in the prompt, tool calls parsed, run and
 answered between generations, the budget, error messages for bad calls, and a loss that never trains on tool results.
 
 Generations are scripted (``generate_team`` replaced by a function of the decoded prompt) on a real tiny pool, so
@@ -13,15 +13,15 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-import trl_multiagent.agents as agents_module
+import trl_multiagent.team.pool as agents_module
 from tests.tiny import save_tiny
-from trl_multiagent.agents import AgentPool, AgentSpec
+from trl_multiagent.credit.losses import response_policy_loss
 from trl_multiagent.environments.base import FunctionEnvironment
+from trl_multiagent.environments.tools import call_tool, parse_completion, resolve_tools
+from trl_multiagent.generation.logprobs import completion_logps
 from trl_multiagent.generation.requests import Generation, GenerationRequest
-from trl_multiagent.logprobs import completion_logps
-from trl_multiagent.losses import response_policy_loss
 from trl_multiagent.rollout import JointTreeSampler, Sample
-from trl_multiagent.tools import call_tool, parse_completion, resolve_tools
+from trl_multiagent.team.pool import AgentPool, AgentSpec
 from trl_multiagent.trainers.base import MultiAgentTrainer, loss_mask
 
 #: A minimal tool-capable chat template (tools listed in a system turn, Hermes-style <tool_call> blocks, tool turns).
@@ -272,8 +272,8 @@ def test_a_trainer_step_with_tool_calls_trains_on_the_agents_tokens_only(printab
     runs with them (the loss reads completion_mask * tool_mask)."""
     import json as _json
 
-    from trl_multiagent.cli import parse_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
 
     def script(agent, prompt):
         return "5" if "<|tool|>" in prompt else call("add", a=2, b=3)

@@ -7,8 +7,8 @@ import json
 import pytest
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 
@@ -52,7 +52,7 @@ def test_two_steps_with_tensorboard_write_the_logged_metrics(tiny_ab_model, tmp_
 TRACKIO_RUN = r"""
 import json, sys
 from datasets import Dataset
-from trl_multiagent.agents import AgentSpec
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 
@@ -53,8 +53,8 @@ def test_max_grad_norm_bounds_each_policy_separately(tiny_ab_model, tmp_path):
     gets when it trains alone (plain SGD, so the step is proportional to the clipped gradient)."""
     import torch
 
-    from trl_multiagent.agents import Generation
     from trl_multiagent.rollout import Experience, Sample
+    from trl_multiagent.team.pool import Generation
 
     trainer = _trainer(tiny_ab_model, tmp_path, max_steps=1, max_grad_norm=0.01, optim="sgd")
     pool = trainer.pool

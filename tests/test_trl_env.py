@@ -11,11 +11,11 @@ import pytest
 from transformers import GenerationConfig
 
 from tests.tiny import save_tiny
-from trl_multiagent.cli import parse_recipe
+from trl_multiagent.command.cli import parse_recipe
+from trl_multiagent.command.runner import Run
 from trl_multiagent.environments import TRLEnvironmentTeam
 from trl_multiagent.generation.requests import ToolPrompt
 from trl_multiagent.rollout import JointTreeSampler
-from trl_multiagent.runner import Run
 from trl_multiagent.testing import ScriptedPool
 
 COUNTER = "examples/trl_environments/counter_env.py:CounterEnv"
@@ -110,7 +110,7 @@ def test_the_agent_turn_sampler_runs_the_team_in_sequence():
 
 
 def test_a_dict_of_environments_picks_by_row():
-    from trl_multiagent.utils import import_object
+    from trl_multiagent.runtime.user_code import import_object
 
     counter = import_object(COUNTER)
     env = TRLEnvironmentTeam({"up": counter, "also": COUNTER}, agents=["a", "b"])

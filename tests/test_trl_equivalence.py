@@ -7,11 +7,11 @@ from datasets import Dataset
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_multiagent.agents import AgentSpec, Generation
 from trl_multiagent.credit import grouped_advantages
 from trl_multiagent.environments import FunctionEnvironment
-from trl_multiagent.models import load_base_model, load_tokenizer
+from trl_multiagent.models.loading import load_base_model, load_tokenizer
 from trl_multiagent.rollout import Experience, Sample
+from trl_multiagent.team.pool import AgentSpec, Generation
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 from .numerics import assert_same_computation

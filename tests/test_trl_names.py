@@ -1,5 +1,5 @@
 """TRL's names where they mean the same (issue 66, item 4): in a recipe and on the command line ``model_name_or_path``
-is ``model``, ``dataset_name`` is ``dataset`` (and the other aliases of trl_multiagent/trl_names.py), ``reward_funcs``
+is ``model``, ``dataset_name`` is ``dataset`` (and the other aliases of trl_multiagent/command/trl_names.py), ``reward_funcs``
 goes to the environment's TRL reward functions or is refused naming where they go; from Python a ``GRPOConfig`` as
 ``args`` is taken over into the trainer's config class, and ``reward_funcs=`` on the trainer is refused with one line
 that says to give them to the environment."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_multiagent.command.trl_names import ALIASES, REFUSED, TRL_NAMES, split_argv, translate
 from trl_multiagent.errors import RecipeError
-from trl_multiagent.trl_names import ALIASES, REFUSED, TRL_NAMES, split_argv, translate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def task_folder(tmp_path, monkeypatch):
 
 
 def parse(yaml_text: str, *argv: str):
-    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.command.cli import parse_recipe
 
     return parse_recipe(["--output_dir", "out", *argv], yaml_text=yaml_text)
 
@@ -46,7 +46,7 @@ def parse(yaml_text: str, *argv: str):
 # ------------------------------------------------------------------------------------------------ translation
 def test_trl_names_are_no_field_of_this_library():
     """An alias that became a field would silently shadow it."""
-    from trl_multiagent.recipe import RecipeArguments
+    from trl_multiagent.command.recipe import RecipeArguments
     from trl_multiagent.trainers import TRAINERS
 
     fields = {f.name for f in dataclasses.fields(RecipeArguments)}

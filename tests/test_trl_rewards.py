@@ -264,9 +264,9 @@ def also_one(completions):
 
 
 def test_the_recipes_reward_weights_weigh_the_environments_reward_functions(tmp_path):
-    from trl_multiagent.cli import parse_recipe
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
     from trl_multiagent.errors import RecipeError
-    from trl_multiagent.runner import Run
 
     data = tmp_path / "q.jsonl"
     data.write_text('{"id": 1}\n{"id": 2}\n')

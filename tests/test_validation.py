@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
-from trl_multiagent.cli import load_recipe
-from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
-from trl_multiagent.recipe import (
+from trl_multiagent.command.cli import load_recipe
+from trl_multiagent.command.recipe import (
     RecipeError,
     build_dataset,
     held_out_tasks,
     resolve_environment,
 )
+from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 NOWHERE = "/nonexistent/model/dir-that-would-fail-to-load"
@@ -73,7 +73,7 @@ def test_recipe_wrong_types():
 
 def _build(recipe, config):
     """The runner's path to a trainer: every check that needs no model, then the trainer (and its model load)."""
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.runner import Run
 
     run = Run(recipe, config)
     run.prepare()
@@ -128,7 +128,7 @@ def test_recipe_hub_dataset_offline_is_clear(tmp_path, monkeypatch):
 
 
 def test_recipe_policy_mapping(tmp_path):
-    from trl_multiagent.recipe import build_team
+    from trl_multiagent.command.recipe import build_team
 
     recipe, _ = load_recipe(["--policy_mapping", "shared", "--output_dir", str(tmp_path)])
     assert {s.policy for s in build_team(recipe, ["agent1", "agent2"])} == {"shared"}
@@ -157,7 +157,7 @@ CONFIGS = [p for p in ALL_CONFIGS if "\ncommand:" not in "\n" + p.read_text()]
 def test_every_shipped_critic_recipe_can_show_m_t():
     """CoLLM's critics (CC and DC, App. E) read m_t, which shows a turn's largest reward: every shipped actor-critic
     recipe sets reward_max or runs an environment that has one (else its trainer refuses it before loading)."""
-    from trl_multiagent.recipe import environment_factory
+    from trl_multiagent.command.recipe import environment_factory
 
     critic_recipes = [p for p in CONFIGS if "trainer: actor_critic" in p.read_text()]
     assert len(critic_recipes) >= 10
@@ -337,7 +337,7 @@ def test_make_dataset_checks_its_arguments(name, kwargs, match):
 
 
 def test_recipe_arguments_check_their_ranges():
-    from trl_multiagent.recipe import RecipeArguments
+    from trl_multiagent.command.recipe import RecipeArguments
 
     for kwargs, match in [({"num_tasks": 0}, "num_tasks"), ({"eval_num_samples": 0}, "eval_num_samples"),
                           ({"eval_num_samples": 4, "eval_baseline_num_samples": 5}, "eval_baseline_num_samples"),
@@ -380,8 +380,8 @@ GENERATED = [p for p in CONFIGS if "dataset: generated" in p.read_text() or "dat
 @pytest.mark.parametrize("path", GENERATED, ids=[p.stem for p in GENERATED])
 def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
     """Environment, team, training data, held-out tasks and the evaluation plan, all before any model loads."""
-    from trl_multiagent.cli import parse_recipe
-    from trl_multiagent.runner import Run
+    from trl_multiagent.command.cli import parse_recipe
+    from trl_multiagent.command.runner import Run
 
     recipe, config, given = parse_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
     run = Run(recipe, config, given)
@@ -404,7 +404,7 @@ def test_a_held_out_file_shorter_than_asked_or_repeating_a_task_is_said(tmp_path
     repeat a task (equal but for the id) are kept, with a warning that counts them."""
     import logging
 
-    caplog.set_level(logging.WARNING, logger="trl_multiagent.recipe")
+    caplog.set_level(logging.WARNING, logger="trl_multiagent.command.recipe")
     rows = [{"id": f"q{i}", "question": f"What is {i % 2} + 1?", "answer": str(i % 2 + 1)} for i in range(3)]
     train_file, eval_file = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     train_file.write_text(json.dumps(rows[0]) + "\n")

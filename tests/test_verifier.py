@@ -8,10 +8,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MathDebateEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
-from trl_multiagent.verifier import (
+from trl_multiagent.verifier.learned import (
     LearnedVerifier,
     VerifierExample,
     balance_solutions,

@@ -16,8 +16,8 @@ import torch
 import yaml
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
-from trl_multiagent.cli import main, parse_recipe
+from trl_multiagent.command.cli import main, parse_recipe
+from trl_multiagent.command.train_verifier import VerifierRun, parse_config
 from trl_multiagent.environments.debate import DebateEnv
 from trl_multiagent.metrics.classification import (
     accuracy_at_threshold,
@@ -26,9 +26,9 @@ from trl_multiagent.metrics.classification import (
     roc_auc,
 )
 from trl_multiagent.metrics.stats import resample_indices
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
-from trl_multiagent.verifier import num_training_steps
-from trl_multiagent.verifier_training import VerifierRun, parse_config
+from trl_multiagent.verifier.learned import num_training_steps
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -133,7 +133,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the checks finished")
 
-    monkeypatch.setattr("trl_multiagent.agents.load_base_model", refuse)
+    monkeypatch.setattr("trl_multiagent.team.pool.load_base_model", refuse)
 
 
 def _one_error(capsys, code: int, *needles: str) -> str:

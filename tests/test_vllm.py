@@ -13,9 +13,9 @@ import torch
 from datasets import Dataset
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.base import FunctionEnvironment
 from trl_multiagent.generation.vllm import VLLMGenerationBackend, VLLMSettings, vllm_available
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 from .numerics import assert_same_greedy
 

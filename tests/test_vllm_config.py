@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.generation import vllm as vllm_backend
 from trl_multiagent.generation.vllm import check_vllm_team, importance_sampling_ratio, sampling_kwargs
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig
 
 F64 = torch.float64

@@ -5,8 +5,8 @@ import warnings
 
 from datasets import Dataset
 
-from trl_multiagent.agents import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 
@@ -35,8 +35,8 @@ def test_notices_that_do_not_concern_the_run_are_not_printed():
     code = """
 import logging, threading
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-import trl_multiagent.agents  # imports peft, transformers and bitsandbytes
-from trl_multiagent.answers import answers_match
+import trl_multiagent.team.pool  # imports peft, transformers and bitsandbytes
+from trl_multiagent.metrics.answers import answers_match
 results = []
 def compare():
     results.extend([answers_match("1/2", "0.5"), answers_match("3", "4"), answers_match("7", "7.0")])
@@ -62,11 +62,11 @@ def test_from_python_a_library_warning_has_its_logger_prefix_once():
     code = """
 import logging, sys
 import trl_multiagent
-logging.getLogger("trl_multiagent.team").warning("first %s", 1)
-logging.getLogger("trl_multiagent.team").info("not shown")
+logging.getLogger("trl_multiagent.command.saved_team").warning("first %s", 1)
+logging.getLogger("trl_multiagent.command.saved_team").info("not shown")
 logging.basicConfig(stream=sys.stderr, format="mine: %(name)s: %(message)s")
-logging.getLogger("trl_multiagent.team").warning("second")
+logging.getLogger("trl_multiagent.command.saved_team").warning("second")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stderr.splitlines() == ["WARNING trl_multiagent.team: first 1", "mine: trl_multiagent.team: second"]
+    assert out.stderr.splitlines() == ["WARNING trl_multiagent.command.saved_team: first 1", "mine: trl_multiagent.command.saved_team: second"]

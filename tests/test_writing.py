@@ -19,7 +19,7 @@ from trl_multiagent.reward_blocks.writing import (
     transition_categories,
     unique_word_ratio,
 )
-from trl_multiagent.utils import import_object
+from trl_multiagent.runtime.user_code import import_object
 
 ROOT = Path(__file__).resolve().parents[1]
 # the task rewards that recipes name, in the repository's top-level rewards/ (loaded by path, not installed)

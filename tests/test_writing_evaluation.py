@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from transformers import GenerationConfig
 
-from trl_multiagent.agents import Generation
 from trl_multiagent.environments import TLDREnv
 from trl_multiagent.evaluation import TEAM, WritingEvaluator, evaluate_team, evaluator_kind
 from trl_multiagent.evaluation.writing import METHODS, split_single
+from trl_multiagent.team.pool import Generation
 
 tldr_reward = TLDREnv().reward_fn  # the environment's default: the reward rewards/writing.py:tldr_reward names
 

@@ -5,21 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-SPECIALS = ["<pad>", "<eos>", "<unk>"]
+from trl_multiagent.testing import CHAR_SPECIALS, char_tokenizer
+
+SPECIALS = CHAR_SPECIALS
 LETTERS = list("AB")
 
 
 def build_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: special tokens, then one token per character of ``chars`` (others -> <unk>)."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + (chars if chars is not None else LETTERS))}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   padding_side="left")
+    return char_tokenizer(chars if chars is not None else LETTERS)
 
 
 #: the widest sum inside a tiny model of the default size: its MLP's intermediate width (2 x hidden 32), wider than

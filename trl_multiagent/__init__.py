@@ -2,7 +2,7 @@
 
 The names below are imported on first use (``from trl_multiagent import AgentSpec`` works as before): importing the
 package itself imports no torch, so that the command line answers ``--help`` and recipe errors quickly
-(:mod:`trl_multiagent.recipe_fields`).
+(:mod:`trl_multiagent.command.recipe_fields`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 class _NoKernelsNotice(logging.Filter):
     """bitsandbytes warns at import that its optional CPU 4-bit kernels (the ``kernels`` package) are missing, whether
-    or not any model is 4-bit; the notice is dropped here, and :func:`trl_multiagent.models.load_base_model` says it
+    or not any model is 4-bit; the notice is dropped here, and :func:`trl_multiagent.models.loading.load_base_model` says it
     once where a 4-bit base is loaded on the CPU."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -52,14 +52,14 @@ logging.getLogger(__name__).addHandler(_PrefixedLastResort())
 
 #: Every public name -> the module that defines it.
 _EXPORTS = {
-    "AgentPool": "agents",
-    "AgentSpec": "agents",
+    "AgentPool": "team.pool",
+    "AgentSpec": "team.pool",
     "Environment": "environments",
     "FunctionEnvironment": "environments",
     "StepResult": "environments",
-    "Team": "team",
-    "DEFAULT_MODEL": "models",
-    "ModelNotFoundError": "models",
+    "Team": "command.saved_team",
+    "DEFAULT_MODEL": "models.loading",
+    "ModelNotFoundError": "models.loading",
     "ActorCriticConfig": "trainers",
     "ActorCriticTrainer": "trainers",
     "ATGRPOConfig": "trainers",

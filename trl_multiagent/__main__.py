@@ -5,7 +5,7 @@
 
 import sys
 
-from .cli import main
+from trl_multiagent.command.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

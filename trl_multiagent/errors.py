@@ -37,7 +37,7 @@ def pre_training_errors() -> tuple[type[BaseException], ...]:
     ``ModelNotFoundError`` is among them once its module is loaded (before, nothing can have raised it, and loading
     it would import torch)."""
     kinds: tuple[type[BaseException], ...] = (RecipeError, ValueError, TypeError, KeyError, ImportError, OSError)
-    models = sys.modules.get("trl_multiagent.embedded_models")
+    models = sys.modules.get("trl_multiagent.models.embedded")
     return kinds + ((models.ModelNotFoundError,) if models is not None else ())
 
 
@@ -54,7 +54,7 @@ class RunFault(RuntimeError):
 class DiskFullError(RunFault):
     """A write ran out of space (``ENOSPC``, a quota, or safetensors' and torch's own words for it): the message names
     what was written and where, the space it needs and the space left; what was written before is as it was
-    (:mod:`trl_multiagent.atomic_files`)."""
+    (:mod:`trl_multiagent.runtime.atomic_files`)."""
 
 
 class TrainingInterrupted(RunFault):
@@ -77,7 +77,7 @@ class NonFiniteUpdateError(RunFault):
 
 class NonFiniteAdapterError(RunFault):
     """An adapter (or critic) about to be saved holds a NaN or infinite value: nothing was written, the files saved
-    before are left as they were (:func:`trl_multiagent.adapter_files.save_pool_adapters`)."""
+    before are left as they were (:func:`trl_multiagent.team.adapter_files.save_pool_adapters`)."""
 
 
 class UserCodeError(RuntimeError):

@@ -1,6 +1,6 @@
 """Helpers to test an environment with the library's samplers, without a model.
 
-:class:`ScriptedPool` stands where a team's :class:`~trl_multiagent.agents.AgentPool` stands and answers every prompt
+:class:`ScriptedPool` stands where a team's :class:`~trl_multiagent.team.pool.AgentPool` stands and answers every prompt
 from a plain function, ``script(agent, prompt, k) -> text`` (``k``: which of the samples asked for at once), so that
 a test can drive :class:`~trl_multiagent.rollout.JointTreeSampler` (MAGRPO), :class:`~trl_multiagent.rollout.
 AgentTurnSampler` (AT-GRPO) or an evaluator through an environment with hand-written responses, in milliseconds::
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .generation.requests import Generation, Prompt
+from trl_multiagent.generation.requests import Generation, Prompt
 
 Script = Callable[[str, Prompt, int], str]
 
@@ -75,3 +75,22 @@ class ScriptedPool:
 
 
 __all__ = ["ScriptedPool"]
+
+
+#: The special tokens of :func:`char_tokenizer`, first in its vocabulary: padding, end of sequence, unknown.
+CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
+
+
+def char_tokenizer(chars: Sequence[str]):
+    """A character-level tokenizer built on the spot (no download): :data:`CHAR_SPECIALS`, then one token per
+    character of ``chars`` (any other character is ``<unk>``); left padding. The library's tests build their tiny
+    models' tokenizers with it, and ``benchmarks/gpu_check.py`` its random checkpoints'."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS + list(chars))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                   padding_side="left")

@@ -18,13 +18,23 @@ The trainers call them from one hook, ``assign_credit(experience)``, right after
 score a rollout (the debate's majority vote, MHGPO's group similarity) are in :mod:`trl_multiagent.metrics`.
 """
 
-from .actor_critic import episode_td, normalize_per_turn, td_errors, td_targets
-from .at_grpo import best_candidate, mix_rewards
-from .group import STD_EPS, group_relative_advantages, grouped_advantages
-from .magrpo import cross_sample_credit, joint_action_indices, num_tree_generations, turn_loss_weights
-from .maporl import verification_rewards
-from .mhgpo import agent_loss_weights, final_rewards, heterogeneous_group_advantages, propagate_rewards
-from .returns import discounted_returns, gae, tree_returns, whiten, whiten_groups
+from trl_multiagent.credit.actor_critic import episode_td, normalize_per_turn, td_errors, td_targets
+from trl_multiagent.credit.at_grpo import best_candidate, mix_rewards
+from trl_multiagent.credit.group import STD_EPS, group_relative_advantages, grouped_advantages
+from trl_multiagent.credit.magrpo import (
+    cross_sample_credit,
+    joint_action_indices,
+    num_tree_generations,
+    turn_loss_weights,
+)
+from trl_multiagent.credit.maporl import verification_rewards
+from trl_multiagent.credit.mhgpo import (
+    agent_loss_weights,
+    final_rewards,
+    heterogeneous_group_advantages,
+    propagate_rewards,
+)
+from trl_multiagent.credit.returns import discounted_returns, gae, tree_returns, whiten, whiten_groups
 
 __all__ = [
     "STD_EPS",

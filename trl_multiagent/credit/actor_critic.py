@@ -1,5 +1,5 @@
 """CoLLM-CC / CoLLM-DC credit: TD(0) targets and TD-error advantages (the critic's loss is
-:func:`trl_multiagent.losses.value_loss`).
+:func:`trl_multiagent.credit.losses.value_loss`).
 
 Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic" (Liu, Chen, Amiri, Amato;
 arXiv 2601.21972), Sec. 4.2, Eq. 2-5, Algorithm 1 (CC) and Algorithm 2 (DC).

@@ -19,9 +19,9 @@ import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from ..answers import text_after_boxed
-from ..metrics.debate import peer_majority
-from .returns import discounted_returns
+from trl_multiagent.credit.returns import discounted_returns
+from trl_multiagent.metrics.answers import text_after_boxed
+from trl_multiagent.metrics.debate import peer_majority
 
 REWARD_MODES = ("immediate", "cumulative", "influence")
 

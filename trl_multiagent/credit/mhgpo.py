@@ -17,7 +17,7 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
-from .group import grouped_advantages
+from trl_multiagent.credit.group import grouped_advantages
 
 Aggregation = str | Callable[[Sequence[float]], float]
 

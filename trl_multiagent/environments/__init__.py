@@ -1,19 +1,19 @@
 """Environments (cooperative Dec-POMDPs) and the registry that recipes name them by."""
 
-from ..generation.requests import Prompt
-from .base import Environment, FunctionEnvironment, StepResult
-from .coder_tester import CoderTesterEnv
-from .coding import AuxMainCodingEnv
-from .collab_game import CollaborationGameEnv
-from .debate import DebateEnv, MathDebateEasyEnv, MathDebateEnv, NLIDebateEnv
-from .games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
-from .math_tool import MathToolEasyEnv, MathToolEnv, MathToolGeneralisationEnv
-from .matrix_game import MatrixGameEnv
-from .minecraft import HouseBuildEnv, StrBuildEnv
-from .pipeline import PipelineEnvironment
-from .search_qa import SearchQAEnv
-from .trl_env import TRLEnvironmentTeam
-from .writing import ArxivExpansionEnv, TLDREnv
+from trl_multiagent.environments.base import Environment, FunctionEnvironment, StepResult
+from trl_multiagent.environments.coder_tester import CoderTesterEnv
+from trl_multiagent.environments.coding import AuxMainCodingEnv
+from trl_multiagent.environments.collab_game import CollaborationGameEnv
+from trl_multiagent.environments.debate import DebateEnv, MathDebateEasyEnv, MathDebateEnv, NLIDebateEnv
+from trl_multiagent.environments.games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
+from trl_multiagent.environments.math_tool import MathToolEasyEnv, MathToolEnv, MathToolGeneralisationEnv
+from trl_multiagent.environments.matrix_game import MatrixGameEnv
+from trl_multiagent.environments.minecraft import HouseBuildEnv, StrBuildEnv
+from trl_multiagent.environments.pipeline import PipelineEnvironment
+from trl_multiagent.environments.search_qa import SearchQAEnv
+from trl_multiagent.environments.trl_env import TRLEnvironmentTeam
+from trl_multiagent.environments.writing import ArxivExpansionEnv, TLDREnv
+from trl_multiagent.generation.requests import Prompt
 
 #: Environments a recipe can name by key (``environment: matrix_game``).
 ENVIRONMENTS: dict[str, type[Environment]] = {

@@ -21,9 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..generation.requests import Prompt
-from ..utils import call_with_supported_kwargs, import_object
-from .trl_rewards import (
+from trl_multiagent.environments.trl_rewards import (
     COMPLETION_FORMATS,
     AgentRewards,
     as_completion,
@@ -32,6 +30,8 @@ from .trl_rewards import (
     reward_weights_of,
     warn_no_reward,
 )
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.runtime.user_code import call_with_supported_kwargs, import_object
 
 
 @dataclass
@@ -127,7 +127,7 @@ def chat_with_examples(system: str, examples: Sequence[tuple[str, str]], request
     """A first prompt as chat messages: ``system`` as the system message, every worked example ``(request, reply)``
     as an earlier user / assistant exchange, then ``request``. A small instruct model copies a reply it was shown
     far more often than a format it is told about (issue 18: SmolLM2-135M's right answers on easy arithmetic,
-    docs/results/math_easy_prompts/)."""
+    experiments/training/math_easy_prompts/)."""
     messages = [{"role": "system", "content": system}]
     for shown_request, shown_reply in examples:
         messages += [{"role": "user", "content": shown_request}, {"role": "assistant", "content": shown_reply}]
@@ -150,7 +150,7 @@ class FunctionEnvironment(Environment):
     """An environment assembled from plain functions, so that users need not write a class.
 
     Every function argument may also be named by a string, ``"package.module:function"`` or
-    ``"path/to/file.py:function"`` (:func:`~trl_multiagent.utils.import_object`), so that a recipe can assemble one
+    ``"path/to/file.py:function"`` (:func:`~trl_multiagent.runtime.user_code.import_object`), so that a recipe can assemble one
     (``environment: trl_multiagent.environments:FunctionEnvironment`` with the functions in ``env_kwargs``).
 
     It takes rewards of two shapes, alone or together:
@@ -194,7 +194,7 @@ class FunctionEnvironment(Environment):
 
     #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
     takes_reward_weights = True
-    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/trl_names.py).
+    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/command/trl_names.py).
     trl_reward_funcs_argument = "reward_funcs"
 
     def __init__(

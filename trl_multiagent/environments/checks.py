@@ -81,7 +81,7 @@ def need_weights(name: str, value: Any) -> Mapping[str, float] | None:
 def sandbox_settings(value: Any, defaults: Mapping[str, Any], name: str = "sandbox"):
     """A :class:`~trl_multiagent.sandbox.SandboxConfig` from one, or from a mapping of its fields on top of
     ``defaults``; unknown fields, and limits that are not positive numbers, are refused."""
-    from ..sandbox import SandboxConfig
+    from trl_multiagent.sandbox import SandboxConfig
 
     if isinstance(value, SandboxConfig):
         return value

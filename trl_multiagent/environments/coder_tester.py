@@ -68,10 +68,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..sandbox import SandboxConfig, SandboxJob, humaneval_tests, run_many
-from .base import Environment, StepResult, merge_weights
-from .checks import need_int, need_tasks, need_weights, sandbox_settings
-from .coding import extract_code, humaneval_problems, task_imports
+from trl_multiagent.environments.base import Environment, StepResult, merge_weights
+from trl_multiagent.environments.checks import need_int, need_tasks, need_weights, sandbox_settings
+from trl_multiagent.environments.coding import extract_code, humaneval_problems, task_imports
+from trl_multiagent.sandbox import SandboxConfig, SandboxJob, humaneval_tests, run_many
 
 logger = logging.getLogger(__name__)
 

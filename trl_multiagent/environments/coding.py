@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from ..reward_blocks.coding import analyze, level_reward
-from ..sandbox import SandboxConfig, humaneval_tests, run_tests
-from ..utils import import_object
-from .base import Environment, StepResult
-from .checks import need_int, sandbox_settings
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_int, sandbox_settings
+from trl_multiagent.reward_blocks.coding import analyze, level_reward
+from trl_multiagent.runtime.user_code import import_object
+from trl_multiagent.sandbox import SandboxConfig, humaneval_tests, run_tests
 
 HELD_OUT_EVERY = 5
 
@@ -239,7 +239,7 @@ class LLMAdvisor:
     """
 
     def __init__(self, model: str | None = None, max_new_tokens: int = 256, quantization: str | None = None):
-        from ..models import load_base_model, load_tokenizer
+        from trl_multiagent.models.loading import load_base_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(model)
         self.model = load_base_model(model, quantization=quantization)

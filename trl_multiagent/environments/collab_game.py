@@ -30,8 +30,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Environment, StepResult
-from .checks import need_int, need_number, need_str, need_tasks
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_int, need_number, need_str, need_tasks
 
 DEFAULT_PROMPT = ("answer A to collaborate or B to act alone. {num_turns} rounds. collaborations so far: {count}. "
                   "synergy: {synergy}. round {turn}")

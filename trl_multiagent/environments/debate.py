@@ -8,7 +8,7 @@ previous answer and every other agent's previous answer, and writes an updated a
 ``\\boxed{...}``. A step returns:
 
 * ``local_rewards``: the rule verifier's score of every agent's answer, 1.0 when it matches the gold answer else 0.0
-  (a learned verifier, :mod:`trl_multiagent.verifier`, replaces these scores in the trainer);
+  (a learned verifier, :mod:`trl_multiagent.verifier.learned`, replaces these scores in the trainer);
 * ``team_reward``: the accuracy of the majority vote over this turn's answers, ties scored by the expected accuracy
   of a uniform pick among the tied answers (Sec. 4.1, :func:`~trl_multiagent.metrics.debate.majority_vote_accuracy`);
 * ``done``: after ``max_turns`` turns, or as soon as every agent gives the same answer (early stop, ``early_stop``;
@@ -27,13 +27,13 @@ Tasks:
 * :class:`MathDebateEnv`: arithmetic word problems with numeric answers. ``make_dataset`` reuses the generator of
   :mod:`trl_multiagent.environments.math_problems` (train and test splits disjoint by construction), and the prompts
   are in :mod:`trl_multiagent.environments.math_prompts`; answers are read with
-  :func:`~trl_multiagent.answers.final_answer` and compared with Math-Verify
-  (:func:`~trl_multiagent.answers.answers_match`). GSM8K rows map with
+  :func:`~trl_multiagent.metrics.answers.final_answer` and compared with Math-Verify
+  (:func:`~trl_multiagent.metrics.answers.answers_match`). GSM8K rows map with
   :func:`~trl_multiagent.environments.math_problems.gsm8k_to_task`.
 * :class:`NLIDebateEnv`: natural language inference (entailment / neutral / contradiction). ``make_dataset``
   generates premises from templated facts (places, counts, orderings, jobs, universal statements) with a hypothesis
   of each label; ANLI rows map with :func:`anli_to_task`. The label of an answer is read by
-  :func:`~trl_multiagent.answers.parse_nli_label`.
+  :func:`~trl_multiagent.metrics.answers.parse_nli_label`.
 """
 
 from __future__ import annotations
@@ -44,13 +44,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..answers import NLI_LABELS, answers_match, final_answer, last_boxed, parse_nli_label
-from ..generation.requests import Prompt
-from ..metrics.debate import majority_vote_accuracy
-from .base import Environment, StepResult, chat_with_examples, revise_last_message
-from .checks import need_bool, need_int, need_tasks
-from .math_problems import NAMES, word_problems
-from .math_prompts import EASY_DEBATE_EXAMPLES, EASY_MATH_PROMPT, EASY_MATH_SYSTEM, MATH_PROMPT
+from trl_multiagent.environments.base import Environment, StepResult, chat_with_examples, revise_last_message
+from trl_multiagent.environments.checks import need_bool, need_int, need_tasks
+from trl_multiagent.environments.math_problems import NAMES, word_problems
+from trl_multiagent.environments.math_prompts import (
+    EASY_DEBATE_EXAMPLES,
+    EASY_MATH_PROMPT,
+    EASY_MATH_SYSTEM,
+    MATH_PROMPT,
+)
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.metrics.answers import NLI_LABELS, answers_match, final_answer, last_boxed, parse_nli_label
+from trl_multiagent.metrics.debate import majority_vote_accuracy
 
 NLI_PROMPT = (
     "Read the premise and the hypothesis. Decide whether the premise entails the hypothesis (entailment), "
@@ -287,8 +292,8 @@ class MathDebateEasyEnv(MathDebateEnv):
 
 class NLIDebateEnv(DebateEnv):
     """Debate on natural language inference: columns ``premise``, ``hypothesis``, ``answer`` (one of
-    :data:`~trl_multiagent.answers.NLI_LABELS`). The answer is the label in the last ``\\boxed{}`` (see
-    :func:`~trl_multiagent.answers.parse_nli_label`)."""
+    :data:`~trl_multiagent.metrics.answers.NLI_LABELS`). The answer is the label in the last ``\\boxed{}`` (see
+    :func:`~trl_multiagent.metrics.answers.parse_nli_label`)."""
 
     required_columns = ("premise", "hypothesis", "answer")
     prompt_template = NLI_PROMPT

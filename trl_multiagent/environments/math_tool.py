@@ -7,10 +7,10 @@ Python program whose printed output (its last non-empty line) is its answer; the
 show each agent its previous output and answer, the other agent's latest output and answer, and that they disagree
 (C.2 "Phase 2": feedback from the mismatch between the boxed answer and the printed output).
 
-Answers are read and compared by :mod:`trl_multiagent.answers`: the reasoner's with
-:func:`~trl_multiagent.answers.final_answer` (its last ``\\boxed{}``), the tool agent's with
+Answers are read and compared by :mod:`trl_multiagent.metrics.answers`: the reasoner's with
+:func:`~trl_multiagent.metrics.answers.final_answer` (its last ``\\boxed{}``), the tool agent's with
 ``final_answer(stdout, printed=True)`` (its last printed line), and each against the gold answer and the other with
-:func:`~trl_multiagent.answers.answers_match` (Math-Verify, B.1: ``0.5`` equals ``\\frac{1}{2}``, ``1,000`` equals
+:func:`~trl_multiagent.metrics.answers.answers_match` (Math-Verify, B.1: ``0.5`` equals ``\\frac{1}{2}``, ``1,000`` equals
 ``1000``; bounded in time when the environment is stepped from a thread pool).
 
 Termination (the analysis of Sec. 5: "MAS interaction terminates when the two agents align"): the episode ends as
@@ -36,7 +36,7 @@ called ``single``, the reasoner's boxed answer; ``tool_alone``, the tool's progr
 answer; each scored as the team's answer is) and ``no_exchange`` (``episode_baselines``: both agents answer once,
 without seeing each other's answer, the team's answer by the rule above).
 
-A task without a gold ``answer`` can be played (asking a trained team a new question, :class:`~trl_multiagent.team.Team`):
+A task without a gold ``answer`` can be played (asking a trained team a new question, :class:`~trl_multiagent.command.saved_team.Team`):
 the exchange and the termination are as above, the steps carry no rewards (``team_reward`` and the local rewards
 ``None``, ``info`` without the ``*_correct``, ``*_corrected`` and ``*_misled`` values), and :meth:`team_answer`
 gives the answer the team submits. Training and the held-out evaluation need the ``answer`` column (checked before
@@ -60,14 +60,17 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from ..answers import answers_match, final_answer, last_boxed
-from ..generation.requests import Prompt
-from ..sandbox import SandboxConfig, run_python
-from .base import Environment, StepResult, chat_with_examples, merge_weights, revise_last_message
-from .checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
-from .coder_tester import masked_convex_combination
-from .coding import extract_code
-from .math_problems import (
+from trl_multiagent.environments.base import (
+    Environment,
+    StepResult,
+    chat_with_examples,
+    merge_weights,
+    revise_last_message,
+)
+from trl_multiagent.environments.checks import need_bool, need_int, need_tasks, need_weights, sandbox_settings
+from trl_multiagent.environments.coder_tester import masked_convex_combination
+from trl_multiagent.environments.coding import extract_code
+from trl_multiagent.environments.math_problems import (
     HELD_OUT_SETS,
     TRAINING_SPLITS,
     generalisation_problems,
@@ -75,7 +78,7 @@ from .math_problems import (
     polaris_to_task,
     word_problems,
 )
-from .math_prompts import (
+from trl_multiagent.environments.math_prompts import (
     EACH_OPERATION_EXAMPLES,
     EASY_EXAMPLES,
     EASY_REASONER_PROMPT,
@@ -87,6 +90,9 @@ from .math_prompts import (
     TOOL_PROMPT,
     TOOL_REVISION,
 )
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.metrics.answers import answers_match, final_answer, last_boxed
+from trl_multiagent.sandbox import SandboxConfig, run_python
 
 #: Default weights of the reasoner's local reward components (see the module docstring).
 REASONER_WEIGHTS: dict[str, float] = {"format": 0.2, "correct": 0.8}

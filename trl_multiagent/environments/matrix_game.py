@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Environment, StepResult
-from .checks import need_number, need_str
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_number, need_str
 
 #: Table 4 of the MAGRPO paper: joint utility of (agent 1's action, agent 2's action).
 TEAM_PAYOFF: dict[tuple[str, str], float] = {("A", "A"): 10.0, ("A", "B"): 7.0, ("B", "A"): 7.0, ("B", "B"): 0.0}

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..generation.requests import Prompt
+from trl_multiagent.generation.requests import Prompt
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,11 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..metrics.qa import qa_scores, token_f1
-from ..utils import import_object
-from .base import merge_weights
-from .checks import need_int, need_tasks, need_weights
-from .pipeline import PipelineEnvironment
+from trl_multiagent.environments.base import merge_weights
+from trl_multiagent.environments.checks import need_int, need_tasks, need_weights
+from trl_multiagent.environments.pipeline import PipelineEnvironment
+from trl_multiagent.metrics.qa import qa_scores, token_f1
+from trl_multiagent.runtime.user_code import import_object
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
 

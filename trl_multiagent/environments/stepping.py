@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import UserCodeError, user_code_error
-from ..generation.requests import Prompt
-from .base import Environment, StepResult
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.errors import UserCodeError, user_code_error
+from trl_multiagent.generation.requests import Prompt
 
 T = TypeVar("T")
 

@@ -27,8 +27,8 @@ the rollout. :class:`TRLEnvironmentTeam` takes such a class UNCHANGED and makes 
   team reward comes when the episode ends (0 before); each component is logged in ``info``.
 
 Tool calls are parsed from each response's text in the ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-format (:func:`trl_multiagent.tools.parse_text`), and bad calls (unknown tool, bad arguments, a raising method)
-become ``{'error': ...}`` tool messages, as in :mod:`trl_multiagent.tools`. Each tool result reaches the agents in
+format (:func:`trl_multiagent.environments.tools.parse_text`), and bad calls (unknown tool, bad arguments, a raising method)
+become ``{'error': ...}`` tool messages, as in :mod:`trl_multiagent.environments.tools`. Each tool result reaches the agents in
 their next prompt, never in a completion, so no loss ever trains on it. Every joint action steps its own clone of the
 instance (``clone`` deep-copies it), so the tree samplers branch the environment's state as they branch the team.
 
@@ -50,10 +50,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..generation.requests import Prompt, ToolPrompt
-from ..utils import import_object
-from .base import Environment, StepResult
-from .trl_rewards import (
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.trl_rewards import (
     NONFINITE,
     AgentRewards,
     call_reward,
@@ -63,6 +61,8 @@ from .trl_rewards import (
     reward_weights_of,
     warn_no_reward,
 )
+from trl_multiagent.generation.requests import Prompt, ToolPrompt
+from trl_multiagent.runtime.user_code import import_object
 
 OBSERVE = ("team", "own")
 #: Whose messages a reward function scores: each agent's own (each scored apart) or the team's whole transcript.
@@ -139,7 +139,7 @@ class TRLEnvironmentTeam(Environment):
                                  "environments do")
             self.methods[name] = _tool_methods(cls)
             self.has_reward[name] = callable(getattr(cls, "get_reward", None))
-            from ..tools import resolve_tools, tool_schema
+            from trl_multiagent.environments.tools import resolve_tools, tool_schema
 
             bound = resolve_tools([getattr(probe, m) for m in self.methods[name]], f"{cls.__name__}'s tools")
             self.schemas[name] = {m: tool_schema(fn) for m, fn in zip(self.methods[name], bound)}
@@ -194,7 +194,7 @@ class TRLEnvironmentTeam(Environment):
     supports_partial_actions = True
     #: The recipe's top-level ``reward_weights`` is this environment's ``reward_weights`` (one per function).
     takes_reward_weights = True
-    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/trl_names.py).
+    #: The recipe's top-level ``reward_funcs`` (TRL's name) is this argument (trl_multiagent/command/trl_names.py).
     trl_reward_funcs_argument = "reward_fns"
 
     def validate_dataset_columns(self, columns: Sequence[str], name: str = "dataset") -> None:  # instance-level
@@ -227,7 +227,7 @@ class TRLEnvironmentTeam(Environment):
         return {a: self.observation(a) for a in self.agents}
 
     def step(self, joint_action: Mapping[str, str]) -> StepResult:
-        from ..tools import call_tool, parse_text
+        from trl_multiagent.environments.tools import call_tool, parse_text
 
         acting = self.acting_agents(joint_action, self.acted, self.turn)
         calls = failures = 0

@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..utils import call_with_supported_kwargs, import_object
+from trl_multiagent.runtime.user_code import call_with_supported_kwargs, import_object
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class AgentRewards:
 
 def warn_no_reward(task: Mapping[str, Any], turn: int) -> None:
     """TRL's warning for a sample that no reward function scored (its reward counts as 0)."""
-    from ..errors import task_label
+    from trl_multiagent.errors import task_label
 
     logger.warning("No reward function gave a reward (all returned None) for task %s at turn %d: its reward is 0, as "
                    "in TRL; make sure at least one reward function scores every sample", task_label(task), turn)

@@ -27,11 +27,11 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..reward_blocks.writing import ARXIV, TLDR, WritingTask, writing_reward
-from ..utils import import_object
-from .base import Environment, StepResult
-from .checks import need_int, need_tasks, need_weights
-from .games.base import generate_split
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_int, need_tasks, need_weights
+from trl_multiagent.environments.games.base import generate_split
+from trl_multiagent.reward_blocks.writing import ARXIV, TLDR, WritingTask, writing_reward
+from trl_multiagent.runtime.user_code import import_object
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..metrics.at_k import KS, at_k_metrics, expected_max_at_k, pass_at_k
-from ..metrics.stats import bootstrap_interval, paired_bootstrap
-from ..utils import import_object
-from .alone import ALL_ALONE, alone_methods
-from .coding import BASELINES, METHODS, CodingEvaluator
-from .core import (
+from trl_multiagent.evaluation.alone import ALL_ALONE, alone_methods
+from trl_multiagent.evaluation.coding import BASELINES, METHODS, CodingEvaluator
+from trl_multiagent.evaluation.core import (
     TEAM,
     Evaluator,
     MethodOutput,
@@ -34,12 +31,15 @@ from .core import (
     generate,
     run_programs,
 )
-from .debate import DebateEvaluator, debate_metrics, evaluate_debate
-from .episodes import EpisodeEvaluator, play_episodes, success_rate
-from .pipeline import PipelineEvaluator
-from .progress import EvalProgress
-from .report import evaluation_section, summarize, write_report, write_run_outputs
-from .writing import WritingEvaluator
+from trl_multiagent.evaluation.debate import DebateEvaluator, debate_metrics, evaluate_debate
+from trl_multiagent.evaluation.episodes import EpisodeEvaluator, play_episodes, success_rate
+from trl_multiagent.evaluation.pipeline import PipelineEvaluator
+from trl_multiagent.evaluation.progress import EvalProgress
+from trl_multiagent.evaluation.report import evaluation_section, summarize, write_report, write_run_outputs
+from trl_multiagent.evaluation.writing import WritingEvaluator
+from trl_multiagent.metrics.at_k import KS, at_k_metrics, expected_max_at_k, pass_at_k
+from trl_multiagent.metrics.stats import bootstrap_interval, paired_bootstrap
+from trl_multiagent.runtime.user_code import import_object
 
 #: ``evaluator:`` names of a recipe (``auto`` picks by environment, ``none`` evaluates nothing).
 EVALUATORS: dict[str, type[Evaluator]] = {
@@ -53,8 +53,8 @@ EVALUATORS: dict[str, type[Evaluator]] = {
 
 def evaluator_kind(env) -> str:
     """The evaluator ``auto`` chooses for an environment instance."""
-    from ..environments import AuxMainCodingEnv, DebateEnv, PipelineEnvironment
-    from ..environments.writing import ArxivExpansionEnv, TLDREnv
+    from trl_multiagent.environments import AuxMainCodingEnv, DebateEnv, PipelineEnvironment
+    from trl_multiagent.environments.writing import ArxivExpansionEnv, TLDREnv
 
     if isinstance(env, PipelineEnvironment):
         return "pipeline"

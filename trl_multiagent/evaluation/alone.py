@@ -40,14 +40,12 @@ untrained ones). Did training make each member better on its own, or only the ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from numbers import Real
 from typing import Any
 
-from ..agents import Generation, GenerationRequest
-from ..environments.base import Environment, StepResult
-from ..environments.stepping import map_steps, reset_env
-from ..errors import UserCodeError, user_code_error
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.errors import UserCodeError, user_code_error
 
 #: ``eval_methods`` entry that stands for every ``<agent>_alone`` (and ``<agent>_alone_turns``) method.
 ALL_ALONE = "alone"
@@ -132,26 +130,3 @@ def score_alone(env: Environment, agent: str, response: str, task: Mapping[str, 
                               joint_action={agent: response}) from exc
     return as_step_result(value, env)
 
-
-def play_alone(env_factory: Callable[[], Environment], agent: str, tasks: Sequence[Mapping[str, Any]],
-               num_samples: int) -> Generator[list[GenerationRequest], list[list[Generation]], list]:
-    """``agent`` alone, one turn, ``num_samples`` times per task: a sub-program (``yield from`` it) that returns one
-    :class:`~trl_multiagent.evaluation.episodes.PlayedEpisode` per task and sample (task-major), each of one step,
-    the ``score_alone`` of the response. The prompt is the agent's first prompt of the team's episode; a task's
-    samples are one request of the bases (adapters off)."""
-    from .episodes import PlayedEpisode
-
-    if not tasks:
-        return []
-    prompts = [reset_env(env_factory(), task)[agent] for task in tasks]
-    generations = yield [GenerationRequest(agent, prompt, num_samples, use_adapter=False) for prompt in prompts]
-    jobs = [(t, s, gen) for t, gens in enumerate(generations) for s, gen in enumerate(gens[:num_samples])]
-    probe = env_factory()
-
-    def scored(job) -> Any:
-        t, s, gen = job
-        env = env_factory()
-        result = score_alone(env, agent, gen.text, tasks[t])
-        return PlayedEpisode(t, s, env, [result], [0], [{agent: gen.text}], {agent: [len(gen.completion_ids)]})
-
-    return map_steps(scored, jobs, probe)

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..agents import GenerationRequest
-from ..environments.base import Environment
-from ..environments.stepping import thread_map
-from ..metrics.at_k import KS, at_k_metrics
-from ..metrics.stats import mean
-from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
-from .episodes import by_task, episode_texts, play_episodes
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.stepping import thread_map
+from trl_multiagent.evaluation.core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
+from trl_multiagent.evaluation.episodes import by_task, episode_texts, play_episodes
+from trl_multiagent.metrics.at_k import KS, at_k_metrics
+from trl_multiagent.metrics.stats import mean
+from trl_multiagent.team.pool import GenerationRequest
 
 BASELINES = PAIR_BASELINES
 #: Every method of the coding evaluation, the team first.
@@ -52,7 +52,7 @@ Revise your function so that the two work together. Output ONLY the function cod
 
 
 def _params(task: Mapping[str, Any]) -> str:
-    from ..environments.coding import signature_params
+    from trl_multiagent.environments.coding import signature_params
 
     return task.get("params") or signature_params(task)
 
@@ -103,7 +103,7 @@ class CodingEvaluator(PairBaselinesEvaluator):
         return (yield from self._baseline(method, tasks, num_samples))
 
     def _baseline(self, method: str, tasks: Sequence[Mapping[str, Any]], m: int) -> Program:
-        from ..environments.coding import AUX_PROMPT, CODE_ONLY_RULES, MAIN_PROMPT
+        from trl_multiagent.environments.coding import AUX_PROMPT, CODE_ONLY_RULES, MAIN_PROMPT
 
         tokens: dict[str, list[int]] = {"aux": [], "main": []}
 
@@ -145,7 +145,7 @@ class CodingEvaluator(PairBaselinesEvaluator):
 
     def _score(self, tasks, auxes: list[list[str]], mains: list[list[str]]) -> list[list[dict[str, float]]]:
         """Score every (problem, aux, main) in the sandbox, several at once (each run waits on a subprocess)."""
-        from ..environments.coding import score_pair
+        from trl_multiagent.environments.coding import score_pair
 
         jobs = [(i, a, b) for i in range(len(tasks)) for a, b in zip(auxes[i], mains[i])]
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agents import Generation, GenerationRequest
-from ..metrics.stats import mean
+from trl_multiagent.metrics.stats import mean
+from trl_multiagent.team.pool import Generation, GenerationRequest
 
 #: The trained (or to-be-trained) team: the agents' policies with their adapters on.
 TEAM = "team"
@@ -156,7 +156,7 @@ class Evaluator:
     @property
     def trained_alone(self) -> dict[str, str]:
         """Every trained agent-alone method -> its untrained twin: ``<agent>_alone_trained`` -> ``<agent>_alone``."""
-        from .alone import trained_method
+        from trl_multiagent.evaluation.alone import trained_method
 
         return {trained_method(m): m for m in self.alone}
 
@@ -164,7 +164,7 @@ class Evaluator:
         """``names`` as methods of this evaluation, in order and without repeats: an alias becomes its method and
         ``alone`` (:data:`~trl_multiagent.evaluation.alone.ALL_ALONE`) every alone method (it stays as it is when
         there is none, so that whoever asked can be told). Unknown names are kept for the caller to report."""
-        from .alone import ALL_ALONE, ALL_ALONE_TRAINED
+        from trl_multiagent.evaluation.alone import ALL_ALONE, ALL_ALONE_TRAINED
 
         out: list[str] = []
         for name in names:
@@ -380,7 +380,7 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
     acts with its adapters (trained or not); the baselines run the bases with the adapters off.
 
     Args:
-        pool: the team's :class:`~trl_multiagent.agents.AgentPool`.
+        pool: the team's :class:`~trl_multiagent.team.pool.AgentPool`.
         evaluator: how the tasks are played and scored.
         tasks: the held-out tasks (dataset rows).
         methods: ``"team"`` and/or names in ``evaluator.baselines`` (an alias or ``alone`` is resolved by
@@ -398,7 +398,7 @@ def evaluate_team(pool, evaluator: Evaluator, tasks: Sequence[Mapping[str, Any]]
     """
     from transformers import GenerationConfig
 
-    from .alone import adapters_on
+    from trl_multiagent.evaluation.alone import adapters_on
 
     if not tasks:
         raise ValueError("evaluate_team needs at least one task")

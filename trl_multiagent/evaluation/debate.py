@@ -26,13 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..credit.maporl import fill_after_early_stop
-from ..environments.debate import DebateEnv, TurnOutcome
-from ..metrics.debate import majority_vote_accuracy, transition_fractions
-from ..metrics.stats import mean
-from .alone import alone_methods, play_alone
-from .core import TEAM, Evaluator, MethodOutput, Program
-from .episodes import by_task, episode_texts, play_episodes
+from trl_multiagent.credit.maporl import fill_after_early_stop
+from trl_multiagent.environments.debate import DebateEnv, TurnOutcome
+from trl_multiagent.evaluation.alone import alone_methods
+from trl_multiagent.evaluation.core import TEAM, Evaluator, MethodOutput, Program
+from trl_multiagent.evaluation.episodes import by_task, episode_texts, play_alone, play_episodes
+from trl_multiagent.metrics.debate import majority_vote_accuracy, transition_fractions
+from trl_multiagent.metrics.stats import mean
 
 
 @dataclass
@@ -147,7 +147,7 @@ def evaluate_debate(pool, env_factory: Callable[[], DebateEnv], tasks: Sequence[
     paper evaluates) and return :func:`debate_metrics` plus the number of tasks and the wall time."""
     from transformers import GenerationConfig
 
-    from .core import evaluate_team
+    from trl_multiagent.evaluation.core import evaluate_team
 
     start = time.perf_counter()
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,

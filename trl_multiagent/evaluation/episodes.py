@@ -36,12 +36,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agents import Generation, GenerationRequest
-from ..environments.base import Environment, StepResult
-from ..environments.stepping import reset_env, step_all
-from ..metrics.stats import mean
-from .alone import alone_methods, play_alone
-from .core import TEAM, Evaluator, MethodOutput, Program
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.stepping import map_steps, reset_env, step_all
+from trl_multiagent.evaluation.alone import alone_methods, score_alone
+from trl_multiagent.evaluation.core import TEAM, Evaluator, MethodOutput, Program
+from trl_multiagent.metrics.stats import mean
+from trl_multiagent.team.pool import Generation, GenerationRequest
 
 
 @dataclass
@@ -264,8 +264,8 @@ def success_rate(pool, env_factory: Callable[[], Environment], tasks: Sequence[M
     95% bootstrap interval over tasks, and the mean team reward per executed step."""
     from transformers import GenerationConfig
 
-    from ..metrics.stats import bootstrap_interval
-    from .core import evaluate_team
+    from trl_multiagent.evaluation.core import evaluate_team
+    from trl_multiagent.metrics.stats import bootstrap_interval
 
     if agent_order == "sequential" and not getattr(env_factory(), "supports_partial_actions", False):
         agent_order = "parallel"
@@ -275,3 +275,25 @@ def success_rate(pool, env_factory: Callable[[], Environment], tasks: Sequence[M
     per_task = result.per_task("success") if "success" in result.samples else [0.0] * len(tasks)
     return {"success_rate": mean(per_task), "ci95": bootstrap_interval(per_task), "episodes": float(len(tasks)),
             "team_reward": result.details["team_reward"]}
+
+
+def play_alone(env_factory: Callable[[], Environment], agent: str, tasks: Sequence[Mapping[str, Any]],
+               num_samples: int) -> Generator[list[GenerationRequest], list[list[Generation]], list]:
+    """``agent`` alone, one turn, ``num_samples`` times per task: a sub-program (``yield from`` it) that returns one
+    :class:`PlayedEpisode` per task and sample (task-major), each of one step,
+    the ``score_alone`` of the response. The prompt is the agent's first prompt of the team's episode; a task's
+    samples are one request of the bases (adapters off)."""
+    if not tasks:
+        return []
+    prompts = [reset_env(env_factory(), task)[agent] for task in tasks]
+    generations = yield [GenerationRequest(agent, prompt, num_samples, use_adapter=False) for prompt in prompts]
+    jobs = [(t, s, gen) for t, gens in enumerate(generations) for s, gen in enumerate(gens[:num_samples])]
+    probe = env_factory()
+
+    def scored(job) -> Any:
+        t, s, gen = job
+        env = env_factory()
+        result = score_alone(env, agent, gen.text, tasks[t])
+        return PlayedEpisode(t, s, env, [result], [0], [{agent: gen.text}], {agent: [len(gen.completion_ids)]})
+
+    return map_steps(scored, jobs, probe)

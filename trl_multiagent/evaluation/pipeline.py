@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..agents import GenerationRequest
-from ..environments.pipeline import PipelineEnvironment
-from .core import TEAM, Evaluator, MethodOutput, Program
+from trl_multiagent.environments.pipeline import PipelineEnvironment
+from trl_multiagent.evaluation.core import TEAM, Evaluator, MethodOutput, Program
+from trl_multiagent.team.pool import GenerationRequest
 
 
 class PipelineEvaluator(Evaluator):

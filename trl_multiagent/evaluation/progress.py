@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from ..utils import progress_bar
+from trl_multiagent.runtime.process import progress_bar
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic_files import open_atomically, write_atomically, write_text_atomically
-from ..metrics.stats import DEFAULT_RESAMPLES, paired_bootstrap
-from .alone import ALONE_SUFFIX, TRAINED_SUFFIX, TURNS_SUFFIX
-from .core import TEAM, StageResult, nan_to_none
+from trl_multiagent.evaluation.core import TEAM, StageResult, nan_to_none
+from trl_multiagent.evaluation.labels import METHOD_NAMES, _cell, _fmt, method_label  # noqa: F401 (re-exported)
+from trl_multiagent.metrics.stats import DEFAULT_RESAMPLES, paired_bootstrap
+from trl_multiagent.runtime.atomic_files import open_atomically, write_atomically, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -37,31 +37,6 @@ CURVE_FILE = "reward_curve.png"
 PER_TASK_FILE = "eval_per_task.jsonl"
 #: What the team wrote at each stage of the held-out evaluation: eval_texts_before.jsonl, eval_texts_after.jsonl.
 TEXTS_FILE = "eval_texts_{stage}.jsonl"
-
-METHOD_NAMES = {
-    TEAM: "team",
-    "single": "single agent",
-    "naive": "naive concatenation",
-    "sequential": "sequential pipeline",
-    "discussion": "one-round discussion",
-    "no_exchange": "agents answer once, no exchange",
-}
-
-
-def method_label(method: str) -> str:
-    """A method's name in ``report.md``: :data:`METHOD_NAMES`, ``<agent> alone`` for ``<agent>_alone`` and
-    ``<agent> alone, every turn`` for ``<agent>_alone_turns`` (``..., trained`` for their trained twins,
-    ``<agent>_alone_trained``), else the name itself."""
-    if method in METHOD_NAMES:
-        return METHOD_NAMES[method]
-    if method.endswith(TRAINED_SUFFIX) and method.removesuffix(TRAINED_SUFFIX).endswith((ALONE_SUFFIX, TURNS_SUFFIX)):
-        return f"{method_label(method.removesuffix(TRAINED_SUFFIX))}, trained"
-    if method.endswith(TURNS_SUFFIX):
-        return f"{method.removesuffix(TURNS_SUFFIX)} alone, every turn"
-    if method.endswith(ALONE_SUFFIX):
-        return f"{method.removesuffix(ALONE_SUFFIX)} alone"
-    return method
-
 
 def summarize(stages: Mapping[str, StageResult], metric: str, baselines: Sequence[str] = (),
               num_resamples: int = DEFAULT_RESAMPLES, seed: int = 0, alpha: float = 0.05) -> dict[str, Any]:
@@ -256,8 +231,8 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
     """Add ``evaluation`` and the run's own entries (command, wall time, ...) to ``summary.json`` (the trainer's
     training summary, when it wrote one, stays as it is), then write ``report.md``, ``reward_curve.png``, the
     per-task values and the texts (:func:`write_texts`), and, where ``output_dir`` holds a saved team, its model
-    card with these results (:mod:`trl_multiagent.model_card`). The one place where a run's results are written after
-    training. Each file is written whole or not at all, a full disk is one line (:mod:`trl_multiagent.atomic_files`).
+    card with these results (:mod:`trl_multiagent.evaluation.model_card`). The one place where a run's results are written after
+    training. Each file is written whole or not at all, a full disk is one line (:mod:`trl_multiagent.runtime.atomic_files`).
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,7 +260,7 @@ def write_run_outputs(output_dir: str | Path, evaluation: Mapping[str, Any] | No
     write_report(summary, out / REPORT_FILE)
     plot_reward_curve(out / "metrics.jsonl", out / CURVE_FILE, summary.get("evaluation"),
                       summary.get("global_step"))
-    from ..model_card import write_model_cards
+    from trl_multiagent.evaluation.model_card import write_model_cards
 
     write_model_cards(out)  # where out holds a saved team: its card, now with the held-out results
     return path
@@ -309,19 +284,6 @@ def write_texts(out: Path, stages: Mapping[str, StageResult]) -> list[Path]:
                 handle.write(json.dumps(nan_to_none(row), default=str) + "\n")
         written.append(path)
     return written
-
-
-def _fmt(value: Any, ci: Any = None, signed: bool = False) -> str:
-    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    text = f"{value:+.3f}" if signed else f"{value:.3f}"
-    if ci and all(isinstance(c, (int, float)) and not math.isnan(c) for c in ci):
-        text += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return text
-
-
-def _cell(entry: Mapping[str, Any] | None, signed: bool = False) -> str:
-    return _fmt(entry.get("mean"), entry.get("ci95"), signed) if entry else "-"
 
 
 def write_report(summary: Mapping[str, Any], md_path: str | Path) -> Path:

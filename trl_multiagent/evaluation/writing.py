@@ -32,12 +32,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..agents import GenerationRequest
-from ..environments.base import Environment
-from ..environments.stepping import reset_env
-from ..metrics.stats import mean
-from .core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
-from .episodes import by_task, episode_texts, play_episodes
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.stepping import reset_env
+from trl_multiagent.evaluation.core import PAIR_BASELINES, TEAM, MethodOutput, PairBaselinesEvaluator, Program, regroup
+from trl_multiagent.evaluation.episodes import by_task, episode_texts, play_episodes
+from trl_multiagent.metrics.stats import mean
+from trl_multiagent.team.pool import GenerationRequest
 
 BASELINES = PAIR_BASELINES
 #: Every method of the writing evaluation, the team first.

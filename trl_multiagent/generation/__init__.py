@@ -1,9 +1,9 @@
 """Team-level generation: every row of every agent that shares a base, sampled in ONE batched decoding loop.
 
 A step of a team asks for completions of several agents at once (:meth:`AgentPool.generate_many
-<trl_multiagent.agents.AgentPool.generate_many>`). The package, from the bottom up (a module imports only the ones
-above it in this list, and nothing of the library but :mod:`trl_multiagent.padding`; the vLLM backend also reads
-:mod:`trl_multiagent.losses` and :mod:`trl_multiagent.models` for its checks):
+<trl_multiagent.team.pool.AgentPool.generate_many>`). The package, from the bottom up (a module imports only the ones
+above it in this list, and nothing of the library but :mod:`trl_multiagent.generation.padding`; the vLLM backend also reads
+:mod:`trl_multiagent.credit.losses` and :mod:`trl_multiagent.models.loading` for its checks):
 
 * :mod:`.requests`: the :data:`Prompt` type, :class:`GenerationRequest` (one prompt of one agent) and
   :class:`Generation` (one sampled response);
@@ -15,7 +15,7 @@ above it in this list, and nothing of the library but :mod:`trl_multiagent.paddi
   transformers' forward (few operations per layer), and :func:`lean_support` (which bases it applies to);
 * :mod:`.sampling`: the sampler, :func:`sample_next` and :func:`nucleus_candidates` (``TOP_P_CANDIDATES``);
 * :mod:`.prefixes`: :func:`shared_prefixes`, the grouping of prompts that begin alike, shared with the
-  teacher-forced pass (:mod:`trl_multiagent.teacher_forcing`);
+  teacher-forced pass (:mod:`trl_multiagent.generation.teacher_forcing`);
 * :mod:`.kv_cache`: the preallocated KV cache of the loop (:func:`~.kv_cache.preallocated_cache`);
 * :mod:`.decoding`: the decoding loop :func:`decode`, the bucketed prefill (:func:`prefill_buckets`,
   ``PREFILL_BUCKET_MIN_ROWS``, ``PREFILL_BUCKET_OVERHEAD``) and the options it implements (:data:`SUPPORTED_OPTIONS`);
@@ -33,8 +33,8 @@ there: ``generation.frozen_weights.PACK_MIN_WEIGHTS``, ``generation.decoding.PRE
 ``trl_multiagent.environments``).
 """
 
-from .decoding import SUPPORTED_OPTIONS, decode, prefill_buckets, unsupported_options
-from .frozen_weights import (
+from trl_multiagent.generation.decoding import SUPPORTED_OPTIONS, decode, prefill_buckets, unsupported_options
+from trl_multiagent.generation.frozen_weights import (
     FROZEN_MATMUL_DTYPES,
     PackedFrozenLinears,
     bfloat16_matmuls_available,
@@ -45,12 +45,17 @@ from .frozen_weights import (
     packing_available,
     use_dense_copy,
 )
-from .lean_step import LeanStep, lean_support
-from .lora_batch import MultiAdapterBatch
-from .prefixes import shared_prefixes
-from .requests import Generation, GenerationRequest, Prompt
-from .sampling import nucleus_candidates, sample_next
-from .team import MIN_TRANSFORMERS_FOR_DECODE, check_transformers_for_decode, eval_mode, generate_team
+from trl_multiagent.generation.lean_step import LeanStep, lean_support
+from trl_multiagent.generation.lora_batch import MultiAdapterBatch
+from trl_multiagent.generation.prefixes import shared_prefixes
+from trl_multiagent.generation.requests import Generation, GenerationRequest, Prompt
+from trl_multiagent.generation.sampling import nucleus_candidates, sample_next
+from trl_multiagent.generation.team import (
+    MIN_TRANSFORMERS_FOR_DECODE,
+    check_transformers_for_decode,
+    eval_mode,
+    generate_team,
+)
 
 __all__ = [
     "MIN_TRANSFORMERS_FOR_DECODE",

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
-from .kv_cache import preallocated_cache
-from .lean_step import LeanStep
-from .lora_batch import MultiAdapterBatch
-from .sampling import sample_next
+from trl_multiagent.generation.kv_cache import preallocated_cache
+from trl_multiagent.generation.lean_step import LeanStep
+from trl_multiagent.generation.lora_batch import MultiAdapterBatch
+from trl_multiagent.generation.sampling import sample_next
 
 #: Generation options the loop implements; any other non-default option of a GenerationConfig is refused.
 SUPPORTED_OPTIONS = ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p",

@@ -1,7 +1,7 @@
 """Copies of a base's frozen weights that generation (and training, for the first) computes with.
 
 * :func:`use_dense_copy`: a 4-bit (QLoRA) base computes with a de-quantised copy of its frozen weights (chosen by
-  :class:`~trl_multiagent.agents.AgentPool`): the numbers are those of the 4-bit matmul, which de-quantises the same
+  :class:`~trl_multiagent.team.pool.AgentPool`): the numbers are those of the 4-bit matmul, which de-quantises the same
   weights at every call, in generation and training alike, without de-quantising at every call;
 * :class:`PackedFrozenLinears`: on the CPU, frozen float32 linears compute with their weight reordered once into
   oneDNN's blocked layout, instead of re-packing it at every call; in float32, or, with ``frozen_matmul_dtype``
@@ -190,8 +190,8 @@ class PackedFrozenLinears:
     The op has no derivative of its own: under ``torch.is_grad_enabled()`` the layer computes as before, unless
     ``differentiable``: then :class:`_PackedFrozenLinear` computes the forward with the packed weight and the input's
     gradient with a second packed copy, of the transposed weight (made at the first backward). The teacher-forced
-    passes run so (:meth:`~trl_multiagent.agents.AgentPool.forward`): measured on the 2-core machine
-    (``benchmarks/packed_training.py`` -> ``docs/results/teacher_forcing/packed_training.json``), the frozen matmuls
+    passes run so (:meth:`~trl_multiagent.team.pool.AgentPool.forward`): measured on the 2-core machine
+    (``benchmarks/packed_training.py`` -> ``experiments/speed/teacher_forcing/packed_training.json``), the frozen matmuls
     of SmolLM2-135M take 2.7x (4 rows), 1.6x (40), 1.3x (160) and 1.17x (480) less time packed than through
     ``F.linear`` (which re-packs the weight at every call), the backward's ``grad @ W`` 2.6x to 1.15x. The packed
     weights are kept on the module and made again when the weight changes (its storage or version): one more copy of the frozen weights for generation, two or three for training, which
@@ -207,7 +207,7 @@ class PackedFrozenLinears:
     and each matmul's input and output (forward, and the input's gradient in backward) to bfloat16, with float32
     accumulation and a float32 result: oneDNN's bfloat16 kernels take 1.4-1.8x less time for SmolLM2-135M's frozen
     matmuls at 1 to 480 rows on the 2-core AMD EPYC with AVX512-BF16 (``benchmarks/frozen_matmul_dtype.py``,
-    ``docs/results/frozen_matmul_dtype/``). The pool uses one dtype for generation and for the teacher-forced
+    ``experiments/speed/frozen_matmul_dtype/``). The pool uses one dtype for generation and for the teacher-forced
     passes, but the two sum in other orders, and in bfloat16 a float32 sum in another order can round to the
     neighbouring value: there the sampling and the trained policy differ by up to a few hundredths in total
     variation per token, against about 1e-6 in float32."""

@@ -43,7 +43,7 @@ What it reads, and when:
   (``MultiAdapterBatch.row_index``, ``MultiAdapterBatch.blocks``).
 
 Small matters of speed, measured on the 2-core machine (``benchmarks/decode_step.py``,
-``docs/results/generation/README.md``): with packed weights a step of fewer than :data:`PACKED_MIN_ROWS` rows computes
+``experiments/speed/generation/README.md``): with packed weights a step of fewer than :data:`PACKED_MIN_ROWS` rows computes
 its frozen matmuls on that many rows (zeros added); the LoRA matmuls run on the real rows only, and they and the
 attention of few rows run on one thread when small (:data:`ONE_THREAD`).
 
@@ -52,7 +52,7 @@ attention of few rows run on one thread when small (:data:`ONE_THREAD`).
 embedding that does not depend on the sequence length, dense frozen linears (a 4-bit base needs its de-quantised
 copy) and LoRA only on the seven projections of the layers. Biases (``attention_bias``, ``mlp_bias``), any
 ``hidden_act`` and tied embeddings are handled. Other models decode through transformers' forward:
-:class:`~trl_multiagent.agents.AgentPool` decides once per base (``lean_decode``) and logs it.
+:class:`~trl_multiagent.team.pool.AgentPool` decides once per base (``lean_decode``) and logs it.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .frozen_weights import packed_matmul, packed_weight
-from .lora_batch import AdapterBlocks, add_block_lora
+from trl_multiagent.generation.frozen_weights import packed_matmul, packed_weight
+from trl_multiagent.generation.lora_batch import AdapterBlocks, add_block_lora
 
 #: With packed weights, a step of fewer rows computes its matmuls on this many (zero rows added): oneDNN's kernel for
 #: one row reads the weights more slowly than its kernel for a few (measured on the 2-core AMD EPYC, one thread:
@@ -79,7 +79,7 @@ ONE_THREAD = 1 << 21
 #: ``scaled_dot_product_attention``, whose CPU kernel for a few queries per head is slower there (the 2-core AMD EPYC,
 #: 2 threads, 204 cached positions, microseconds per layer, kernel against matmuls: 8 rows 135 / 111, 16 rows 259 /
 #: 201, 64 rows 1454 / 1158; 1 row 27 / 36, 4 rows 70 / 65; ``benchmarks/decode_attention.py`` ->
-#: ``docs/results/generation/decode_attention.json``).
+#: ``experiments/speed/generation/decode_attention.json``).
 MATMUL_ATTENTION_MIN_ROWS = 8
 
 _ATTN = ("q_proj", "k_proj", "v_proj")

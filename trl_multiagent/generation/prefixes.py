@@ -2,7 +2,7 @@
 
 :func:`shared_prefixes` is the one grouping: team-level generation prefills each group's prefix once
 (:func:`~trl_multiagent.generation.decoding.decode`'s ``prefix``), and the teacher-forced pass runs it once
-(:func:`~trl_multiagent.teacher_forcing.completion_outputs`).
+(:func:`~trl_multiagent.generation.teacher_forcing.completion_outputs`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class ToolPrompt(list):
 class Generation:
     """One sampled response: token ids of the prompt and the completion, and the decoded completion text.
 
-    An agent with tools (:mod:`trl_multiagent.tools`) gets more: ``completion_ids`` are every token after the prompt,
+    An agent with tools (:mod:`trl_multiagent.environments.tools`) gets more: ``completion_ids`` are every token after the prompt,
     its own and the tool results', ``tool_mask`` marks its own (1) and the tools' (0) as TRL's ``tool_mask`` does (the
     loss covers only the 1s), ``text`` is its last assistant message's content, ``messages`` the whole exchange
     (assistant, tool, ..., assistant), ``tool_calls`` / ``tool_failures`` count the calls run and those answered with

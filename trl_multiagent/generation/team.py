@@ -1,6 +1,6 @@
 """Team dispatch: every request of a team's step, grouped by base, through the decoding loop.
 
-:func:`generate_team` is :meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>` without a
+:func:`generate_team` is :meth:`AgentPool.generate_many <trl_multiagent.team.pool.AgentPool.generate_many>` without a
 vLLM backend: all rows of every agent that shares a base are sampled in ONE batched decoding loop
 (:func:`~trl_multiagent.generation.decoding.decode`), each row with its own LoRA adapter
 (:class:`~trl_multiagent.generation.lora_batch.MultiAdapterBatch`), its one-token steps computed by the lean step
@@ -19,13 +19,13 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig
 
-from ..padding import left_pad, pad_token_id
-from .decoding import decode, through_first_eos, unsupported_options
-from .frozen_weights import PackedFrozenLinears
-from .lean_step import LeanStep, lean_support
-from .lora_batch import MultiAdapterBatch
-from .prefixes import shared_prefixes
-from .requests import Generation
+from trl_multiagent.generation.decoding import decode, through_first_eos, unsupported_options
+from trl_multiagent.generation.frozen_weights import PackedFrozenLinears
+from trl_multiagent.generation.lean_step import LeanStep, lean_support
+from trl_multiagent.generation.lora_batch import MultiAdapterBatch
+from trl_multiagent.generation.padding import left_pad, pad_token_id
+from trl_multiagent.generation.prefixes import shared_prefixes
+from trl_multiagent.generation.requests import Generation
 
 
 @contextlib.contextmanager
@@ -60,7 +60,7 @@ def check_transformers_for_decode(version: str | None = None) -> None:
 
 def generate_team(pool, requests, generation_config: GenerationConfig, max_batch_sequences: int | None = None,
                   progress=None):
-    """:meth:`AgentPool.generate_many <trl_multiagent.agents.AgentPool.generate_many>`: all requests of the agents on
+    """:meth:`AgentPool.generate_many <trl_multiagent.team.pool.AgentPool.generate_many>`: all requests of the agents on
     one base go through :func:`decode` together, in chunks of at most ``max_batch_sequences`` rows (longest prompts
     first, so that a chunk pads little); bases take turns. ``progress(rows_done)`` is called after every chunk.
 
@@ -160,7 +160,7 @@ def prefill_unpacked(pool, key: str, model, lean: bool) -> list:
     the teacher-forced passes pack every frozen layer anyway (``pool.packs_training``): then the prefill computes
     with those same per-layer copies (made by whichever comes first), at no memory the pool has not counted.
     Measured on the main job's first turn (``benchmarks/prefill_packed.py`` ->
-    ``docs/results/generation/prefill_packed.json``): its generation 1.13 times faster, the same tokens."""
+    ``experiments/speed/generation/prefill_packed.json``): its generation 1.13 times faster, the same tokens."""
     return LeanStep.concatenated_modules(model) if lean and not pool.packs_training(key) else []
 
 

@@ -2,7 +2,7 @@
 
 :class:`VLLMGenerationBackend` is a drop-in for the pool's own decoding loop
 (:func:`~trl_multiagent.generation.team.generate_team`): :meth:`AgentPool.generate_many
-<trl_multiagent.agents.AgentPool.generate_many>` hands it every request of a team's step when the pool's
+<trl_multiagent.team.pool.AgentPool.generate_many>` hands it every request of a team's step when the pool's
 ``generation_backend`` is set (the trainer sets it when ``use_vllm`` is true). Then
 
 * each distinct base of the pool gets ONE vLLM engine, created on first use (``LLM(..., enable_lora=True)``), that
@@ -17,7 +17,7 @@
   the length limit), plus ``sampling_logps``: the engine's log-prob of every completion token after temperature and
   truncation (vLLM's ``processed_logprobs``, as TRL requests), for TRL's importance-sampling correction.
 
-Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent.logprobs`); the engine's are used
+Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent.generation.logprobs`); the engine's are used
 only for the correction (:func:`importance_sampling_ratio`, TRL's ``vllm_importance_sampling_*`` fields).
 
 Only ``vllm_mode: colocate`` is implemented: a team needs one LoRA adapter per agent synced into the engine after
@@ -41,10 +41,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..padding import right_pad_values
-from .decoding import SUPPORTED_OPTIONS, through_first_eos, unsupported_options
-from .requests import Generation, GenerationRequest
-from .team import requests_by_base
+from trl_multiagent.generation.decoding import SUPPORTED_OPTIONS, through_first_eos, unsupported_options
+from trl_multiagent.generation.padding import right_pad_values
+from trl_multiagent.generation.requests import Generation, GenerationRequest
+from trl_multiagent.generation.team import requests_by_base
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def check_vllm_config(config) -> None:
         if config.vllm_importance_sampling_mode not in IS_MODES:
             raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES}, got "
                              f"{config.vllm_importance_sampling_mode!r}")
-        from ..losses import RESPONSE_LOSS
+        from trl_multiagent.credit.losses import RESPONSE_LOSS
 
         if config.loss_type == RESPONSE_LOSS and config.vllm_importance_sampling_mode.startswith("token"):
             raise ValueError(
@@ -110,7 +110,7 @@ def check_vllm_team(specs) -> None:
     """Every agent's base can be served by vLLM with LoRA (checked from the model's config, before any weights
     load): full precision only (vLLM cannot serve LoRA on a bitsandbytes NF4 base that matches the trainer's), an
     architecture vLLM implements with LoRA support."""
-    from ..models import resolve_model
+    from trl_multiagent.models.loading import resolve_model
 
     four_bit = sorted(s.name for s in specs if s.quantization == "4bit")
     if four_bit:
@@ -201,7 +201,7 @@ class VLLMGenerationBackend:
     """What :meth:`AgentPool.generate_many` calls when ``pool.generation_backend`` is set (see the module docstring).
 
     Args:
-        pool: the team's :class:`~trl_multiagent.agents.AgentPool` (its bases, tokenizers and adapters).
+        pool: the team's :class:`~trl_multiagent.team.pool.AgentPool` (its bases, tokenizers and adapters).
         settings: the engine settings (:class:`VLLMSettings`).
     """
 

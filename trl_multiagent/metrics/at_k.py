@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .stats import mean
+from trl_multiagent.metrics.stats import mean
 
 #: The k of the @k metrics (those at most the number of samples are reported).
 KS = (1, 3, 5, 10)

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .stats import percentile_interval, resample_indices
+from trl_multiagent.metrics.stats import percentile_interval, resample_indices
 
 
 def _check(scores: Sequence[float], labels: Sequence[bool]) -> None:

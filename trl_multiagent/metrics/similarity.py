@@ -8,7 +8,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
-from .qa import token_f1
+from trl_multiagent.metrics.qa import token_f1
 
 
 def intra_group_similarity(texts: Sequence[str], group_ids: Sequence[Hashable],

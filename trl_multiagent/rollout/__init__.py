@@ -14,12 +14,12 @@ of :mod:`trl_multiagent.credit` right after the rollout. One module per rollout 
 | ``pipeline`` | :class:`PipelineSampler` | MHGPO: a DAG of agents and tools, IS / FoF / RR group rollouts |
 """
 
-from .agent_turn import AgentTurnSampler, CandidateSample
-from .debate import DebateSample, DebateSampler
-from .experience import Experience, JointAction, Sample, credit_stats, rollout_stats
-from .joint_tree import JointTreeSampler
-from .pipeline import PipelineExperience, PipelineSample, PipelineSampler
-from .single_path import EpisodeBuffer, SinglePathSampler, Transition
+from trl_multiagent.rollout.agent_turn import AgentTurnSampler, CandidateSample
+from trl_multiagent.rollout.debate import DebateSample, DebateSampler
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, credit_stats, rollout_stats
+from trl_multiagent.rollout.joint_tree import JointTreeSampler
+from trl_multiagent.rollout.pipeline import PipelineExperience, PipelineSample, PipelineSampler
+from trl_multiagent.rollout.single_path import EpisodeBuffer, SinglePathSampler, Transition
 
 __all__ = ["AgentTurnSampler", "CandidateSample", "DebateSample", "DebateSampler", "EpisodeBuffer", "Experience",
            "JointAction", "JointTreeSampler", "PipelineExperience", "PipelineSample", "PipelineSampler", "Sample",

@@ -15,11 +15,11 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..agents import AgentPool, Generation
-from ..credit.at_grpo import best_candidate, mix_rewards
-from ..environments.base import Environment
-from ..environments.stepping import map_steps, reset_env, step_env
-from .experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.credit.at_grpo import best_candidate, mix_rewards
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.stepping import map_steps, reset_env, step_env
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.team.pool import AgentPool, Generation
 
 
 @dataclass

@@ -33,13 +33,13 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..agents import AgentPool, Generation
-from ..credit.maporl import PenaltySettings, answer_penalties
-from ..environments.base import Environment
-from ..environments.debate import DebateEnv, TurnOutcome
-from ..environments.stepping import reset_env, step_env
-from ..metrics.debate import majority_vote_accuracy
-from .experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.debate import DebateEnv, TurnOutcome
+from trl_multiagent.environments.stepping import reset_env, step_env
+from trl_multiagent.metrics.debate import majority_vote_accuracy
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.team.pool import AgentPool, Generation
 
 #: A learned verifier: ``scorer(questions, solutions) -> scores in [0, 1]``.
 Scorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..agents import Generation
+from trl_multiagent.team.pool import Generation
 
 
 @dataclass

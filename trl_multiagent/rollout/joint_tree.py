@@ -15,12 +15,12 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..agents import AgentPool, Generation
-from ..credit.magrpo import joint_action_indices
-from ..environments.base import Environment
-from ..environments.stepping import map_steps, reset_env, step_env
-from ..generation.requests import Prompt
-from .experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.credit.magrpo import joint_action_indices
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.stepping import map_steps, reset_env, step_env
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.team.pool import AgentPool, Generation
 
 
 @dataclass

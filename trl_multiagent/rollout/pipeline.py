@@ -39,12 +39,12 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..agents import Generation
-from ..credit.mhgpo import regroup_singletons as regroup
-from ..environments.pipeline import PipelineEnvironment, PipelineGraph
-from ..generation.requests import Prompt
-from ..metrics.similarity import intra_group_similarity
-from .experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.credit.mhgpo import regroup_singletons as regroup
+from trl_multiagent.environments.pipeline import PipelineEnvironment, PipelineGraph
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.metrics.similarity import intra_group_similarity
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.team.pool import Generation
 
 #: The group rollout strategies of MHGPO.
 STRATEGIES = ("independent", "fork_on_first", "round_robin")

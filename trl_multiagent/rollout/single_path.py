@@ -17,11 +17,11 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from ..agents import AgentPool
-from ..environments.base import Environment
-from ..environments.stepping import reset_env, step_all
-from ..generation.requests import Prompt
-from .experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.environments.stepping import reset_env, step_all
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.rollout.experience import Experience, JointAction, Sample, rollout_stats
+from trl_multiagent.team.pool import AgentPool
 
 
 @dataclass

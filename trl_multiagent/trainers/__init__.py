@@ -1,12 +1,12 @@
 """The trainers, one per family of methods, siblings over the shared loop of ``base.MultiAgentTrainer``, and the
 registry the recipes dispatch on (``trainer:`` in a recipe)."""
 
-from .actor_critic import ActorCriticConfig, ActorCriticTrainer
-from .at_grpo import ATGRPOConfig, ATGRPOTrainer
-from .base import MultiAgentConfig, MultiAgentTrainer
-from .debate_ppo import DebatePPOConfig, DebatePPOTrainer
-from .magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from .mhgpo import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
+from trl_multiagent.trainers.actor_critic import ActorCriticConfig, ActorCriticTrainer
+from trl_multiagent.trainers.at_grpo import ATGRPOConfig, ATGRPOTrainer
+from trl_multiagent.trainers.base import MultiAgentConfig, MultiAgentTrainer
+from trl_multiagent.trainers.debate_ppo import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers.mhgpo import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
 
 #: ``trainer:`` name in a recipe -> (config class, trainer class).
 TRAINERS = {

@@ -15,14 +15,14 @@ One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgen
    bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
    minibatch's JOINT transitions (Eq. 5; Eq. 3 per agent for DC), and every agent's response at that transition
    gets ``delta`` as its advantage in the whole-response objective (Eq. 4 / Eq. 2: ``rho * grad log pi * delta``,
-   no ratio clip unless ``actor_ratio_clip`` is set; :func:`~trl_multiagent.losses.response_policy_loss`, shared
+   no ratio clip unless ``actor_ratio_clip`` is set; :func:`~trl_multiagent.credit.losses.response_policy_loss`, shared
    with MAGRPO). Actors and critics are separate optimizer groups with their own learning rates, stepped together
    once.
 
 The centralized critic reads every agent's history and the global information ``m_t`` (turn, horizon, last reward
 and its maximum); a decentralized critic reads only its own agent's history, and ``m_t`` too (App. E: "we provide
 DC and CC with the following global information m_t during training"; ``critic_global_info: false`` drops it). The
-critics are value heads on LoRA adapters of the team's own bases (:mod:`trl_multiagent.critics`); they are used in
+critics are value heads on LoRA adapters of the team's own bases (:mod:`trl_multiagent.team.critics`); they are used in
 training only (CTDE).
 """
 
@@ -36,16 +36,16 @@ from typing import ClassVar
 
 import torch
 
-from ..agents import AgentSpec
-from ..credit import discounted_returns, normalize_per_turn, td_errors, td_targets
-from ..critics import CriticSpec
-from ..generation.requests import Prompt
-from ..losses import RESPONSE_LOSS, value_loss
-from ..padding import left_pad, pad_token_id
-from ..rollout import EpisodeBuffer, Experience, SinglePathSampler, credit_stats
-from ..utils import release_freed_memory
-from .base import MultiAgentConfig, MultiAgentTrainer
-from .critic_config import CriticSettings, warn_once
+from trl_multiagent.credit import discounted_returns, normalize_per_turn, td_errors, td_targets
+from trl_multiagent.credit.losses import RESPONSE_LOSS, value_loss
+from trl_multiagent.generation.padding import left_pad, pad_token_id
+from trl_multiagent.generation.requests import Prompt
+from trl_multiagent.rollout import EpisodeBuffer, Experience, SinglePathSampler, credit_stats
+from trl_multiagent.runtime.memory import release_freed_memory
+from trl_multiagent.team.critics import CriticSpec
+from trl_multiagent.team.pool import AgentSpec
+from trl_multiagent.trainers.base import MultiAgentConfig, MultiAgentTrainer
+from trl_multiagent.trainers.critic_config import CriticSettings, warn_once
 
 CRITIC_MODES = ("centralized", "decentralized")
 
@@ -131,7 +131,7 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
     Defaults changed from [`MultiAgentConfig`]: `num_generations=1` (one path per episode), `learning_rate=5e-6`
     (the paper's actor rate). The actor's objective is `loss_type="response"` (Eq. 2 / Eq. 4): the ratio
     rho = pi(a|h) / pi_old(a|h) of whole-response probabilities (exp of the SUM of the token log-ratios), times the TD
-    error, with the gradient of the summed token log-probs (:func:`~trl_multiagent.losses.response_policy_loss`,
+    error, with the gradient of the summed token log-probs (:func:`~trl_multiagent.credit.losses.response_policy_loss`,
     shared with MAGRPO), unclipped unless `actor_ratio_clip` is set.
     """
 
@@ -225,7 +225,7 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
 
 
 def actor_ratio_clip_range(clip: float | None) -> float:
-    """The ``epsilon`` of :func:`~trl_multiagent.losses.response_policy_loss` for the actor of CoLLM Eq. 2 / Eq. 4.
+    """The ``epsilon`` of :func:`~trl_multiagent.credit.losses.response_policy_loss` for the actor of CoLLM Eq. 2 / Eq. 4.
 
     ``None`` (the paper's form) gives ``inf``: ``clip(rho, 1 - inf, 1 + inf) = rho``, so the objective is
     ``rho * delta`` and its gradient ``rho * delta * grad log pi(a|h)``, exactly Eq. 2 / Eq. 4 (no clip appears

@@ -22,10 +22,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..credit.at_grpo import LOSS_AGGREGATIONS, mix_rewards
-from ..credit.group import grouped_advantages
-from ..rollout import AgentTurnSampler, Experience, credit_stats
-from .base import MultiAgentConfig, MultiAgentTrainer
+from trl_multiagent.credit.at_grpo import LOSS_AGGREGATIONS, mix_rewards
+from trl_multiagent.credit.group import grouped_advantages
+from trl_multiagent.rollout import AgentTurnSampler, Experience, credit_stats
+from trl_multiagent.trainers.base import MultiAgentConfig, MultiAgentTrainer
 
 
 @dataclass

@@ -9,7 +9,7 @@ One step, top to bottom (:meth:`MultiAgentTrainer.training_step`):
    pure functions of :mod:`trl_multiagent.credit`; behaviour / reference log-probs are then added only when the loss
    needs them (``num_iterations > 1`` or vLLM's importance sampling / ``beta > 0``);
 3. update: for every policy, its adapter active, the policy objective on that policy's samples: the whole-response
-   objective of MAGRPO Eq. 2 (``loss_type="response"``, :func:`~trl_multiagent.losses.response_policy_loss`) or one
+   objective of MAGRPO Eq. 2 (``loss_type="response"``, :func:`~trl_multiagent.credit.losses.response_policy_loss`) or one
    of TRL's loss types; trainers with critics add their value losses (:meth:`~MultiAgentTrainer.auxiliary_loss`);
 4. one optimizer step: one optimizer, one param group per policy and per critic (each its own learning rate), each
    group's gradient clipped to ``max_grad_norm`` on its own.
@@ -38,16 +38,17 @@ from datasets import Dataset
 from transformers import ProgressCallback, enable_full_determinism
 from transformers.trainer_utils import TrainOutput
 
-from ..agents import AgentPool, AgentSpec, check_team
-from ..environments.base import Environment
-from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES
-from ..generation.prefixes import distinct_prefix_tokens, needed_attention_pairs
-from ..losses import RESPONSE_LOSS, response_policy_loss
-from ..padding import left_pad, pad_token_id, right_pad, right_pad_values
-from ..rollout import Experience, Sample
-from ..teacher_forcing import PrefixStore, lm_forward
-from ..utils import configure_threads, gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
-from .base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
+from trl_multiagent.credit.losses import RESPONSE_LOSS, response_policy_loss
+from trl_multiagent.environments.base import Environment
+from trl_multiagent.generation.frozen_weights import FROZEN_MATMUL_DTYPES
+from trl_multiagent.generation.padding import left_pad, pad_token_id, right_pad, right_pad_values
+from trl_multiagent.generation.prefixes import distinct_prefix_tokens, needed_attention_pairs
+from trl_multiagent.generation.teacher_forcing import PrefixStore, lm_forward
+from trl_multiagent.rollout import Experience, Sample
+from trl_multiagent.runtime.memory import gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
+from trl_multiagent.runtime.process import configure_threads
+from trl_multiagent.team.pool import AgentPool, AgentSpec, check_team
+from trl_multiagent.trainers.base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
     TOKEN_SUM_LOSSES,
@@ -58,12 +59,12 @@ from .base_config import (  # noqa: F401  (re-exported: the trainers import them
     check_dataset,
     validate_team_against_environment,
 )
-from .callbacks import MetricsFileCallback, TrainingProgressCallback
-from .compat import TeamTrainerSurface
-from .completions import record_completions
-from .learning_signal import note_learning_signal
-from .micro_batches import loss_mask, prompt_grouped_chunks, store_per_token, weighted_chunks  # noqa: F401
-from .outputs import (
+from trl_multiagent.trainers.callbacks import MetricsFileCallback, TrainingProgressCallback
+from trl_multiagent.trainers.compat import TeamTrainerSurface
+from trl_multiagent.trainers.completions import record_completions
+from trl_multiagent.trainers.learning_signal import note_learning_signal
+from trl_multiagent.trainers.micro_batches import loss_mask, prompt_grouped_chunks, store_per_token, weighted_chunks  # noqa: F401
+from trl_multiagent.trainers.outputs import (
     check_checkpoint,
     check_output_dir,
     marked_running,
@@ -71,7 +72,7 @@ from .outputs import (
     write_run_status,
     write_summary,
 )
-from .sharding import (
+from trl_multiagent.trainers.sharding import (
     average_gradients,
     average_stats,
     gathered_adapter_state,
@@ -82,8 +83,8 @@ from .sharding import (
     sharded_adapter_loading,
     unsharded,
 )
-from .signals import train_until_signal
-from .update_guard import add_skipped_updates, check_update, skips_optimizer_step
+from trl_multiagent.trainers.signals import train_until_signal
+from trl_multiagent.trainers.update_guard import add_skipped_updates, check_update, skips_optimizer_step
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         specs = list(agents.specs.values()) if isinstance(agents, AgentPool) else list(agents)
         check_team(specs)
         if args.use_vllm:  # a base vLLM can serve with LoRA, before any weights load
-            from ..generation.vllm import check_vllm_team
+            from trl_multiagent.generation.vllm import check_vllm_team
 
             check_vllm_team(specs)
         probe = environment()
@@ -161,7 +162,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                              lean_decode=args.lean_decode, frozen_matmul_dtype=args.frozen_matmul_dtype)
         self.pool = pool
         if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
-            from ..generation.vllm import VLLMGenerationBackend, VLLMSettings
+            from trl_multiagent.generation.vllm import VLLMGenerationBackend, VLLMSettings
 
             pool.generation_backend = VLLMGenerationBackend(pool, VLLMSettings.from_config(args))
         self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
@@ -203,7 +204,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                            "budget.", num_turns, probe.max_turns)
 
     def build_critics(self, specs: Sequence[AgentSpec], args) -> list:
-        """The critics (:class:`~trl_multiagent.critics.CriticSpec`) the pool adds to the team's bases (none here)."""
+        """The critics (:class:`~trl_multiagent.team.critics.CriticSpec`) the pool adds to the team's bases (none here)."""
         return []
 
     def check_pool(self, pool: AgentPool, args) -> None:
@@ -378,7 +379,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def update(self, model, experience: Experience) -> torch.Tensor:
         """The policy objective for every policy, its adapter active, on that policy's samples of the step.
 
-        ``loss_type="response"``: MAGRPO Eq. 2 (:func:`~trl_multiagent.losses.response_policy_loss`); otherwise TRL's
+        ``loss_type="response"``: MAGRPO Eq. 2 (:func:`~trl_multiagent.credit.losses.response_policy_loss`); otherwise TRL's
         own loss. Each policy's loss is the mean (or the weighted sum, :meth:`sample_weights`) over ALL its samples
         of the step, computed in micro-batches whose gradients add up to it; policies' parameters are disjoint, so
         their losses are summed. Across processes, gradients are averaged once at the end (every process runs the
@@ -466,7 +467,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
 
     def build_prefix_store(self, model, policy: str, chunks) -> PrefixStore | None:
         """The prompt prefixes that ``policy``'s micro-batches share, run once for all of them
-        (:class:`~trl_multiagent.teacher_forcing.PrefixStore`); ``None`` with one micro-batch (it shares them
+        (:class:`~trl_multiagent.generation.teacher_forcing.PrefixStore`); ``None`` with one micro-batch (it shares them
         itself), without prefix sharing, and on CUDA (TRL's fused head computes the log-probs there)."""
         if len(chunks) < 2 or not self.share_prompt_prefixes or self.accelerator.device.type == "cuda":
             return None
@@ -533,7 +534,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             if all(getattr(s, attr) is not None for s in samples):
                 batch[key] = right_pad_values([getattr(s, attr) for s in samples], c_len, dtype=self.values_dtype)
         if self.use_vllm and self.vllm_importance_sampling_correction:
-            from ..generation.vllm import add_importance_sampling
+            from trl_multiagent.generation.vllm import add_importance_sampling
 
             add_importance_sampling(batch, samples, self)
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}

@@ -14,12 +14,12 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
-from ..agents import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
-from ..generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_available
-from ..losses import RESPONSE_LOSS
-from ..models import MODEL_DTYPES, context_length
-from .sharding import check_parallelism
-from .unused_fields import refuse_unused_fields
+from trl_multiagent.credit.losses import RESPONSE_LOSS
+from trl_multiagent.generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_available
+from trl_multiagent.models.loading import MODEL_DTYPES, context_length
+from trl_multiagent.team.pool import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
+from trl_multiagent.trainers.sharding import check_parallelism
+from trl_multiagent.trainers.unused_fields import refuse_unused_fields
 
 #: TRL's loss types (``GRPOConfig.loss_type``), all selectable by name next to ``"response"``.
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -96,7 +96,7 @@ class MultiAgentConfig(GRPOConfig):
                 "blocks up to 1 GiB from the heap) instead of giving it back to the OS after the rollout and after "
                 "each policy's update, where every page was faulted in again at the next step. The main job (one "
                 "policy) took 0.89-0.93 times as long per step with it, at 1.015 times the peak memory "
-                "(docs/results/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: "
+                "(experiments/speed/step_profile/README.md, 'Page faults'); its recipe turns it on. Off by default: "
                 "between the updates of several policies the trims keep a team nearer one agent's memory (a 4-agent "
                 "team on one base: 1.059 times one agent's peak with it, 1.050 without, in one run). Process-wide; "
                 "left alone when MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_ or a GLIBC_TUNABLES "
@@ -126,7 +126,7 @@ class MultiAgentConfig(GRPOConfig):
                 "accumulation; LoRA, attention, norms and the loss stay float32). Decoding steps 1.2-1.3x faster on a "
                 "CPU with bfloat16 instructions, but the sampling and trained policies then differ beyond float32 "
                 "rounding, and the main job's held-out gain was smaller in each of three seeds "
-                "(docs/results/frozen_matmul_dtype/); an error where it cannot apply (no oneDNN bfloat16 "
+                "(experiments/speed/frozen_matmul_dtype/); an error where it cannot apply (no oneDNN bfloat16 "
                 "matmuls, packed_weights 'never', CUDA, a model_dtype other than float32). summary.json records it "
                 "(machine.paths)."})
     overwrite_output_dir: bool = field(default=False, metadata={
@@ -169,7 +169,7 @@ class MultiAgentConfig(GRPOConfig):
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; off on CPU by default."})
     share_prompt_prefixes: bool | None = field(default=None, metadata={
         "help": "Teacher-forced passes (log-probs, critic values) run a prompt shared by several rows, and an opening "
-                "shared by several prompts, once (trl_multiagent/teacher_forcing.py; the same numbers up to float "
+                "shared by several prompts, once (trl_multiagent/generation/teacher_forcing.py; the same numbers up to float "
                 "summation order). None: on, except under FSDP, where one pass per row is required (FSDP2 frees a "
                 "layer's gathered weights after each forward); true under FSDP is an error."})
     activation_checkpointing: bool | None = field(default=None, metadata={
@@ -241,7 +241,7 @@ class MultiAgentConfig(GRPOConfig):
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
         check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
         if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
-            from ..generation.vllm import check_vllm_config
+            from trl_multiagent.generation.vllm import check_vllm_config
 
             check_vllm_config(self)
         self.remove_unused_columns = False
@@ -280,7 +280,7 @@ def check_tracking_backends(report_to) -> None:
                          f"(tensorboard, trackio, wandb), or pip install {' '.join(TRACKING_MODULES[n] for n in missing)}"
                          ", or set report_to: none")
     if "wandb" in names:
-        from .tracking_login import wandb_login_problem
+        from trl_multiagent.trainers.tracking_login import wandb_login_problem
 
         problem = wandb_login_problem()
         if problem:

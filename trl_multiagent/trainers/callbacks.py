@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..utils import progress_bar
+from trl_multiagent.runtime.process import progress_bar
 
 
 def _jsonable(value):

@@ -4,7 +4,7 @@
 scheduler, RNG states, ``trainer_state.json`` last) and does not stage it. Here it writes into a temporary folder,
 ``<output_dir>/checkpoint-<step>.tmp-<id>/`` (``<id>``: the main process's id, the same on every process), and the
 complete ``checkpoint-<step>`` in it is renamed into ``output_dir`` when every process is done
-(:func:`~trl_multiagent.atomic_files.publish_directory`; an existing folder of that step, left by an earlier run
+(:func:`~trl_multiagent.runtime.atomic_files.publish_directory`; an existing folder of that step, left by an earlier run
 that is resumed, is replaced whole). Then older checkpoints are rotated (``save_total_limit``), as transformers would.
 A full disk, a crash or a kill during the write thus leaves the earlier checkpoints as they were and no
 ``checkpoint-<step>`` folder that ``resume_from_checkpoint true`` could take; the temporary folder is removed on an
@@ -28,8 +28,14 @@ from pathlib import Path
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..atomic_files import TEMP_MARK, disk_full_error, folder_size, is_disk_full, publish_directory
-from .outputs import CHECKPOINT_COMPLETE_MARKER, _checkpoint_step
+from trl_multiagent.runtime.atomic_files import (
+    TEMP_MARK,
+    disk_full_error,
+    folder_size,
+    is_disk_full,
+    publish_directory,
+)
+from trl_multiagent.trainers.outputs import CHECKPOINT_COMPLETE_MARKER, _checkpoint_step
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A team is not one model, so the trainers do not run ``GRPOTrainer.__init__`` (it builds one model, one tokenizer and
 one generation path): :meth:`TeamTrainerSurface.init_trainer` runs ``transformers.Trainer.__init__`` with the
-:class:`~trl_multiagent.agents.AgentPool` as the model and then sets the attributes that GRPOTrainer's loss and
+:class:`~trl_multiagent.team.pool.AgentPool` as the model and then sets the attributes that GRPOTrainer's loss and
 logging read. Everything else private is an override or a call below, each naming the method it mirrors, as of the
 versions in :data:`TESTED_VERSIONS` (``pyproject.toml`` pins trl and transformers to those minor ranges).
 ``tests/test_compat.py`` fails loudly when a signature in :data:`MIRRORED` changes, or when TRL's loss or logging
@@ -26,11 +26,11 @@ from transformers import GenerationConfig, PrinterCallback, Trainer
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, disable_dropout_in_model, identity
 
-from ..atomic_files import write_atomically
-from ..logprobs import completion_logps
-from .checkpoint_staging import staged_checkpoint
-from .sharding import is_fsdp
-from .trl_args import trainer_config
+from trl_multiagent.generation.logprobs import completion_logps
+from trl_multiagent.runtime.atomic_files import write_atomically
+from trl_multiagent.trainers.checkpoint_staging import staged_checkpoint
+from trl_multiagent.trainers.sharding import is_fsdp
+from trl_multiagent.trainers.trl_args import trainer_config
 
 #: The trl and transformers releases this module was written against (the pins in pyproject.toml).
 TESTED_VERSIONS = {"trl": "1.16", "transformers": "5.24"}
@@ -201,7 +201,7 @@ class TeamTrainerSurface(GRPOTrainer):
     def token_logps(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                     compute_entropy: bool = False):
         """Per-token log-probs (and entropies) of the completion tokens at the sampling temperature: on CPU
-        :func:`trl_multiagent.logprobs.completion_logps` (shared prompts, a plain LM head), on CUDA TRL's fused LM
+        :func:`trl_multiagent.generation.logprobs.completion_logps` (shared prompts, a plain LM head), on CUDA TRL's fused LM
         head (``trl.GRPOTrainer._get_per_token_logps_and_entropies``), which keeps the logits out of GPU memory."""
         if completion_ids.device.type == "cuda":
             input_ids = torch.cat([prompt_ids, completion_ids], dim=1)

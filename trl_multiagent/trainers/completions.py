@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rollout.experience import Experience
+from trl_multiagent.rollout.experience import Experience
 
 #: Characters of a task's description kept in a row.
 TASK_CHARS = 200

@@ -40,8 +40,8 @@ from typing import ClassVar
 
 import torch
 
-from ..agents import AgentPool, AgentSpec
-from ..credit.maporl import (
+from trl_multiagent.credit.losses import value_loss
+from trl_multiagent.credit.maporl import (
     REWARD_MODES,
     Incentives,
     PenaltySettings,
@@ -51,17 +51,17 @@ from ..credit.maporl import (
     token_level_rewards,
     verification_rewards,
 )
-from ..credit.returns import discounted_returns, gae, whiten_groups
-from ..critics import CriticSpec
-from ..environments.debate import DebateEnv
-from ..losses import value_loss
-from ..padding import right_pad_values
-from ..rollout import Experience, credit_stats
-from ..rollout.debate import DebateSample, DebateSampler
-from ..utils import release_freed_memory
-from .base import MultiAgentConfig, MultiAgentTrainer
-from .critic_config import CriticSettings
-from .micro_batches import prompt_grouped_chunks
+from trl_multiagent.credit.returns import discounted_returns, gae, whiten_groups
+from trl_multiagent.environments.debate import DebateEnv
+from trl_multiagent.generation.padding import right_pad_values
+from trl_multiagent.rollout import Experience, credit_stats
+from trl_multiagent.rollout.debate import DebateSample, DebateSampler
+from trl_multiagent.runtime.memory import release_freed_memory
+from trl_multiagent.team.critics import CriticSpec
+from trl_multiagent.team.pool import AgentPool, AgentSpec
+from trl_multiagent.trainers.base import MultiAgentConfig, MultiAgentTrainer
+from trl_multiagent.trainers.critic_config import CriticSettings
+from trl_multiagent.trainers.micro_batches import prompt_grouped_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
             persuasiveness).
         verifier (`str`, defaults to `"rule"`):
             `"rule"`: the environment's gold-answer check scores each answer 1 or 0; otherwise the directory of a
-            learned verifier saved by `trl_multiagent.verifier.LearnedVerifier.save` (App. E).
+            learned verifier saved by `trl_multiagent.verifier.learned.LearnedVerifier.save` (App. E).
         kl_coef (`float`, defaults to `0.002`):
             Coefficient of the per-token KL penalty `-kl_coef * (log pi - log pi_ref)` in the token rewards (the
             reference is the base with the adapter off). `beta` (TRL's KL loss term) must stay 0.
@@ -267,7 +267,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
 
     Every agent acts with its own policy (a (Q)LoRA adapter; agents on one base share that base, agents naming other
     models bring their own) and has its own critic ``<agent>_value``: a value head on an adapter of the agent's base
-    (:mod:`trl_multiagent.critics`; one head per turn with ``value_head_per_turn``). The critic reads the same
+    (:mod:`trl_multiagent.team.critics`; one head per turn with ``value_head_per_turn``). The critic reads the same
     sequence as the policy (the agent's prompt with the debate so far, then its answer; App. G Remark 4).
 
     Args:
@@ -307,7 +307,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
             raise ValueError(f"{type(probe).__name__} is not a DebateEnv: collaboration incentives and a learned "
                              "verifier need a debate environment (its gold answers and questions)")
         if args.verifier != "rule":
-            from ..verifier import LearnedVerifier
+            from trl_multiagent.verifier.learned import LearnedVerifier
 
             LearnedVerifier.check_saved(args.verifier)
         self.verifier_model = None
@@ -342,7 +342,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
         """The debate sampler with the configured App. G checks and verifier."""
         scorer = None
         if args.verifier != "rule":
-            from ..verifier import LearnedVerifier
+            from trl_multiagent.verifier.learned import LearnedVerifier
 
             self.verifier_model = LearnedVerifier.load(args.verifier, dtype=args.model_dtype)
             scorer = self.verifier_model.score

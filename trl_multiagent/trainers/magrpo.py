@@ -9,7 +9,7 @@ Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al., 
   (Eq. 1) and each sample's share of its joint actions, from :mod:`trl_multiagent.credit`.
 - update (Eq. 2): per agent, the clipped ratio of WHOLE-response probabilities times its joint action's advantage,
   averaged over the group and the batch, gradient of the summed token log-probs
-  (:func:`~trl_multiagent.losses.response_policy_loss`, ``loss_type="response"``), plus ``beta`` * KL to the
+  (:func:`~trl_multiagent.credit.losses.response_policy_loss`, ``loss_type="response"``), plus ``beta`` * KL to the
   reference (the adapter switched off). With H > 1 turns, Algorithm 1 computes and applies Eq. 2 for each turn on
   its own: each turn's objective is averaged over that turn's samples and the turns' objectives are summed, so every
   turn weighs the same however many tree nodes it has (:func:`~trl_multiagent.credit.magrpo.turn_loss_weights`,
@@ -21,17 +21,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..credit.group import grouped_advantages
-from ..credit.magrpo import (
+from trl_multiagent.credit.group import grouped_advantages
+from trl_multiagent.credit.losses import RESPONSE_LOSS
+from trl_multiagent.credit.magrpo import (
     ADVANTAGE_MODES,
     cross_sample_credit,
     grouped_released_code_advantages,
     turn_loss_weights,
 )
-from ..credit.returns import tree_returns
-from ..losses import RESPONSE_LOSS
-from ..rollout import Experience, JointAction, JointTreeSampler, Sample, credit_stats
-from .base import ROW_MEAN_LOSSES, MultiAgentConfig, MultiAgentTrainer
+from trl_multiagent.credit.returns import tree_returns
+from trl_multiagent.rollout import Experience, JointAction, JointTreeSampler, Sample, credit_stats
+from trl_multiagent.trainers.base import ROW_MEAN_LOSSES, MultiAgentConfig, MultiAgentTrainer
 
 
 @dataclass

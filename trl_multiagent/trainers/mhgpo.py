@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 from datasets import Dataset
 
-from ..agents import AgentPool, AgentSpec
-from ..credit.mhgpo import (
+from trl_multiagent.credit.mhgpo import (
     AGGREGATIONS,
     Aggregation,
     agent_loss_weights,
@@ -33,10 +32,11 @@ from ..credit.mhgpo import (
     heterogeneous_group_advantages,
     propagate_rewards,
 )
-from ..environments.pipeline import PipelineEnvironment
-from ..rollout import PipelineExperience, Sample, credit_stats
-from ..rollout.pipeline import STRATEGIES, PipelineSampler
-from .base import (
+from trl_multiagent.environments.pipeline import PipelineEnvironment
+from trl_multiagent.rollout import PipelineExperience, Sample, credit_stats
+from trl_multiagent.rollout.pipeline import STRATEGIES, PipelineSampler
+from trl_multiagent.team.pool import AgentPool, AgentSpec
+from trl_multiagent.trainers.base import (
     ROW_MEAN_LOSSES,
     MultiAgentConfig,
     MultiAgentTrainer,

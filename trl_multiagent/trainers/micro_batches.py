@@ -3,7 +3,7 @@
 A policy's samples are cut into micro-batches of at most ``per_device_train_batch_size`` rows in the order of their
 prompt tokens (:func:`prompt_order`): the samples of one prompt sit together, and so do the prompts that begin alike
 (every prompt of an agent repeats its system message and worked examples), so that the teacher-forced pass
-(:func:`~trl_multiagent.teacher_forcing.completion_outputs`) runs each shared prefix and each distinct prompt once
+(:func:`~trl_multiagent.generation.teacher_forcing.completion_outputs`) runs each shared prefix and each distinct prompt once
 per micro-batch it appears in, and it appears in as few as possible. Ordered by length instead, the samples of one
 prompt land in several micro-batches, and each of them runs the prompt again. The loss is the same weighted sum
 over micro-batches in any order (only the float summation order changes).
@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ..rollout import Sample
+from trl_multiagent.rollout import Sample
 
 
 def prompt_order(rows: Sequence[Sample]) -> list[int]:

@@ -12,7 +12,7 @@ exist and parse) before anything loads; ``resume_from_checkpoint`` ``true`` / ``
 the last checkpoint whose save completed (:func:`resolve_checkpoint`); a checkpoint's temporary folder
 (``checkpoint-<step>.tmp-<pid>``, :mod:`~trl_multiagent.trainers.checkpoint_staging`) is never taken for one.
 
-Every file written here is written whole or not at all (:mod:`trl_multiagent.atomic_files`); a disk that is full
+Every file written here is written whole or not at all (:mod:`trl_multiagent.runtime.atomic_files`); a disk that is full
 while a run trains is one :class:`~trl_multiagent.errors.DiskFullError` line, and the status file is still written
 (in place, where no new file fits).
 """
@@ -30,10 +30,10 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from ..atomic_files import disk_full_error, is_disk_full, write_text_atomically
-from ..errors import DiskFullError, TrainingInterrupted, one_line
-from ..model_card import config_differences, write_model_cards
-from ..provenance import machine_record
+from trl_multiagent.errors import DiskFullError, TrainingInterrupted, one_line
+from trl_multiagent.evaluation.model_card import config_differences, write_model_cards
+from trl_multiagent.runtime.atomic_files import disk_full_error, is_disk_full, write_text_atomically
+from trl_multiagent.runtime.provenance import machine_record
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def check_checkpoint(checkpoint, output_dir: str | Path, policies, critics=()) -
 
 def _init_adapters_hint(path: Path) -> str:
     """The other way on from a folder that holds a saved team but no training state to resume: ``init_adapters``
-    (:mod:`trl_multiagent.warm_start`)."""
+    (:mod:`trl_multiagent.command.warm_start`)."""
     if not (path / "adapters" / "team.json").is_file():
         return ""
     return (f" To start a new run from its saved team instead (its adapters; a new optimizer, global step 0), pass "
@@ -336,7 +336,7 @@ def write_summary(trainer, output) -> Path:
     """``summary.json``: algorithm, team, run length, first/last and quarter-mean rewards, final metrics, the
     trainer's own part (:meth:`~trl_multiagent.trainers.base.MultiAgentTrainer.summary`) and the config's fields that
     differ from their defaults (``trainer_config``); then the saved team's model cards
-    (:mod:`trl_multiagent.model_card`)."""
+    (:mod:`trl_multiagent.evaluation.model_card`)."""
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     last = history[-1] if history else {}
     rewards = [h["reward"] for h in history if isinstance(h.get("reward"), (int, float))]
@@ -364,6 +364,8 @@ def write_summary(trainer, output) -> Path:
                          **own.pop("config", {})}
     summary.update(own)
     summary["trainer_config"] = config_differences(args)  # every field set away from its default (the model card's)
+    summary["card"] = {"paper": dict(getattr(trainer, "_paper", None) or {}), "config_class": type(args).__name__,
+                       "tags": list(getattr(trainer, "_tag_names", None) or [])}  # the model card's trainer facts
     summary["machine"] = machine_record(trainer.pool)
     path = Path(args.output_dir) / "summary.json"
     write_text_atomically(path, json.dumps(summary, indent=2, default=str))

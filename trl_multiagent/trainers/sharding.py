@@ -1,6 +1,6 @@
 """Sharded training of a team: what runs under FSDP (through accelerate) and what is refused, and why.
 
-A team is one :class:`~trl_multiagent.agents.AgentPool` (each distinct base once, every policy a LoRA adapter on
+A team is one :class:`~trl_multiagent.team.pool.AgentPool` (each distinct base once, every policy a LoRA adapter on
 it). Under ``accelerate launch --config_file recipes/accelerate_configs/fsdp.yaml`` accelerate shards the pool with
 FSDP2 (``fully_shard``): every decoder layer is one FSDP unit holding its slice of the frozen base AND of every
 agent's adapter, the pool itself is the root unit (embeddings, final norm, LM head, value heads). What the trainer

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..errors import TrainingInterrupted
-from .outputs import OutputDirError, last_complete_checkpoint, write_run_status
+from trl_multiagent.errors import TrainingInterrupted
+from trl_multiagent.trainers.outputs import OutputDirError, last_complete_checkpoint, write_run_status
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ _RESUME_ARG = re.compile(r"\s--resume_from_checkpoint(=|\s+)\S+")
 
 def resume_command(trainer) -> str:
     """The command that resumes ``trainer``'s run: the run's own command line (``trainer.launch_command``, set by
-    the command line's :class:`~trl_multiagent.runner.Run`) with ``--resume_from_checkpoint true``; in Python,
+    the command line's :class:`~trl_multiagent.command.runner.Run`) with ``--resume_from_checkpoint true``; in Python,
     ``train(resume_from_checkpoint=True)``."""
     command = getattr(trainer, "launch_command", None)
     if not command:

@@ -126,7 +126,7 @@ def trainer_config(config_class: type, args, reward_funcs: Any = None):
         return args
     from trl import GRPOConfig
 
-    from .base_config import MultiAgentConfig
+    from trl_multiagent.trainers.base_config import MultiAgentConfig
 
     if isinstance(args, GRPOConfig) and not isinstance(args, MultiAgentConfig):
         return config_from_grpo(args, config_class)

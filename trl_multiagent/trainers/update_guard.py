@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..errors import NonFiniteUpdateError
+from trl_multiagent.errors import NonFiniteUpdateError
 
 logger = logging.getLogger("trl_multiagent.trainers")
 

@@ -4,10 +4,17 @@ The three symbolic tasks of AT-GRPO (Plan-Path, Sudoku, Sokoban); :mod:`.base` d
 structure, partial joint actions, reward modes and train/eval split rule.
 """
 
-from .base import EVAL_PERCENT, ToolPlanGameEnv, masked_convex, parse_grid, parse_moves, split_of_encoding
-from .plan_path import PlanPathEnv, solve_plan_path
-from .sokoban import SokobanEnv, solve_sokoban
-from .sudoku import Sudoku9x9Env, SudokuEnv, solve_sudoku
+from trl_multiagent.environments.games.base import (
+    EVAL_PERCENT,
+    ToolPlanGameEnv,
+    masked_convex,
+    parse_grid,
+    parse_moves,
+    split_of_encoding,
+)
+from trl_multiagent.environments.games.plan_path import PlanPathEnv, solve_plan_path
+from trl_multiagent.environments.games.sokoban import SokobanEnv, solve_sokoban
+from trl_multiagent.environments.games.sudoku import Sudoku9x9Env, SudokuEnv, solve_sudoku
 
 #: Registry entries for :data:`trl_multiagent.environments.ENVIRONMENTS`.
 GAME_ENVIRONMENTS = {

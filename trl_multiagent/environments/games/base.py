@@ -63,10 +63,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...sandbox import SandboxConfig, SandboxResult, run_python
-from ..base import Environment, StepResult
-from ..checks import need_bool, need_int, need_tasks, sandbox_settings
-from ..coding import extract_code
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_bool, need_int, need_tasks, sandbox_settings
+from trl_multiagent.environments.coding import extract_code
+from trl_multiagent.sandbox import SandboxConfig, SandboxResult, run_python
 
 logger = logging.getLogger(__name__)
 

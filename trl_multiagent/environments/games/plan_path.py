@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ToolPlanGameEnv, ToolReport, parse_moves
+from trl_multiagent.environments.games.base import ToolPlanGameEnv, ToolReport, parse_moves
 
 DELTAS = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 FREE, WALL, START, GOAL = ".", "#", "A", "G"

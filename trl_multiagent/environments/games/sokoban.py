@@ -38,8 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ToolPlanGameEnv, ToolReport, parse_moves
-from .plan_path import DELTAS
+from trl_multiagent.environments.games.base import ToolPlanGameEnv, ToolReport, parse_moves
+from trl_multiagent.environments.games.plan_path import DELTAS
 
 WALL, FLOOR, GOAL, BOX, BOX_ON_GOAL, PLAYER, PLAYER_ON_GOAL = "#", "_", ".", "$", "*", "@", "+"
 Cell = tuple[int, int]

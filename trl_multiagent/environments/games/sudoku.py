@@ -36,7 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ToolPlanGameEnv, ToolReport, check_options, generate_split, parse_grid, split_of_encoding
+from trl_multiagent.environments.games.base import (
+    ToolPlanGameEnv,
+    ToolReport,
+    check_options,
+    generate_split,
+    parse_grid,
+    split_of_encoding,
+)
 
 Grid = list[list[int]]
 HOLES = {4: (6, 10), 9: (36, 48)}

@@ -51,11 +51,18 @@ lines, accepted forms, rejections), :mod:`.build_env` (turns, rewards and task d
 :mod:`.strbuild` and :mod:`.housebuild` (the two environments).
 """
 
-from .build_env import AGENTS, REWARD_MAX, BuildEnv
-from .commands import REJECT_REASONS, CommandReport, Rejection, classify_unmatched, command_lines, format_pos
-from .housebuild import HouseBuildEnv
-from .strbuild import StrBuildEnv
-from .world import (
+from trl_multiagent.environments.minecraft.build_env import AGENTS, REWARD_MAX, BuildEnv
+from trl_multiagent.environments.minecraft.commands import (
+    REJECT_REASONS,
+    CommandReport,
+    Rejection,
+    classify_unmatched,
+    command_lines,
+    format_pos,
+)
+from trl_multiagent.environments.minecraft.housebuild import HouseBuildEnv
+from trl_multiagent.environments.minecraft.strbuild import StrBuildEnv
+from trl_multiagent.environments.minecraft.world import (
     AIR,
     BLOCK_FAMILIES,
     FONT,

@@ -8,11 +8,11 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ..base import Environment, StepResult
-from ..checks import need_int, need_tasks
-from ..games.base import generate_split
-from .commands import REJECT_REASONS, CommandReport, Rejection, command_lines
-from .world import Pos
+from trl_multiagent.environments.base import Environment, StepResult
+from trl_multiagent.environments.checks import need_int, need_tasks
+from trl_multiagent.environments.games.base import generate_split
+from trl_multiagent.environments.minecraft.commands import REJECT_REASONS, CommandReport, Rejection, command_lines
+from trl_multiagent.environments.minecraft.world import Pos
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .world import Pos
+from trl_multiagent.environments.minecraft.world import Pos
 
 REJECT_REASONS = ("syntax", "command", "bbox", "block", "inventory", "attack", "limit")
 

@@ -8,10 +8,17 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..checks import need_int
-from .build_env import BuildEnv
-from .commands import DAMAGE, FILL, CommandReport, Rejection, classify_unmatched, list_positions
-from .world import AIR, Pos, box_cells, housebuild_metrics, parse_box
+from trl_multiagent.environments.checks import need_int
+from trl_multiagent.environments.minecraft.build_env import BuildEnv
+from trl_multiagent.environments.minecraft.commands import (
+    DAMAGE,
+    FILL,
+    CommandReport,
+    Rejection,
+    classify_unmatched,
+    list_positions,
+)
+from trl_multiagent.environments.minecraft.world import AIR, Pos, box_cells, housebuild_metrics, parse_box
 
 
 class HouseBuildEnv(BuildEnv):

@@ -8,10 +8,25 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ..checks import need_bool, need_int
-from .build_env import AGENTS, BuildEnv
-from .commands import SETBLOCK, CommandReport, Rejection, classify_unmatched, format_pos, list_positions
-from .world import AIR, BLOCK_FAMILIES, FONT, Pos, grid_cells, render_string, strbuild_metrics
+from trl_multiagent.environments.checks import need_bool, need_int
+from trl_multiagent.environments.minecraft.build_env import AGENTS, BuildEnv
+from trl_multiagent.environments.minecraft.commands import (
+    SETBLOCK,
+    CommandReport,
+    Rejection,
+    classify_unmatched,
+    format_pos,
+    list_positions,
+)
+from trl_multiagent.environments.minecraft.world import (
+    AIR,
+    BLOCK_FAMILIES,
+    FONT,
+    Pos,
+    grid_cells,
+    render_string,
+    strbuild_metrics,
+)
 
 
 class StrBuildEnv(BuildEnv):
