@@ -1,5 +1,6 @@
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,28 @@ from tests.tiny import save_tiny  # noqa: E402
 # TEST_NUM_THREADS sets another count: tests/numerics_matrix.py runs the numerical tests with one and with two threads
 # (a kernel splits its sums by thread), as numerical comparisons must hold either way (tests/numerics.py).
 torch.set_num_threads(int(os.environ.get("TEST_NUM_THREADS", "1")))
+
+
+#: The packages whose versions the suite's header names (the trainers rest on their private surface: compat.py).
+REPORTED_PACKAGES = ("trl", "transformers", "torch", "peft", "accelerate")
+
+
+def pytest_report_header(config) -> str:
+    """The versions of trl, transformers, torch, peft and accelerate the suite runs against, in pytest's header."""
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return "against: " + ", ".join(f"{name} {installed(name)}" for name in REPORTED_PACKAGES)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Under ``-q`` (the Makefile's), where pytest prints no header, the same line at the end of the output."""
+    if config.get_verbosity() < 0:
+        terminalreporter.write_line(pytest_report_header(config))
 
 
 @pytest.fixture(scope="session")

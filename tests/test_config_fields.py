@@ -256,6 +256,41 @@ def test_trl_per_token_options_are_refused_with_the_whole_response_objective(tmp
     assert MultiAgentGRPOConfig(output_dir=str(tmp_path), loss_type="grpo", use_bias_correction_kl=True)
 
 
+@pytest.mark.parametrize("trainer, k, batch, seen", [
+    ("magrpo", 4, 8, (4, 1)),        # the values the config means
+    ("magrpo", 3, 2, (3, 3)),        # K does not divide the micro-batch
+    ("actor_critic", 1, 8, (2, 1)),  # one path per episode
+])
+def test_grpo_config_sees_the_values_a_team_config_means(trainer, k, batch, seen, tmp_path, monkeypatch):
+    """GRPOConfig.__post_init__ is given a team config's own K and steps_per_generation 1, but for the one exception
+    (base_config.grpo_group_check_values): where its checks of TRL's prompt groups refuse them (K = 1; a K that does
+    not divide per_device_train_batch_size), as a plain GRPOConfig does, those checks see the nearest values they
+    accept. The team config keeps its own values either way."""
+    from trl import GRPOConfig
+
+    from trl_multiagent.trainers import TRAINERS
+
+    plain = dict(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, num_generations=k,
+                 per_device_train_batch_size=batch, steps_per_generation=1)
+    if seen == (k, 1):
+        GRPOConfig(**plain)
+    else:
+        with pytest.raises(ValueError, match="must be divisible by num_generations|at least 2 generations"):
+            GRPOConfig(**plain)
+    checked, post_init = [], GRPOConfig.__post_init__
+
+    def spy(self):
+        checked.append((self.num_generations, self.steps_per_generation))
+        post_init(self)
+
+    monkeypatch.setattr(GRPOConfig, "__post_init__", spy)
+    config = TRAINERS[trainer][0](output_dir=str(tmp_path), report_to=[], num_generations=k,
+                                  per_device_train_batch_size=batch)
+    assert checked == [seen]
+    assert (config.num_generations, config.steps_per_generation) == (k, 1)
+    assert config.generation_batch_size == batch * config.world_size
+
+
 def test_disable_dropout_switches_every_dropout_of_the_team_off(tiny_ab_model, tmp_path):
     """GRPOConfig's disable_dropout, which GRPOTrainer.__init__ applies to its model, applies to the team's pool."""
     import torch

@@ -37,7 +37,7 @@ def test_relative_absolute_and_module_forms(tmp_path, monkeypatch):
     assert relative("abc") == 3.0
     assert import_object(f"{tmp_path}/mine/score.py:reward") is relative  # one file, one module
     assert import_object(relative) is relative  # a callable passes through
-    assert import_object("trl_multiagent.utils:import_object") is import_object
+    assert import_object("trl_multiagent.runtime.user_code:import_object") is import_object
 
 
 def test_a_file_loads_once_per_process(tmp_path):

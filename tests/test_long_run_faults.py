@@ -134,6 +134,23 @@ def test_a_nan_loss_skips_that_update_and_leaves_the_adapters_as_they_were(tiny_
     assert json.loads((tmp_path / "run_status.json").read_text())["status"] == "finished"
 
 
+def test_the_optimizer_step_is_watched_through_torch_hooks_and_a_skipped_one_is_not_timed(tiny_ab_model, tmp_path):
+    """The trainer times its optimizer steps (time/optimizer, logged with the next step) through torch's public step
+    hooks, its optimizer's step left as it is (nothing replaced on the instance); the skipped update of step 2 runs
+    no time. The trainer counts its rollouts' samples itself (generated_samples, what summary.json records)."""
+    trainer = _trainer(tiny_ab_model, tmp_path, max_steps=3)
+    _nan_advantages(trainer, steps={2})
+    trainer.train()
+    assert "step" not in vars(trainer.optimizer.optimizer)  # the trainer's own optimizer, in accelerate's wrapper
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = {x["step"]: x for x in lines if "loss" in x}
+    assert "time/optimizer" in steps[2] and "time/optimizer" not in steps[3]  # step 2's update was skipped
+    assert steps[3]["skipped_updates"] == 1
+    generated = trainer.generated_samples
+    assert len(generated.per_rollout) == 3 and all(n > 0 for n in generated.per_rollout)
+    assert generated.completion_tokens == sum(generated.per_rollout)  # max_completion_length 1: one token each
+
+
 def test_a_non_finite_adapter_at_a_checkpoint_ends_the_run_with_nothing_written(tiny_ab_model, tmp_path):
     """After step 2's update an adapter weight is infinite (as an overflowing optimizer step would leave it): the
     checkpoint of step 2 writes no adapter, the run fails with the error naming the policy and the tensor, and

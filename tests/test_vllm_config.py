@@ -25,7 +25,9 @@ def test_use_vllm_without_vllm_names_make_test_vllm(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"vllm_mode": "server"}, "vllm_mode 'server' is not supported.*colocate"),
+    ({"vllm_mode": "remote"}, "vllm_mode must be one of \\('colocate', 'server'\\)"),
+    ({"vllm_mode": "server", "vllm_server_base_url": "localhost:8000"}, "vllm_server_base_url must be http://host:port"),
+    ({"vllm_mode": "server", "vllm_server_timeout": 0.0}, "vllm_server_timeout must be positive"),
     ({"vllm_importance_sampling_mode": "token_truncate"}, "weighs tokens.*sequence_mask"),
     ({"vllm_importance_sampling_mode": "nope", "loss_type": "grpo"}, "vllm_importance_sampling_mode must be one of"),
     ({"vllm_enable_sleep_mode": True}, "vllm_enable_sleep_mode"),
@@ -41,6 +43,16 @@ def test_supported_vllm_settings_pass(tmp_path, monkeypatch):
     config = _config(tmp_path, loss_type="grpo", vllm_importance_sampling_mode="token_truncate")
     assert config.use_vllm and config.vllm_importance_sampling_clip_max == 3.0
     _config(tmp_path, vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="token_mask")
+    config = _config(tmp_path, vllm_mode="server", vllm_server_base_url="http://10.0.0.2:8000", loss_type="grpo")
+    assert config.vllm_mode == "server"  # the server's fields are TRL's, accepted (tests/test_vllm_server.py)
+
+
+def test_server_mode_keeps_the_other_checks(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)  # a server needs no vLLM in this process
+    with pytest.raises(ValueError, match="weighs tokens.*sequence_mask"):
+        _config(tmp_path, vllm_mode="server", vllm_importance_sampling_mode="token_truncate")
+    with pytest.raises(ValueError, match="vllm_enable_sleep_mode"):
+        _config(tmp_path, vllm_mode="server", vllm_enable_sleep_mode=True)
 
 
 def test_a_4bit_base_is_refused_before_it_loads():

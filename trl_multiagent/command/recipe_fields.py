@@ -4,7 +4,7 @@
 the trainer's config class, and checking a recipe's keys and values needs their names and types. The config classes
 extend TRL's ``GRPOConfig`` (a transformers ``TrainingArguments``): importing them imports torch, transformers and
 peft, 10 to 20 seconds. A snapshot in the user's cache (:func:`snapshot_path`: ``$TRL_MULTIAGENT_CACHE`` or
-``~/.cache/trl_multiagent``, ``recipe_fields-py<X.Y>.json``) holds what the command line reads of them, per trainer: the argparse actions of :class:`~trl_multiagent.command.cli.RecipeParser` (option strings, nargs, choices, help
+``~/.cache/trl_multiagent``, ``recipe_fields-py<X.Y>.json``) holds what the command line reads of them, per trainer: the argparse actions of :class:`~trl_multiagent.command.recipe_parser.RecipeParser` (option strings, nargs, choices, help
 texts, the defaults ``--help`` shows) and the type of every config field. With it, :func:`trl_multiagent.command.cli.
 parse_recipe` prints the help, and finds the errors of a recipe's file, keys, value types and recipe fields, before
 importing anything heavy; only a recipe that passes those checks, or a value the file cannot decide (a strategy name
@@ -187,7 +187,7 @@ class _UndecidedStrEnum(str, enum.Enum):
 # ------------------------------------------------------------------------------------------------------ writing
 def snapshot_of_parsers(parser_of: Callable[[str], argparse.ArgumentParser]) -> dict[str, Any]:
     """The snapshot of every trainer's parser, from the classes themselves (imports them all); ``parser_of(trainer)``
-    builds a trainer's parser (:class:`~trl_multiagent.command.cli.RecipeParser`, passed in by the command line that owns
+    builds a trainer's parser (:class:`~trl_multiagent.command.recipe_parser.RecipeParser`, passed in by the command line that owns
     it)."""
     from trl_multiagent.command.recipe import RecipeArguments, _hints, _trainer_registry
 

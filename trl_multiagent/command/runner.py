@@ -212,36 +212,18 @@ class Run:
                 team = copy.deepcopy(self.stages["before"].methods["naive"])
                 team.method = "team"
                 self.stages["before"].methods = {"team": team, **self.stages["before"].methods}
-        generated = self._count_generations()
         if self.trains:
             trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
         if "after" in self.stages_planned and is_main and "team" in self.methods:
             self.stages["after"] = self.evaluate("after", ["team"])
         if is_main:
-            self.write(generated)
+            self.write(trainer.generated_samples)
         finish_distributed()
         return 0
 
-    def _count_generations(self) -> list[int]:
-        """Samples generated for training (this process), counted at every rollout; their completion tokens are
-        summed in ``self.completion_tokens`` (the training budget a single-agent comparison matches)."""
-        counts: list[int] = []
-        self.completion_tokens = 0
-        sampler = self.trainer.sampler
-        rollout = sampler.rollout
-
-        def counting_rollout(*args, **kwargs):
-            experience = rollout(*args, **kwargs)
-            stats = getattr(experience, "stats", {}) or {}
-            if "num_generations" in stats:
-                counts.append(int(stats["num_generations"]))
-            self.completion_tokens += sum(len(s.generation.completion_ids) for s in getattr(experience, "samples", ()))
-            return experience
-
-        sampler.rollout = counting_rollout
-        return counts
-
-    def write(self, generated: list[int]):
+    def write(self, generated):
+        """The run's outputs; ``generated``: the samples this process generated for training (the trainer's
+        :class:`~trl_multiagent.trainers.completions.GeneratedSamples`), ``summary.json``'s ``generated_samples``."""
         from trl_multiagent.evaluation import evaluation_section, write_run_outputs
         from trl_multiagent.evaluation.report import log_evaluation, task_sets_of
 
@@ -251,9 +233,9 @@ class Run:
             "recipe": {k: v for k, v in self.given.items()},
             "machine": machine_record(self.trainer.pool),
         }
-        if generated:
-            run["generated_samples"] = {"total": sum(generated), "rollouts": len(generated),
-                                        "completion_tokens": getattr(self, "completion_tokens", None),
+        if generated.per_rollout:
+            run["generated_samples"] = {"total": sum(generated.per_rollout), "rollouts": len(generated.per_rollout),
+                                        "completion_tokens": generated.completion_tokens,
                                         "processes": self.trainer.accelerator.num_processes}
         section = None
         if self.stages:

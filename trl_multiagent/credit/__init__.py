@@ -16,6 +16,9 @@ functions; they never re-implement them.
 
 The trainers call them from one hook, ``assign_credit(experience)``, right after every rollout; metrics that only
 score a rollout (the debate's majority vote, MHGPO's group similarity) are in :mod:`trl_multiagent.metrics`.
+
+May import: :mod:`trl_multiagent.metrics` (answers, debate metrics) and :mod:`trl_multiagent.errors`; ``losses`` holds
+the policy and value losses the trainers minimise (pure functions too).
 """
 
 from trl_multiagent.credit.actor_critic import episode_td, normalize_per_turn, td_errors, td_targets

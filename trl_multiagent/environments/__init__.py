@@ -1,4 +1,10 @@
-"""Environments (cooperative Dec-POMDPs) and the registry that recipes name them by."""
+"""Environments (cooperative Dec-POMDPs) and the registry that recipes name them by.
+
+May import: :mod:`trl_multiagent.generation` (requests), :mod:`trl_multiagent.models`, :mod:`trl_multiagent.metrics`,
+:mod:`trl_multiagent.reward_blocks`, :mod:`trl_multiagent.sandbox`, :mod:`trl_multiagent.runtime`,
+:mod:`trl_multiagent.errors`. ``tools`` is the one tool-calling layer of the agents (TRL-style tools run in the
+sandbox).
+"""
 
 from trl_multiagent.environments.base import Environment, FunctionEnvironment, StepResult
 from trl_multiagent.environments.coder_tester import CoderTesterEnv

@@ -13,6 +13,13 @@
 * :mod:`.report`: ``summary.json``'s ``evaluation`` section, ``report.md`` and ``reward_curve.png``, written in one
   place. The statistics it reports (the paired bootstrap, the @k metrics, the debate metrics) are pure functions of
   :mod:`trl_multiagent.metrics`, re-exported here.
+
+* :mod:`.labels`: how a method is named and a mean with its interval written; :mod:`.model_card`: the card
+  (``README.md``) of every saved team folder, from ``summary.json``.
+
+May import: :mod:`trl_multiagent.team`, :mod:`trl_multiagent.environments`, :mod:`trl_multiagent.credit`,
+:mod:`trl_multiagent.metrics`, :mod:`trl_multiagent.generation`, :mod:`trl_multiagent.runtime`,
+:mod:`trl_multiagent.errors`; never the trainers or the command.
 """
 
 from __future__ import annotations

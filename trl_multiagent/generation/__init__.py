@@ -2,8 +2,11 @@
 
 A step of a team asks for completions of several agents at once (:meth:`AgentPool.generate_many
 <trl_multiagent.team.pool.AgentPool.generate_many>`). The package, from the bottom up (a module imports only the ones
-above it in this list, and nothing of the library but :mod:`trl_multiagent.generation.padding`; the vLLM backend also reads
-:mod:`trl_multiagent.credit.losses` and :mod:`trl_multiagent.models.loading` for its checks):
+above it in this list; of the rest of the library, the folder may import :mod:`trl_multiagent.models` (the grouped
+attention of the teacher-forced pass; the vLLM backend's model checks), :mod:`trl_multiagent.credit` (the vLLM
+backend reads its loss settings) and :mod:`trl_multiagent.errors`). Besides decoding it holds the one padding
+(:mod:`.padding`), the one teacher-forced pass (:mod:`.teacher_forcing`) and the one log-prob path
+(:mod:`.logprobs`):
 
 * :mod:`.requests`: the :data:`Prompt` type, :class:`GenerationRequest` (one prompt of one agent) and
   :class:`Generation` (one sampled response);

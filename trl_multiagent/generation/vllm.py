@@ -20,9 +20,10 @@
 Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent.generation.logprobs`); the engine's are used
 only for the correction (:func:`importance_sampling_ratio`, TRL's ``vllm_importance_sampling_*`` fields).
 
-Only ``vllm_mode: colocate`` is implemented: a team needs one LoRA adapter per agent synced into the engine after
-every step, which TRL's ``trl vllm-serve`` server does not offer (it syncs full weights of one model). ``server`` is
-refused by :func:`check_vllm_config`. This module imports vLLM only when an engine is created.
+``vllm_mode: server`` (a ``vllm serve`` process of its own, adapters loaded at runtime over HTTP) is
+:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`; :func:`make_generation_backend` builds the one the
+config names. TRL's ``trl vllm-serve`` is not used: it syncs the full weights of one model, a team needs one LoRA
+adapter per agent. This module imports vLLM only when an engine is created.
 """
 
 from __future__ import annotations
@@ -76,16 +77,17 @@ def vllm_available() -> bool:
 
 def check_vllm_config(config) -> None:
     """The ``use_vllm`` settings of a trainer config, checked when the config is built (before any model loads):
-    vLLM importable, the mode implemented, the importance-sampling settings consistent with the loss."""
-    if not vllm_available():
-        raise ValueError(f"use_vllm is true but vLLM is not installed: {INSTALL_HINT}; or set use_vllm: false.")
+    the mode implemented, vLLM importable (colocate: the engine runs in this process; a server runs on its own), the
+    server's fields (server), the importance-sampling settings consistent with the loss."""
     if config.vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode must be one of {VLLM_MODES}, got {config.vllm_mode!r}")
     if config.vllm_mode == "server":
-        raise ValueError("vllm_mode 'server' is not supported by the multi-agent trainers: a team needs one LoRA "
-                         "adapter per agent synced into the engine after every optimizer step, which TRL's "
-                         "`trl vllm-serve` server does not do (it syncs the full weights of one model). Use "
-                         "vllm_mode: colocate (one engine per base in each training process).")
+        from trl_multiagent.generation.vllm_server import check_server_config
+
+        check_server_config(config)
+    elif not vllm_available():
+        raise ValueError(f"use_vllm is true but vLLM is not installed: {INSTALL_HINT}; or set use_vllm: false "
+                         "(or vllm_mode: server, with a vLLM server running on its own).")
     if config.vllm_enable_sleep_mode:
         raise ValueError("vllm_enable_sleep_mode is not supported with the multi-agent trainers; leave it false.")
     if config.vllm_structured_outputs_regex:
@@ -188,13 +190,28 @@ class VLLMSettings:
     seed: int = 0
     enable_prefix_caching: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    mode: str = "colocate"
 
     @classmethod
     def from_config(cls, config) -> VLLMSettings:
         return cls(gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                    max_model_length=config.vllm_max_model_length,
                    tensor_parallel_size=config.vllm_tensor_parallel_size, model_impl=config.vllm_model_impl,
-                   seed=config.seed)
+                   seed=config.seed, mode=config.vllm_mode)
+
+
+def make_generation_backend(pool, config):
+    """The generation backend ``config`` asks for (``use_vllm``): the colocated engine
+    (:class:`VLLMGenerationBackend`), or for ``vllm_mode: server`` the server's
+    (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`), connected at once so that a server that
+    does not answer, serves another base or has too few LoRA slots stops the run before training starts."""
+    if config.vllm_mode == "server":
+        from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerSettings
+
+        backend = VLLMServerBackend(pool, VLLMServerSettings.from_config(config))
+        backend.connect()
+        return backend
+    return VLLMGenerationBackend(pool, VLLMSettings.from_config(config))
 
 
 class VLLMGenerationBackend:
@@ -206,6 +223,9 @@ class VLLMGenerationBackend:
     """
 
     def __init__(self, pool, settings: VLLMSettings | None = None):
+        if settings is not None and settings.mode == "server":  # the server's backend is another class
+            raise ValueError("vllm_mode 'server' generates through VLLMServerBackend: build the backend with "
+                             "trl_multiagent.generation.vllm.make_generation_backend(pool, config)")
         if not vllm_available():
             raise ImportError(f"vLLM is not installed: {INSTALL_HINT}")
         self.pool = pool

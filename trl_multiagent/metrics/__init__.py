@@ -11,6 +11,9 @@ packages (it imports neither of the other two).
 | ``classification`` | a verifier's accuracy at a threshold, ROC AUC and their bootstrap over questions |
 
 The folders are `evaluate` modules that load from this package (no hub): ``load_metric("coding_at_k")``.
+
+May import: :mod:`trl_multiagent.errors` only. ``answers`` is the one answer parser (the last ``\\boxed{}``, the last
+number, a program's printed line, an NLI label; Math-Verify comparison).
 """
 
 from pathlib import Path

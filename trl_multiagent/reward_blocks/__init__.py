@@ -9,4 +9,6 @@ paper's settings. The environments default to the same compositions, so an insta
 |---|---|---|---|
 | ``coding`` | MAGRPO App. C, CoLLM App. F.2 | :func:`~.coding.analyze` (static facts), :data:`~.coding.WEIGHTS` | :func:`~.coding.level_reward` |
 | ``writing`` | MAGRPO App. C, CoLLM App. F.1 | length and unique-word ratios, bands, capped Jaccard, transition categories, coherence | :func:`~.writing.writing_reward` over :data:`~.writing.TLDR` / :data:`~.writing.ARXIV` |
+
+May import: nothing of the library.
 """

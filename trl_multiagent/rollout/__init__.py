@@ -12,6 +12,9 @@ of :mod:`trl_multiagent.credit` right after the rollout. One module per rollout 
 | ``debate`` | :class:`DebateSampler` | MAPoRL: n-agent debates, verifier rewards, incentives, penalties |
 | ``single_path`` | :class:`SinglePathSampler` | CoLLM-CC/DC: one path per episode, joint transitions for the critic |
 | ``pipeline`` | :class:`PipelineSampler` | MHGPO: a DAG of agents and tools, IS / FoF / RR group rollouts |
+
+May import: :mod:`trl_multiagent.team`, :mod:`trl_multiagent.environments`, :mod:`trl_multiagent.credit`,
+:mod:`trl_multiagent.metrics`, :mod:`trl_multiagent.generation`, :mod:`trl_multiagent.errors`.
 """
 
 from trl_multiagent.rollout.agent_turn import AgentTurnSampler, CandidateSample

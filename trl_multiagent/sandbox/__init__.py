@@ -9,6 +9,8 @@ Modules: :mod:`.config` (public data types), :mod:`.api` (entry points), :mod:`.
 :mod:`.rootfs` (the allow-list of the sandbox's file system), :mod:`.launcher` (namespaces, mounts, the new root,
 init, privilege dropping), :mod:`.cgroups` (the run's memory cgroup), :mod:`.harness` (the worker), :mod:`.judge` (the judge), :mod:`.channel` (wire
 formats); ``__main__.py`` is the script that the sandbox's own processes run.
+
+May import: nothing of the library (its processes load it under another package name: its imports are relative).
 """
 
 from .api import humaneval_tests, probe_isolation, run_many, run_python, run_tests

@@ -61,7 +61,7 @@ from trl_multiagent.trainers.base_config import (  # noqa: F401  (re-exported: t
 )
 from trl_multiagent.trainers.callbacks import MetricsFileCallback, TrainingProgressCallback
 from trl_multiagent.trainers.compat import TeamTrainerSurface
-from trl_multiagent.trainers.completions import record_completions
+from trl_multiagent.trainers.completions import GeneratedSamples, record_completions
 from trl_multiagent.trainers.learning_signal import note_learning_signal
 from trl_multiagent.trainers.micro_batches import loss_mask, prompt_grouped_chunks, store_per_token, weighted_chunks  # noqa: F401
 from trl_multiagent.trainers.outputs import (
@@ -84,7 +84,7 @@ from trl_multiagent.trainers.sharding import (
     unsharded,
 )
 from trl_multiagent.trainers.signals import train_until_signal
-from trl_multiagent.trainers.update_guard import add_skipped_updates, check_update, skips_optimizer_step
+from trl_multiagent.trainers.update_guard import add_skipped_updates, check_update, watch_optimizer_steps
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
     Every run writes `<output_dir>/metrics.jsonl`, `<output_dir>/summary.json`, `<output_dir>/run_status.json` and
     the final adapters under `<output_dir>/adapters/<policy>/`. Checkpoints (`save_steps`) hold every adapter, the
     optimizer (one param group per policy and critic), the scheduler, RNG states and counters;
-    `resume_from_checkpoint` restores them.
+    `resume_from_checkpoint` restores them. `generated_samples` counts the samples this process generated for
+    training and their completion tokens ([`~trl_multiagent.trainers.completions.GeneratedSamples`]).
     """
 
     config_class: ClassVar[type] = MultiAgentConfig
@@ -172,6 +173,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self.init_trainer(self.pool, args, train_dataset, callbacks)
         self._buffered_inputs: Experience | None = None
         self._timings: dict[str, float] = defaultdict(float)
+        self.generated_samples = GeneratedSamples()  # every rollout's samples, counted in sample()
         # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
         # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
         set_seed(args.seed, device_specific=True)
@@ -246,19 +248,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.pool)
             optimizer_kwargs.pop("lr", None)
             self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
-            step = self.optimizer.step
-
-            @functools.wraps(step)
-            def timed_step(*args, **kwargs):  # runs after training_step has logged: its time goes to the next step
-                if skips_optimizer_step(self):  # a non-finite loss or gradient norm (check_update)
-                    return None
-                with self.timed("optimizer"):
-                    result = step(*args, **kwargs)
-                if self.pool.generation_backend is not None:  # vLLM: the new adapters are synced before the next rollout
-                    self.pool.generation_backend.mark_stale()
-                return result
-
-            self.optimizer.step = timed_step
+            watch_optimizer_steps(self, self.optimizer)  # time/optimizer, skipped updates, vLLM's stale adapters
         return self.optimizer
 
     def clip_gradients(self):
@@ -359,6 +349,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         # a profile's range of the rollout; the pool's generation within it is a range of its own (time/generation)
         with torch.profiler.record_function("time/environment"):
             experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
+        self.generated_samples.add(experience)
         elapsed = time.perf_counter() - start
         generation = self.pool.generation_stats["seconds"] - before["seconds"]
         tokens = self.pool.generation_stats["tokens"] - before["tokens"]

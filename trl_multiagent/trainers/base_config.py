@@ -5,6 +5,7 @@ and its dataset; all run before any model loads."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ class MultiAgentConfig(GRPOConfig):
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
         `gradient_accumulation_steps` and `steps_per_generation` must stay 1 (raise `episodes_per_step` instead).
+        `GRPOConfig.__post_init__` is given the values this config means, with one exception
+        ([`grpo_group_check_values`]): its two checks of TRL's prompt groups (`num_generations` at least 2, TRL's
+        generation batch `per_device_train_batch_size x processes x steps_per_generation` a multiple of it) concern
+        `GRPOTrainer`'s own sampling, which a team does not use; where the config's `num_generations` (1: one path per
+        episode) or micro-batch (not a multiple of K) fails them, they see the nearest values they accept, and the
+        config keeps its own (`num_generations` K, `steps_per_generation` 1).
         `num_iterations` reuses one rollout for that many optimizer steps, as in TRL. `loss_type` is
         `"response"` (the whole-response objective of MAGRPO Eq. 2 and CoLLM Eq. 2/4) or any TRL loss type.
         `GRPOConfig` fields that only `GRPOTrainer.__init__` reads are refused unless left at their defaults
@@ -149,7 +156,11 @@ class MultiAgentConfig(GRPOConfig):
                 "run_status.json 'interrupted' with the step and the command that resumes the run "
                 "(--resume_from_checkpoint true). false: stop after the step without saving. A second signal stops "
                 "at once."})
-    num_generations: int | None = field(default=4, metadata={"help": "K: samples per agent and branch point."})
+    num_generations: int | None = field(default=4, metadata={"help": (
+        "K: samples per agent and branch point. GRPOConfig's checks of TRL's own prompt groups (K >= 2, "
+        "per_device_train_batch_size x processes a multiple of K) do not apply to a team's rollout: a K they refuse "
+        "(1 where the trainer takes it; one that does not divide the micro-batch) is kept, those checks alone see "
+        "the nearest values they accept (grpo_group_check_values).")})
     loss_type: str = field(default=RESPONSE_LOSS, metadata={
         "help": "Policy objective: 'response' (MAGRPO Eq. 2: clipped ratio of whole-response probabilities, gradient "
                 "of the summed token log-probs, mean over responses) or one of TRL's loss types ('grpo', 'bnpo', "
@@ -253,16 +264,31 @@ class MultiAgentConfig(GRPOConfig):
             # Launched by torchrun on a machine without an accelerator: accelerate recognises a multi-CPU (gloo) run
             # only with cpu=True; without it every process would silently train alone with num_processes == 1.
             self.use_cpu = True
-        # GRPOConfig checks single-agent prompt groups (at least 2 generations, generation_batch_size divisible by
-        # them), which do not apply to a team's rollout: satisfy them, then restore the values this trainer uses.
+        # GRPOConfig.__post_init__ sees this config's values, but for the one exception of grpo_group_check_values
         samples = self.num_generations
-        self.num_generations = max(2, samples)
-        self.steps_per_generation = self.num_generations
+        self.num_generations, self.steps_per_generation = grpo_group_check_values(samples,
+                                                                                  self.per_device_train_batch_size)
         super().__post_init__()
-        self.num_generations = samples
-        self.steps_per_generation = 1
-        self.generation_batch_size = self.per_device_train_batch_size * self.world_size
+        self.num_generations, self.steps_per_generation = samples, 1
+        self.generation_batch_size = self.per_device_train_batch_size * self.world_size  # GRPOConfig's, with 1 step
         check_tracking_backends(self.report_to)
+
+
+def grpo_group_check_values(num_generations: int, per_device_train_batch_size: int) -> tuple[int, int]:
+    """The ``(num_generations, steps_per_generation)`` that ``GRPOConfig.__post_init__`` checks for a team config: the
+    config's own K and 1 wherever those checks accept them, else the nearest values they accept.
+
+    The one exception to giving ``GRPOConfig`` the values a team config means. Its two checks of TRL's prompt groups,
+    ``num_generations >= 2`` and TRL's generation batch (``per_device_train_batch_size x processes x
+    steps_per_generation`` completions) a multiple of ``num_generations``, keep whole groups of K completions in
+    ``GRPOTrainer``'s own sampling. A team's sampler rolls out its own groups and ``per_device_train_batch_size`` is
+    the update's micro-batch, so a K of 1 (one path per episode: the actor-critic trainer, MAPoRL) and a K that does
+    not divide the micro-batch are valid here: for those the checks see K (2 where it is 1) and the fewest steps per
+    generation that make the batch whole groups. The config keeps K and ``steps_per_generation`` 1 (``__post_init__``);
+    the test ``tests/test_config_fields.py::test_grpo_config_sees_the_values_a_team_config_means`` states where
+    ``GRPOConfig`` refuses them."""
+    k = max(2, num_generations)
+    return k, k // math.gcd(k, per_device_train_batch_size)
 
 
 #: report_to backends and the module each needs; they come with ``pip install 'trl-multiagent[tracking]'``.

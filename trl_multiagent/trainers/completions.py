@@ -8,12 +8,16 @@ printed as a rich table (:func:`print_completions`). The rows also go to the tra
 (:func:`log_to_trackers`): TensorBoard's text tab as a markdown table (tag ``train/completions``,
 :func:`completions_markdown`), and a table named ``completions`` in trackio and wandb (:func:`completions_frame`:
 one column per agent's completion and advantage), as TRL's GRPOTrainer logs its own.
+
+Every rollout, whatever ``log_completions``, also adds to the trainer's count of the completions generated for training
+(:class:`GeneratedSamples`, the trainer's ``generated_samples``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,26 @@ PROMPT_COLUMNS = ("prompt", "question", "problem", "query", "instruction", "task
 ANSWER_COLUMNS = frozenset({"solution", "solutions", "answer", "answers", "target", "targets", "label", "labels",
                             "reference", "references", "ground_truth", "gold", "canonical_solution", "test", "tests",
                             "test_list", "completion", "output", "response", "expected", "expected_output"})
+
+
+@dataclass
+class GeneratedSamples:
+    """The samples this process generated for training, counted at every rollout of the trainer (its
+    ``generated_samples``, read by the recipe runner for ``summary.json``'s ``generated_samples``).
+
+    ``per_rollout`` holds each rollout's ``num_generations`` (the sampler's count of its generations, before any
+    average over processes); ``completion_tokens`` sums the completion tokens of every rollout's samples (the training
+    budget a single-agent comparison matches: ``train-single``)."""
+
+    per_rollout: list[int] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    def add(self, experience: Experience) -> None:
+        """Count one rollout's samples, as the sampler returned them."""
+        stats = getattr(experience, "stats", None) or {}
+        if "num_generations" in stats:
+            self.per_rollout.append(int(stats["num_generations"]))
+        self.completion_tokens += sum(len(s.generation.completion_ids) for s in getattr(experience, "samples", ()))
 
 
 def _text(value: Any) -> str | None:

@@ -53,11 +53,8 @@ UNUSED_GRPO_FIELDS: dict[str, str] = {
                                 "trackers",
     "log_multimodal": "the agents are text models",
     "ds3_gather_for_generation": "DeepSpeed is not supported (FSDP2 is)",
-    "vllm_server_base_url": "vLLM runs colocated (vllm_mode: colocate); the server mode is not supported",
-    "vllm_server_host": "vLLM runs colocated (vllm_mode: colocate); the server mode is not supported",
-    "vllm_server_port": "vLLM runs colocated (vllm_mode: colocate); the server mode is not supported",
-    "vllm_server_timeout": "vLLM runs colocated (vllm_mode: colocate); the server mode is not supported",
-    "vllm_group_port": "vLLM runs colocated (vllm_mode: colocate); the server mode is not supported",
+    "vllm_group_port": "vllm_mode: server loads each policy's LoRA adapter files through the server's HTTP API "
+                       "(vllm_server_base_url or vllm_server_host/port); no weights travel over an NCCL group",
     "router_aux_loss_coef": "no mixture-of-experts load-balancing loss is added to the policy loss",
     # TrainingArguments fields (GRPOConfig's too) that only transformers' evaluation loop, its default loss or its
     # train sampler read: the trainers evaluate with the library's own evaluators, compute their own losses and draw

@@ -2,15 +2,19 @@
 a row end the run with one error.
 
 Without this, one bad batch (a NaN reward or advantage, an overflow in a log-prob) writes NaN into every weight of an
-adapter at the optimizer step, every later step trains on NaN, and a long run goes on for hours writing NaN
-checkpoints (``save_total_limit`` rotating the good ones away) and NaN final adapters. Instead, once per optimizer step, after the gradients were averaged over processes
-and clipped and right before ``optimizer.step()`` (the trainer's :meth:`check_update
-<trl_multiagent.trainers.base.MultiAgentTrainer.check_update>`, from the training loop's ``_get_grad_norm``,
-:mod:`~trl_multiagent.trainers.compat`), :func:`check_update` looks at the step's loss and gradient norm. When either
-is not finite (on any process: the processes decide together), the update is skipped: every gradient is dropped and
-the optimizer does not step, so the adapters, the optimizer's moments and its step count stay as they were; the step
-itself still counts (``global_step``, the learning-rate schedule, checkpoints, ``max_steps``). The main process logs a
-warning that names the step, what was not finite for which policy (or critic) and the counts::
+adapter at the optimizer step, every later step trains on NaN, and a long run goes on for hours writing NaN checkpoints
+(``save_total_limit`` rotating the good ones away) and NaN final adapters. Instead, once per optimizer step, after the
+gradients were averaged over processes and clipped and right before ``optimizer.step()`` (the trainer's
+:meth:`check_update <trl_multiagent.trainers.base.MultiAgentTrainer.check_update>`, from the training loop's
+``_get_grad_norm``, :mod:`~trl_multiagent.trainers.compat`), :func:`check_update` looks at the step's loss and gradient
+norm. When either is not finite (on any process: the processes decide together), the update is skipped: every gradient
+is dropped, so the optimizer steps no parameter (torch's optimizers skip every parameter whose ``grad`` is ``None``,
+and so do transformers' Adafactor and bitsandbytes'; only the schedule-free ones, ``optim: schedule_free_*``, would
+still advance a counter of their own) and the adapters, the optimizer's moments and its step counts stay as they were;
+the step itself still counts (``global_step``, the learning-rate schedule, checkpoints, ``max_steps``). The optimizer's
+own step hooks (:func:`watch_optimizer_steps`, torch's ``register_step_pre_hook`` / ``register_step_post_hook``) see
+that decision: a skipped update counts no ``time/optimizer`` and leaves vLLM's adapters as they were. The main process
+logs a warning that names the step, what was not finite for which policy (or critic) and the counts::
 
     step 7: non-finite loss (nan) for policy 'shared': update skipped (3 skipped so far, 2 in a row; ...)
 
@@ -162,6 +166,46 @@ def skips_optimizer_step(trainer) -> bool:
         return False
     guard.skip_step = False
     return True
+
+
+class OptimizerStepWatch:
+    """The trainer's step hooks on its optimizer (:func:`watch_optimizer_steps`): before a step, whether
+    :func:`check_update` skipped its update; after a step that was not skipped, its time (``time/optimizer``) and, with
+    vLLM, the engine's adapters marked stale (the new ones are synced before the next rollout)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.timer = trainer, None
+
+    def before(self, optimizer, args, kwargs) -> None:
+        """torch's step pre-hook."""
+        if skips_optimizer_step(self.trainer):
+            self.timer = None
+            for group in optimizer.param_groups:  # no gradient reaches the step (check_update dropped them too)
+                for p in group["params"]:
+                    p.grad = None
+            return
+        # the step runs after training_step logged its times: its time goes to the next step's time/optimizer
+        self.timer = self.trainer.timed("optimizer")
+        self.timer.__enter__()
+
+    def after(self, optimizer, args, kwargs) -> None:
+        """torch's step post-hook (not called when the step raised: the error ends the run)."""
+        timer, self.timer = self.timer, None
+        if timer is None:  # a skipped update: no time, and the adapters are unchanged
+            return
+        timer.__exit__(None, None, None)
+        backend = self.trainer.pool.generation_backend
+        if backend is not None:
+            backend.mark_stale()
+
+
+def watch_optimizer_steps(trainer, optimizer) -> OptimizerStepWatch:
+    """Register :class:`OptimizerStepWatch`'s hooks on ``optimizer`` (torch's public step hooks; the optimizer and its
+    ``step`` are left as they are). Returns the watch."""
+    watch = OptimizerStepWatch(trainer)
+    optimizer.register_step_pre_hook(watch.before)
+    optimizer.register_step_post_hook(watch.after)
+    return watch
 
 
 def add_skipped_updates(trainer, logs: dict) -> None:

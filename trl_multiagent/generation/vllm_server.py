@@ -1,0 +1,621 @@
+"""Team generation through a vLLM server (``use_vllm: true``, ``vllm_mode: server``): one LoRA adapter per policy,
+loaded into a ``vllm serve`` process that runs on its own (other GPUs, another node), over its OpenAI-compatible HTTP
+API.
+
+:class:`VLLMServerBackend` has the interface of the colocated backend
+(:class:`~trl_multiagent.generation.vllm.VLLMGenerationBackend`): :meth:`~VLLMServerBackend.mark_stale` after every
+optimizer step, :meth:`~VLLMServerBackend.sync_adapters`, :meth:`~VLLMServerBackend.generate` (what
+:meth:`AgentPool.generate_many <trl_multiagent.team.pool.AgentPool.generate_many>` calls) and
+:meth:`~VLLMServerBackend.close`. Then
+
+* the server is started by the user, with runtime adapter loading::
+
+      VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base> --enable-lora --max-loras <policies> \\
+          --max-lora-rank <r> --logprobs-mode processed_logprobs
+
+  at TRL's fields ``vllm_server_base_url`` or ``vllm_server_host`` / ``vllm_server_port`` (a comma-separated list of
+  base URLs when the team's agents sit on several bases: a server per base, each found by the model it serves);
+  ``vllm_server_timeout`` is how long the backend waits for it to answer;
+* :meth:`~VLLMServerBackend.connect` checks, before any adapter travels, that each server answers, serves the
+  trainer's base (``GET /v1/models``), and was started with a ``--max-loras`` (read from ``GET /metrics``,
+  ``vllm:lora_requests_info``'s ``max_lora``) large enough for the policies on its base;
+* after every optimizer step only the CHANGED adapters travel: each policy's adapter (its PEFT state dict, as
+  ``adapter_model.safetensors`` + ``adapter_config.json``, the files PEFT's ``save_pretrained`` writes for that
+  adapter alone) is compared with the copy sent last; a changed one is written to ``<adapter_dir>/<policy>-v<N>/`` (a
+  folder the server reads: ``vllm_server_adapter_dir``, by default ``<output_dir>/vllm_adapters``) and loaded under
+  the new name ``<policy>-v<N>`` (``POST /v1/load_lora_adapter``); the previous version is unloaded
+  (``POST /v1/unload_lora_adapter``) and its folder removed as soon as no request in flight names it;
+* every completion request (``POST /v1/completions``, the prompt as token ids) names its agent's current adapter as
+  its ``model``; a request with ``use_adapter=False`` names the served base itself;
+* results are :class:`~trl_multiagent.generation.vllm.VLLMGeneration` objects in request order, as the colocated
+  backend returns them: a completion keeps its first EOS token, ``truncated`` marks those that hit the length limit,
+  ``sampling_logps`` are the engine's per-token log-probs (for TRL's importance-sampling correction; the server must
+  run with ``--logprobs-mode processed_logprobs`` for them to be taken after temperature and truncation, as TRL
+  asks).
+
+Errors a user can meet are one line each: a server that does not answer (its address and the ``vllm serve`` command
+to start), a server without LoRA or without runtime loading (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``),
+``--max-loras`` too small for the team, a server that serves another base than the trainer's. Talks HTTP through the
+standard library (``urllib``); vLLM need not be installed in the training process.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from trl_multiagent.generation.decoding import through_first_eos
+from trl_multiagent.generation.requests import Generation, GenerationRequest
+from trl_multiagent.generation.team import requests_by_base
+from trl_multiagent.generation.vllm import VLLM_LORA_RANKS, VLLMGeneration, sampling_kwargs
+
+logger = logging.getLogger(__name__)
+
+#: The folder under ``output_dir`` the adapters are written to when ``vllm_server_adapter_dir`` is not set.
+DEFAULT_ADAPTER_SUBDIR = "vllm_adapters"
+#: What vLLM's OpenAI server accepts as a logit bias (it clamps to [-100, 100]); stands for ``-inf``
+#: (``suppress_tokens``), which JSON cannot carry: e^-100 of a token's probability is never sampled.
+MIN_LOGIT_BIAS = -100.0
+#: Seconds between two ``GET /health`` while waiting for a server to come up.
+HEALTH_POLL_SECONDS = 1.0
+
+
+class VLLMServerError(RuntimeError):
+    """A vLLM server that does not answer, or refuses what the backend asks of it (one line)."""
+
+
+class _Unreachable(Exception):
+    """No HTTP answer at all (connection refused or reset, timeout)."""
+
+
+def _one_line(text: Any, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------- settings
+def server_urls(config) -> list[str]:
+    """The base URL of each server from TRL's fields: ``vllm_server_base_url`` (comma-separated for a server per
+    base) or ``http://<vllm_server_host>:<vllm_server_port>``; without a trailing ``/`` or ``/v1``."""
+    if config.vllm_server_base_url:
+        urls = [u.strip() for u in str(config.vllm_server_base_url).split(",") if u.strip()]
+    else:
+        urls = [f"http://{config.vllm_server_host}:{config.vllm_server_port}"]
+    out = []
+    for url in urls:
+        url = url.rstrip("/")
+        out.append(url[:-3] if url.endswith("/v1") else url)
+    return out
+
+
+def check_server_config(config) -> None:
+    """The ``vllm_mode: server`` fields, checked when the config is built (before any model loads)."""
+    if config.vllm_server_base_url:
+        for url in server_urls(config):
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(f"vllm_server_base_url must be http://host:port (comma-separated for a server per "
+                                 f"base), got {config.vllm_server_base_url!r}")
+    elif not 0 < int(config.vllm_server_port) < 65536:
+        raise ValueError(f"vllm_server_port must be a port number, got {config.vllm_server_port!r}")
+    if not config.vllm_server_timeout or config.vllm_server_timeout <= 0:
+        raise ValueError(f"vllm_server_timeout must be positive seconds, got {config.vllm_server_timeout!r}")
+
+
+@dataclass
+class VLLMServerSettings:
+    """Where the servers are and where the adapters go.
+
+    Args:
+        base_urls: one ``http://host:port`` per server (a server per base of the team).
+        timeout: seconds to wait for the servers to answer at :meth:`VLLMServerBackend.connect` (TRL's
+            ``vllm_server_timeout``).
+        adapter_dir: the folder the trainer writes the adapter versions to (``vllm_server_adapter_dir``; default
+            ``<output_dir>/vllm_adapters``).
+        server_adapter_dir: the same folder as the server sees it, when it is mounted elsewhere there (default:
+            ``adapter_dir``).
+        max_loras: the servers' ``--max-loras`` when their ``/metrics`` do not tell it (``None``: read it there).
+        max_staleness: adapter versions a rollout may lag behind (asynchronous rollouts; 0: synchronous): each policy
+            then keeps up to ``1 + max_staleness`` versions loaded at once.
+        request_timeout: seconds one HTTP request may wait for its answer (``None``: no limit; a completion of a long
+            batch takes long).
+        max_concurrent_requests: completion requests in flight at once (the server batches them).
+    """
+
+    base_urls: list[str]
+    timeout: float = 240.0
+    adapter_dir: str = DEFAULT_ADAPTER_SUBDIR
+    server_adapter_dir: str | None = None
+    max_loras: int | None = None
+    max_staleness: int = 0
+    request_timeout: float | None = None
+    max_concurrent_requests: int = 64
+
+    @classmethod
+    def from_config(cls, config) -> VLLMServerSettings:
+        adapter_dir = getattr(config, "vllm_server_adapter_dir", None) or \
+            str(Path(config.output_dir) / DEFAULT_ADAPTER_SUBDIR)
+        return cls(base_urls=server_urls(config), timeout=float(config.vllm_server_timeout), adapter_dir=adapter_dir,
+                   max_staleness=int(getattr(config, "max_staleness", 0) or 0))
+
+
+# ---------------------------------------------------------------------------------------------------- HTTP
+class _Server:
+    """One vLLM server: JSON over HTTP (the standard library; no proxy: the server is on the cluster's network)."""
+
+    _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __init__(self, url: str, request_timeout: float | None):
+        self.url = url
+        self.address = re.sub(r"^https?://", "", url)
+        self.request_timeout = request_timeout
+        self.max_loras: int | None = None
+        self.models: list[dict] = []
+
+    def call(self, method: str, path: str, payload: dict | None = None,
+             timeout: float | None = None) -> tuple[int, str]:
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"} if data is not None else {})
+        try:
+            with self._opener.open(request, timeout=timeout or self.request_timeout) as response:
+                return response.status, response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out (URLError is one)
+            reason = getattr(error, "reason", None) or error
+            raise _Unreachable(_one_line(f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException)
+                                         else reason, 160)) from error
+
+    def json(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None):
+        status, text = self.call(method, path, payload, timeout)
+        if status != 200:
+            raise VLLMServerError(f"the vLLM server at {self.address} answered {method} {path} with {status}: "
+                                  f"{_error_message(text)}")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise VLLMServerError(f"the vLLM server at {self.address} answered {method} {path} with no JSON: "
+                                  f"{_one_line(text, 160)}") from error
+
+
+def _error_message(text: str) -> str:
+    """The message of an error body: vLLM's ``{"error": {"message": ...}}`` (or the older flat form), FastAPI's
+    ``{"detail": ...}``, or the text itself."""
+    try:
+        body = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return _one_line(text or "(empty)")
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return _one_line(error["message"])
+        if body.get("message"):
+            return _one_line(body["message"])
+        if body.get("detail"):
+            return _one_line(body["detail"])
+    return _one_line(text)
+
+
+def _is_vllm_error(text: str) -> bool:
+    """Whether an error body is one of vLLM's handlers (not the web framework's 'no such route')."""
+    try:
+        body = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return isinstance(body, dict) and (isinstance(body.get("error"), dict) or body.get("object") == "error")
+
+
+def _max_loras_from_metrics(text: str) -> int | None:
+    """``--max-loras`` as vLLM's Prometheus metrics give it (the ``max_lora`` label of ``vllm:lora_requests_info``)."""
+    found = [int(m) for m in re.findall(r'vllm:lora_requests_info\{[^}]*max_lora="(\d+)"', text)]
+    return max(found) if found else None
+
+
+def _same_model(trainer_names: Sequence[str], served: Sequence[str]) -> bool:
+    """Whether a served model (its id and root) is the trainer's base (its name and resolved path): the same string,
+    the same folder, or the same last path component (a hub id and a local copy of it, case aside)."""
+    def clean(name):
+        return str(name).rstrip("/")
+
+    trainer = [clean(n) for n in trainer_names if n]
+    for s in (clean(n) for n in served if n):
+        for t in trainer:
+            if s == t or s.split("/")[-1].lower() == t.split("/")[-1].lower():
+                return True
+            if os.path.exists(s) and os.path.exists(t) and os.path.realpath(s) == os.path.realpath(t):
+                return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------- backend
+@dataclass
+class _Version:
+    """One adapter version loaded into a server under ``name``; unloaded once retired and not in flight."""
+
+    policy: str
+    name: str
+    folder: Path
+    server: _Server
+    in_flight: int = 0
+    retired: bool = False
+
+
+class VLLMServerBackend:
+    """What :meth:`AgentPool.generate_many` calls when ``pool.generation_backend`` is set, for ``vllm_mode: server``
+    (see the module docstring).
+
+    Args:
+        pool: the team's :class:`~trl_multiagent.team.pool.AgentPool`.
+        settings: the servers and the adapter folder (:class:`VLLMServerSettings`).
+    """
+
+    def __init__(self, pool, settings: VLLMServerSettings):
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if world > 1:
+            raise ValueError(f"vllm_mode 'server' runs with one training process; this run has {world} "
+                             "(WORLD_SIZE): each would load its own copy of every adapter under the same names")
+        if not settings.base_urls:
+            raise ValueError("vllm_mode 'server' needs a server: set vllm_server_base_url or vllm_server_host / "
+                             "vllm_server_port")
+        self.pool = pool
+        self.settings = settings
+        self.servers = [_Server(url, settings.request_timeout) for url in settings.base_urls]
+        self._dir = Path(settings.adapter_dir).expanduser().resolve()
+        self._server_dir = settings.server_adapter_dir or str(self._dir)
+        self._base_server: dict[str, _Server] = {}  # base key -> its server
+        self._base_name: dict[str, str] = {}  # base key -> the served base's model name (use_adapter=False)
+        self._current: dict[str, _Version] = {}  # policy -> the version requests name now
+        self._loaded: dict[str, _Version] = {}  # name -> every version loaded by this backend
+        self._sent: dict[str, dict[str, torch.Tensor]] = {}  # policy -> the adapter tensors of its current version
+        self._version: dict[str, int] = {}  # policy -> N of its latest version
+        self._lock = threading.Lock()  # the versions' counts
+        self._sync_lock = threading.Lock()  # one sync at a time
+        self._stale = True
+        self._connected = False
+        #: Adapter syncs so far (each loads the changed adapters only).
+        self.syncs = 0
+        #: Every adapter version loaded, in order (``<policy>-v<N>``), and the bytes of the files written for them.
+        self.loads: list[str] = []
+        self.bytes_written = 0
+
+    # ------------------------------------------------------------------------------------------- connection
+    def serve_command(self, key: str | None = None, server: _Server | None = None) -> str:
+        """The ``vllm serve`` command for base ``key`` (the first base by default) at ``server``'s address."""
+        pool = self.pool
+        key = key or next(iter(pool.bases))
+        server = server or self._base_server.get(key) or self.servers[0]
+        host, _, port = server.address.rpartition(":")
+        policies = [p for p, info in pool.policies.items() if info.base_key == key]
+        need = len(policies) * (1 + self.settings.max_staleness)
+        rank = max(pool.bases[key].peft_config[p].r for p in policies)
+        rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+        location = f" --host {host} --port {port}" if host and port.isdigit() else ""
+        return (f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {pool.base_sources[key][0]}{location} "
+                f"--enable-lora --max-loras {need} --max-lora-rank {rank} --dtype {pool._dtype} "
+                "--logprobs-mode processed_logprobs")
+
+    def connect(self) -> None:
+        """Wait for every server (``vllm_server_timeout``), find each base's server (``/v1/models``), read its
+        ``--max-loras`` and check it against the policies on that base. Called by :meth:`sync_adapters`; the trainer
+        calls it first so that a wrong server stops the run before training starts."""
+        if self._connected:
+            return
+        deadline = time.monotonic() + self.settings.timeout
+        for server in self.servers:
+            self._wait(server, deadline)
+            server.models = list(server.json("GET", "/v1/models").get("data") or [])
+            try:
+                status, text = server.call("GET", "/metrics")
+                server.max_loras = _max_loras_from_metrics(text) if status == 200 else None
+            except _Unreachable:
+                server.max_loras = None
+        pool = self.pool
+        keys = list(dict.fromkeys(info.base_key for info in pool.policies.values()))
+        for key in keys:
+            model = pool.base_sources[key][0]
+            names = [model, *{pool.specs[a].model_name for info in pool.policies.values() if info.base_key == key
+                              for a in info.agents}]
+            for server in self.servers:
+                base = next((m for m in server.models if not m.get("parent")
+                             and _same_model(names, [m.get("id"), m.get("root")])), None)
+                if base is not None:
+                    self._base_server[key], self._base_name[key] = server, base["id"]
+                    break
+            else:
+                served = "; ".join(f"{s.address} serves " + (", ".join(str(m.get("root") or m.get("id"))
+                                                                      for m in s.models if not m.get("parent"))
+                                                             or "nothing") for s in self.servers)
+                raise ValueError(f"no vLLM server serves the trainer's base {model} ({served}): start one on that "
+                                 f"base (a server per base): `{self.serve_command(key, self.servers[0])}`")
+        for key in keys:
+            server = self._base_server[key]
+            n = sum(1 for info in pool.policies.values() if info.base_key == key)
+            need = n * (1 + self.settings.max_staleness)
+            have = self.settings.max_loras or server.max_loras
+            if have is None:
+                logger.warning("vLLM server at %s: its --max-loras is unknown (no vllm:lora_requests_info in /metrics); "
+                               "the team needs %d adapters loaded at once", server.address, need)
+            elif have < need:
+                stale = (f" x {1 + self.settings.max_staleness} versions each (max_staleness "
+                         f"{self.settings.max_staleness})" if self.settings.max_staleness else "")
+                raise ValueError(f"the vLLM server at {server.address} runs with --max-loras {have}, too few for the "
+                                 f"team: its {n} policies on {pool.base_sources[key][0]}{stale} need {need} adapters "
+                                 f"loaded at once; restart it with --max-loras {need}: "
+                                 f"`{self.serve_command(key, server)}`")
+        # versions continue above any of the same names already on the servers or on disk (a server that outlived a
+        # run keeps that run's adapters loaded)
+        taken = [m.get("id", "") for s in self.servers for m in s.models]
+        if self._dir.is_dir():
+            taken += [p.name for p in self._dir.iterdir()]
+        for policy in pool.policies:
+            pattern = re.compile(rf"^{re.escape(policy)}-v(\d+)$")
+            self._version[policy] = max([int(m.group(1)) for t in taken if (m := pattern.match(t))], default=0)
+        self._connected = True
+
+    def _wait(self, server: _Server, deadline: float) -> None:
+        last = None
+        while True:
+            try:
+                status, text = server.call("GET", "/health", timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                if status == 200:
+                    return
+                last = f"GET /health answered {status}: {_error_message(text)}"
+            except _Unreachable as error:
+                last = str(error)
+            if time.monotonic() >= deadline:
+                raise VLLMServerError(f"the vLLM server at {server.address} is not reachable after "
+                                      f"{self.settings.timeout:g} s ({last}): start it with "
+                                      f"`{self.serve_command(server=server)}` (or set vllm_server_base_url / "
+                                      "vllm_server_host and vllm_server_port to where it runs)")
+            time.sleep(min(HEALTH_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    # ------------------------------------------------------------------------------------------- adapters
+    def mark_stale(self) -> None:
+        """The adapters may have changed (an optimizer step, a checkpoint load): the changed ones are loaded before the
+        next generation."""
+        self._stale = True
+
+    def sync_adapters(self) -> None:
+        """Load every policy's adapter that changed since it was last sent under a new name ``<policy>-v<N>``, and
+        unload the version it replaces once no request in flight names it."""
+        from peft import get_peft_model_state_dict
+
+        self.connect()
+        with self._sync_lock:
+            for policy, info in self.pool.policies.items():
+                base = self.pool.bases[info.base_key]
+                state = {k: v.detach().to("cpu", copy=True).contiguous()
+                         for k, v in get_peft_model_state_dict(base, adapter_name=policy).items()}
+                last = self._sent.get(policy)
+                if last is not None and last.keys() == state.keys() and \
+                        all(torch.equal(last[k], state[k]) for k in state):
+                    continue
+                self._load(policy, info.base_key, state, base.peft_config[policy])
+            self._stale = False
+            self.syncs += 1
+
+    def _load(self, policy: str, key: str, state: dict[str, torch.Tensor], peft_config) -> None:
+        from safetensors.torch import save_file
+
+        server = self._base_server[key]
+        with self._lock:
+            old = self._current.get(policy)
+            busy = old is not None and old.in_flight > 0
+            resident = sum(1 for v in self._loaded.values() if v.server is server) + 1 - (old is not None and not busy)
+        have = self.settings.max_loras or server.max_loras
+        if have is not None and resident > have:
+            n = sum(1 for info in self.pool.policies.values() if info.base_key == key)
+            raise VLLMServerError(f"the vLLM server at {server.address} runs with --max-loras {have}, too few: "
+                                  f"{resident} adapters would be loaded at once ({n} policies, x2 while the previous "
+                                  f"version of {policy} still serves requests in flight); restart it with "
+                                  f"--max-loras {n * max(2, 1 + self.settings.max_staleness)}")
+        version = self._version.get(policy, 0) + 1
+        name = f"{policy}-v{version}"
+        folder = self._dir / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        save_file(state, str(folder / "adapter_model.safetensors"))
+        peft_config.save_pretrained(str(folder))
+        self.bytes_written += sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        path = f"{self._server_dir.rstrip('/')}/{name}"
+        try:
+            status, text = server.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        except _Unreachable as error:
+            raise self._stopped(server, error, "loading adapters") from error
+        if status != 200:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise self._load_error(server, key, name, path, status, text, peft_config.r)
+        new = _Version(policy, name, folder, server)
+        with self._lock:
+            self._version[policy] = version
+            self._current[policy] = new
+            self._loaded[name] = new
+            self._sent[policy] = state
+            self.loads.append(name)
+            unload = old is not None and old.in_flight == 0
+            if old is not None:
+                old.retired = True
+        logger.info("vLLM server at %s: loaded %s", server.address, name)
+        if unload:
+            self._unload(old)
+
+    def _load_error(self, server: _Server, key: str, name: str, path: str, status: int, text: str, rank: int):
+        message = _error_message(text)
+        command = self.serve_command(key, server)
+        if status in (404, 405) and not _is_vllm_error(text):
+            return VLLMServerError(f"the vLLM server at {server.address} does not load LoRA adapters at runtime (POST "
+                                   f"/v1/load_lora_adapter answered {status}): start it with "
+                                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment and --enable-lora: "
+                                   f"`{command}`")
+        if re.search(r"lora.{0,20}not enabled|enable[_-]lora|lora_config", message, re.IGNORECASE):
+            return VLLMServerError(f"the vLLM server at {server.address} serves without LoRA ({message}): start it "
+                                   f"with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: `{command}`")
+        if re.search(r"rank", message, re.IGNORECASE):
+            return VLLMServerError(f"the vLLM server at {server.address} refused adapter {name} of rank {rank} "
+                                   f"({message}): restart it with --max-lora-rank at least {rank}: `{command}`")
+        return VLLMServerError(f"the vLLM server at {server.address} refused to load adapter {name} from {path} "
+                               f"({status}: {message}); the server must read that folder (vllm_server_adapter_dir, "
+                               "a file system both share)")
+
+    def _unload(self, version: _Version) -> None:
+        try:
+            status, text = version.server.call("POST", "/v1/unload_lora_adapter", {"lora_name": version.name})
+        except _Unreachable as error:
+            logger.warning("vLLM server at %s: could not unload %s (%s)", version.server.address, version.name, error)
+            return
+        if status != 200 and status != 404:  # 404: already gone
+            logger.warning("vLLM server at %s: unloading %s answered %d: %s", version.server.address, version.name,
+                           status, _error_message(text))
+            return
+        with self._lock:
+            self._loaded.pop(version.name, None)
+        shutil.rmtree(version.folder, ignore_errors=True)
+        logger.info("vLLM server at %s: unloaded %s", version.server.address, version.name)
+
+    def _acquire(self, policy: str) -> _Version:
+        with self._lock:
+            version = self._current[policy]
+            version.in_flight += 1
+            return version
+
+    def _release(self, version: _Version) -> None:
+        with self._lock:
+            version.in_flight -= 1
+            unload = version.retired and version.in_flight == 0
+        if unload:
+            self._unload(version)
+
+    def adapter_names(self) -> dict[str, str]:
+        """The name every policy's requests give now (``<policy>-v<N>``)."""
+        with self._lock:
+            return {p: v.name for p, v in self._current.items()}
+
+    def _stopped(self, server: _Server, error: Exception, doing: str) -> VLLMServerError:
+        return VLLMServerError(f"the vLLM server at {server.address} stopped answering while {doing} ({error}): "
+                               f"restart it (`{self.serve_command(server=server)}`) and resume the run from its last "
+                               "checkpoint (resume_from_checkpoint: true)")
+
+    # ------------------------------------------------------------------------------------------- generation
+    def generate(self, requests: Sequence[GenerationRequest], generation_config: GenerationConfig,
+                 max_batch_sequences: int | None = None, progress=None) -> list[list[Generation]]:
+        """:meth:`AgentPool.generate_many` through the servers: one ``/v1/completions`` request per prompt (all of a
+        step's in flight at once, the server batches them), each naming its agent's adapter. ``max_batch_sequences``
+        is not used; ``progress`` is called once per base."""
+        if self._stale:
+            self.sync_adapters()
+        pool = self.pool
+        encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
+                   for r in requests]
+        out: list[list[Generation | None]] = [[None] * r.num_samples for r in requests]
+        for key, idxs in requests_by_base(pool, requests).items():
+            server = self._base_server[key]
+            tok = pool.tokenizers[key]
+            eos_ids = pool.eos_token_ids(requests[idxs[0]].agent)
+            eos_set = set(eos_ids)
+            fields = completion_fields(sampling_kwargs(generation_config, eos_ids))
+            jobs: list[tuple[int, int, int, _Version | None, dict]] = []
+            try:
+                for i in idxs:
+                    req = requests[i]
+                    # vLLM refuses n > 1 with greedy decoding: then each sample is a request of its own
+                    parts = [(k, 1) for k in range(req.num_samples)] if not generation_config.do_sample \
+                        else [(0, req.num_samples)]
+                    for first, n in parts:
+                        payload = {**fields, "prompt": list(encoded[i]), "n": n}
+                        if generation_config.do_sample:  # a seed per request from torch's RNG: seeded runs repeat
+                            payload["seed"] = int(torch.randint(0, 2**31 - 1, (1,)).item())
+                        version = self._acquire(pool.policy_of(req.agent)) if req.use_adapter else None
+                        payload["model"] = version.name if version is not None else self._base_name[key]
+                        jobs.append((i, first, n, version, payload))
+            except BaseException:
+                for *_, version, _ in jobs:
+                    if version is not None:
+                        self._release(version)
+                raise
+
+            def complete(job, server=server):
+                version, payload = job[3], job[4]
+                try:
+                    return server.json("POST", "/v1/completions", payload)
+                except _Unreachable as error:
+                    raise self._stopped(server, error, "generating") from error
+                finally:
+                    if version is not None:
+                        self._release(version)
+
+            workers = max(1, min(len(jobs), self.settings.max_concurrent_requests))
+            with ThreadPoolExecutor(max_workers=workers) as executor:
+                answers = list(executor.map(complete, jobs))
+            for (i, first, n, _, payload), answer in zip(jobs, answers):
+                choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+                if len(choices) != n:
+                    raise VLLMServerError(f"the vLLM server at {server.address} answered {len(choices)} completions "
+                                          f"for a request of n={n} ({payload['model']})")
+                for k, choice in enumerate(choices, start=first):
+                    ids, logps = _choice_tokens(choice, server)
+                    comp = through_first_eos(ids, eos_set)
+                    truncated = not comp or comp[-1] not in eos_set
+                    logps = (logps + [math.nan] * len(comp))[:len(comp)]
+                    out[i][k] = VLLMGeneration(list(encoded[i]), comp, tok.decode(comp, skip_special_tokens=True),
+                                               truncated, sampling_logps=logps)
+            if progress is not None:
+                progress(sum(requests[i].num_samples for i in idxs))
+        return out
+
+    def close(self) -> None:
+        """Unload every adapter version this backend loaded and remove their folders (a server that is gone is left
+        alone)."""
+        for version in list(self._loaded.values()):
+            self._unload(version)
+        self._current.clear()
+        self._sent.clear()
+        self._stale = True
+        try:
+            self._dir.rmdir()  # only when empty: a folder the user shares with other files stays
+        except OSError:
+            pass
+
+
+def completion_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``/v1/completions`` fields of vLLM ``SamplingParams`` keyword arguments
+    (:func:`~trl_multiagent.generation.vllm.sampling_kwargs`), with token ids back
+    (``return_token_ids``, and ``return_tokens_as_token_ids`` for servers older than it)."""
+    fields = {k: v for k, v in kwargs.items() if k != "logit_bias"}
+    if kwargs.get("logit_bias"):
+        fields["logit_bias"] = {str(t): max(MIN_LOGIT_BIAS, float(b)) for t, b in kwargs["logit_bias"].items()}
+    fields["return_token_ids"] = True
+    fields["return_tokens_as_token_ids"] = True
+    return fields
+
+
+def _choice_tokens(choice: dict, server: _Server) -> tuple[list[int], list[float]]:
+    """The completion token ids of one choice (``token_ids``, or its log-probs' ``token_id:<id>`` tokens) and the
+    engine's log-prob of each."""
+    logprobs = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    if ids is None:
+        tokens = logprobs.get("tokens")
+        if tokens is None or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            raise VLLMServerError(f"the vLLM server at {server.address} returned no token ids (neither token_ids nor "
+                                  "token_id:<id> log-prob tokens): use a vLLM release whose /v1/completions has "
+                                  "return_token_ids or return_tokens_as_token_ids")
+        ids = [int(t.split(":", 1)[1]) for t in tokens]
+    logps = [float(x) if x is not None else math.nan for x in (logprobs.get("token_logprobs") or [])]
+    return [int(t) for t in ids], logps
