@@ -70,7 +70,8 @@ $(VSTAMP): pyproject.toml Makefile
 	touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
-	$(VBIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm_config.py tests/test_vllm.py
+	$(VBIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm_config.py tests/test_vllm.py \
+		tests/test_vllm_server.py tests/test_vllm_server_real.py
 
 clean:
 	rm -rf $(VENV) $(VVENV) outputs .pytest_cache

@@ -3,7 +3,7 @@
     python benchmarks/bench.py            # full run (~15 min on a 2-core CPU), writes experiments/speed/bench/bench.{json,md}
     python benchmarks/bench.py --quick    # smoke version (fewer steps, fewer memory configurations)
 
-(a) Speed: one agent, one turn. Seconds per optimizer step of ``MultiAgentGRPOTrainer`` against TRL's own
+(a) Speed: one agent, one turn. Seconds per optimizer step of ``MAGRPOTrainer`` against TRL's own
     ``GRPOTrainer`` on the same model (LoRA r=8 on a float32 base), same prompts, same reward, same K, same forced
     completion length, same batch, measured side by side in one process in alternating blocks
     (TRL, ours, TRL, ours, ...).
@@ -242,7 +242,7 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     from trl_multiagent.environments import FunctionEnvironment
     from trl_multiagent.models.loading import load_base_model, load_tokenizer
     from trl_multiagent.team.pool import AgentSpec
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     K, L = settings["num_generations"], settings["max_completion_length"]
     # the CPU float32 setting unless the settings say otherwise (benchmarks/gpu_check.py: CUDA, bfloat16, 4-bit)
@@ -271,13 +271,13 @@ def build_speed_trainers(model_path: str, settings: dict, workdir: Path):
     )
     trl_build = time.perf_counter() - t0
 
-    log.info("Building MultiAgentGRPOTrainer (one agent, one turn, same base and LoRA)")
+    log.info("Building MAGRPOTrainer (one agent, one turn, same base and LoRA)")
     t0 = time.perf_counter()
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda task: task["prompt"]}, bench_reward)  # noqa: E731
-    ours = MultiAgentGRPOTrainer(
+    ours = MAGRPOTrainer(
         [AgentSpec("solo", model=model_path, quantization=quantization, lora_r=r, lora_alpha=alpha,
                    lora_dropout=0.0)], env,
-        MultiAgentGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype=dtype, **common),
+        MAGRPOConfig(output_dir=str(workdir / "ours"), episodes_per_step=1, model_dtype=dtype, **common),
         data,
     )
     ours_build = time.perf_counter() - t0
@@ -446,7 +446,7 @@ def memory_child(cfg: dict) -> dict:
 
     from trl_multiagent.environments import FunctionEnvironment
     from trl_multiagent.team.pool import AgentSpec
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     setup_logging(verbose=False)
     torch.set_num_threads(cfg["threads"])
@@ -460,14 +460,14 @@ def memory_child(cfg: dict) -> dict:
     env = lambda: FunctionEnvironment(names, {a: (lambda task: task["prompt"]) for a in names}, bench_reward)  # noqa: E731
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
     K, L = cfg["num_generations"], cfg["max_completion_length"]
-    args = MultiAgentGRPOConfig(
+    args = MAGRPOConfig(
         output_dir=cfg["output_dir"], num_generations=K, max_completion_length=L, per_device_train_batch_size=K,
         generation_kwargs={"min_new_tokens": L}, episodes_per_step=1, max_steps=cfg["steps"], beta=0.0,
         learning_rate=1e-5, gradient_checkpointing=False, bf16=False, report_to=[], disable_tqdm=True, seed=0,
         logging_steps=1, save_strategy="no", use_cpu=True, **cfg.get("config_overrides", {}),
     )
     t1 = time.perf_counter()
-    trainer = MultiAgentGRPOTrainer(specs, env, args, data)
+    trainer = MAGRPOTrainer(specs, env, args, data)
     build_s = time.perf_counter() - t1
     after_build = {"rss_mib": rss_mib(), **rss_breakdown_mib()}
     n_bases = len(trainer.pool.bases)
@@ -705,7 +705,7 @@ def write_markdown(report: dict, path: Path) -> None:
             f"of {s['block_steps']} step(s) in one process; the first {s['warmup_steps']} step(s) of each dropped as "
             "warm-up. A step is timed from `on_step_begin` to `on_step_end` (rollout + update + optimizer step).",
             "",
-            "| median seconds | TRL GRPOTrainer | MultiAgentGRPOTrainer | ours / TRL |",
+            "| median seconds | TRL GRPOTrainer | MAGRPOTrainer | ours / TRL |",
             "|---|---|---|---|",
             f"| optimizer step (wall) | {t['median_step_s']:.3f} | {o['median_step_s']:.3f} | "
             f"{sp['ratio_ours_over_trl']:.3f} |",
@@ -733,7 +733,7 @@ def write_markdown(report: dict, path: Path) -> None:
             "",
             "Peak RSS of a fresh subprocess per row (`VmHWM` of the child, which equals its `ru_maxrss` when the "
             "parent is small; the memory runs go first because Linux carries `ru_maxrss` across exec, so a child of "
-            "a big parent would report the parent's peak). Each child builds a `MultiAgentGRPOTrainer` with a single-turn "
+            "a big parent would report the parent's peak). Each child builds a `MAGRPOTrainer` with a single-turn "
             f"`FunctionEnvironment` of n agents (4-bit NF4 SmolLM2-135M, LoRA r={s['lora_r']}, K="
             f"{s['num_generations']}, {s['max_completion_length']} tokens) and runs {s['memory_steps']} optimizer "
             "step(s) (generation + backward). 'shared': every agent names the same model (one base, one adapter per agent); 'separate': "

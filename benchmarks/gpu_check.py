@@ -9,7 +9,7 @@ character-level one of the tests (``trl_multiagent.testing.char_tokenizer``), pa
 plain chat template. For each base -- the weights in bf16 (float32 on CPU) and, when bitsandbytes can quantize on
 the GPU, a 4-bit NF4 base (on CPU only with ``--cpu-4bit``: slow) -- it measures:
 
-- team: ``MultiAgentGRPOTrainer`` (MAGRPO) with 1, 2 and 4 agents on ONE shared base, one LoRA adapter per agent:
+- team: ``MAGRPOTrainer`` (MAGRPO) with 1, 2 and 4 agents on ONE shared base, one LoRA adapter per agent:
   seconds per step, generated tokens per second (the trainer's ``rollout_tokens_per_s``: tokens over generation
   time; and tokens over the whole step) and peak memory (``torch.cuda.max_memory_allocated`` on CUDA; the peak RSS,
   ``VmHWM`` reset through ``/proc/self/clear_refs``, on CPU), with the ratio of 4 agents to 1;
@@ -195,7 +195,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     from trl_multiagent.environments import FunctionEnvironment
     from trl_multiagent.runtime.provenance import pool_paths
     from trl_multiagent.team.pool import AgentSpec
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     names = [f"agent{i + 1}" for i in range(n_agents)]
     specs = [AgentSpec(a, model=model_path, quantization=quantization, lora_r=s["lora_r"], lora_alpha=s["lora_alpha"],
@@ -203,7 +203,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     env = lambda: FunctionEnvironment(names, {a: (lambda task: task["prompt"]) for a in names},  # noqa: E731
                                       bench.bench_reward)
     K, L = s["num_generations"], s["max_completion_length"]
-    args = MultiAgentGRPOConfig(
+    args = MAGRPOConfig(
         output_dir=str(workdir / f"team{n_agents}-{quantization or 'full'}"), num_generations=K,
         max_completion_length=L, per_device_train_batch_size=K, generation_kwargs={"min_new_tokens": L},
         episodes_per_step=1, max_steps=s["team_steps"], beta=0.0, learning_rate=1e-5, gradient_checkpointing=False,
@@ -212,7 +212,7 @@ def team_run(n_agents: int, model_path: str, quantization: str | None, s: dict, 
     memory = PeakMemory(s["device"])
     before = memory.start()
     t0 = time.perf_counter()
-    trainer = MultiAgentGRPOTrainer(specs, env, args, bench.chat_dataset(s["dataset_rows"]))
+    trainer = MAGRPOTrainer(specs, env, args, bench.chat_dataset(s["dataset_rows"]))
     build_s = time.perf_counter() - t0
     after_build = memory.peak()
     trainer.remove_callback(PrinterCallback)
@@ -368,7 +368,7 @@ def write_outputs(report: dict, out: Path) -> None:
         lines.append("")
         if "ours" in speed:
             lines += ["| one agent | median s/step | median generate s | generated tokens/s |", "|---|---|---|---|"]
-            for side, label in (("trl", "TRL GRPOTrainer"), ("ours", "MultiAgentGRPOTrainer")):
+            for side, label in (("trl", "TRL GRPOTrainer"), ("ours", "MAGRPOTrainer")):
                 r = speed[side]
                 lines.append(f"| {label} | {r['median_step_s']:.3f} | {r['median_generate_s']:.3f} | "
                              f"{r['generate_tokens_per_s']:.0f} |")

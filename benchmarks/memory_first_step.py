@@ -99,9 +99,9 @@ def child(n_agents: int, output_dir: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from trl_multiagent.models.loading import resolve_model
-    from trl_multiagent.trainers import MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOTrainer
 
-    original, found = MultiAgentGRPOTrainer.train, {}
+    original, found = MAGRPOTrainer.train, {}
 
     def train(self, *args, **kwargs):
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -109,7 +109,7 @@ def child(n_agents: int, output_dir: str) -> dict:
         found.update(analyse(*allocations(prof)))
         return out
 
-    MultiAgentGRPOTrainer.train = train
+    MAGRPOTrainer.train = train
     cfg = {"n_agents": n_agents, "layout": "shared", "model_paths": [resolve_model("smollm2-135m-instruct")] * n_agents,
            "steps": 2, "num_generations": 4, "max_completion_length": 32, "lora_r": 8, "lora_alpha": 16,
            "threads": torch.get_num_threads(), "output_dir": output_dir}

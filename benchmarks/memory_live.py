@@ -36,11 +36,11 @@ def child(n_agents: int, packed: bool, output_dir: str) -> dict:
 
     from trl_multiagent.generation import teacher_forcing
     from trl_multiagent.models.loading import resolve_model
-    from trl_multiagent.trainers import MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOTrainer
 
     if not packed:
         teacher_forcing.PACKED_MODEL_TYPES = frozenset()
-    original, calls, found = MultiAgentGRPOTrainer.training_step, [0], {}
+    original, calls, found = MAGRPOTrainer.training_step, [0], {}
 
     def step(self, *args, **kwargs):
         calls[0] += 1
@@ -57,7 +57,7 @@ def child(n_agents: int, packed: bool, output_dir: str) -> dict:
         found.update(peak_live_mib=peak / 2**20, net_live_mib=live / 2**20, memory_events=len(events))
         return out
 
-    MultiAgentGRPOTrainer.training_step = step
+    MAGRPOTrainer.training_step = step
     cfg = {"n_agents": n_agents, "layout": "shared", "model_paths": [resolve_model("smollm2-135m-instruct")] * n_agents,
            "steps": 2, "num_generations": 4, "max_completion_length": 32, "lora_r": 8, "lora_alpha": 16,
            "threads": torch.get_num_threads(), "output_dir": output_dir}

@@ -68,7 +68,7 @@ def child(n_agents: int, variant: str, output_dir: str) -> dict:
     import trl_multiagent.trainers.base as trainer_base
     from trl_multiagent.models.loading import resolve_model
     from trl_multiagent.team.pool import AgentPool
-    from trl_multiagent.trainers import MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOTrainer
 
     if variant == "scattered":
         trainer_base.gradients_in_one_block = lambda params: 0
@@ -98,7 +98,7 @@ def child(n_agents: int, variant: str, output_dir: str) -> dict:
     tagged(AgentPool, "forward", "forward")
     tagged(torch.autograd, "backward", "backward")
     tagged(torch.optim.AdamW, "step", "optimizer")
-    tagged(MultiAgentGRPOTrainer, "train", "other")
+    tagged(MAGRPOTrainer, "train", "other")
     threading.Thread(target=sample, daemon=True).start()
     cfg = {"n_agents": n_agents, "layout": "shared", "model_paths": [resolve_model("smollm2-135m-instruct")] * n_agents,
            "steps": 2, "num_generations": 4, "max_completion_length": 32, "lora_r": 8, "lora_alpha": 16,

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from trl_multiagent.runtime import memory as utils
-from trl_multiagent.trainers import MultiAgentGRPOConfig
+from trl_multiagent.trainers import MAGRPOConfig
 
 PROBE = r"""
 import ctypes, json, sys
@@ -80,8 +80,8 @@ def test_the_users_allocator_variables_win():
 
 
 def test_the_config_field_is_off_by_default_and_can_be_turned_on(tmp_path):
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[]).cpu_keep_freed_memory is False
-    on = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], cpu_keep_freed_memory=True)
+    assert MAGRPOConfig(output_dir=str(tmp_path), report_to=[]).cpu_keep_freed_memory is False
+    on = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], cpu_keep_freed_memory=True)
     assert on.cpu_keep_freed_memory is True
 
 

@@ -256,7 +256,7 @@ def test_help_lists_every_field_with_its_help(cli):
     assert not missing, missing
     assert "K: samples per agent and branch point." in result.stdout  # a trainer field's help text
     assert "--overwrite_output_dir true" in result.stdout  # the overwrite rule
-    debate = cli(["train", "--trainer", "debate_ppo", "--help"])
+    debate = cli(["train", "--trainer", "maporl", "--help"])
     assert debate.returncode == 0 and "--reward_mode" in debate.stdout and "--reward_mode" not in result.stdout
     with_recipe = cli(["train", "--config", "recipes/configs/tldr_magrpo.yaml", "--help"])
     assert "(default: outputs/tldr_magrpo)" in with_recipe.stdout  # the recipe's values are the defaults shown

@@ -129,8 +129,8 @@ CASES = [
     ["--seed", "1.5"],
     ["stray"],
     ["--trainer", "at_grpo", "--agent_order", "diagonal"],
-    ["--trainer", "debate_ppo", "--reward_mode", "best"],
-    ["--trainer", "actor_critic", "--critic", "centralized"],
+    ["--trainer", "maporl", "--reward_mode", "best"],
+    ["--trainer", "collm", "--critic", "centralized"],
 ]
 
 

@@ -60,10 +60,10 @@ def test_every_attribute_trls_loss_and_logging_read_is_set(tiny_ab_model, tmp_pa
 
     from trl_multiagent.environments import MatrixGameEnv
     from trl_multiagent.team.pool import AgentSpec
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], disable_tqdm=True, max_completion_length=1)
-    trainer = MultiAgentGRPOTrainer([AgentSpec("agent1", model=tiny_ab_model, lora_r=4),
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], disable_tqdm=True, max_completion_length=1)
+    trainer = MAGRPOTrainer([AgentSpec("agent1", model=tiny_ab_model, lora_r=4),
                                      AgentSpec("agent2", model=tiny_ab_model, lora_r=4)], MatrixGameEnv, args,
                                     Dataset.from_dict({"task_id": [0, 1]}))
     read = set()

@@ -221,7 +221,7 @@ def test_the_refused_and_inert_lists_hold_only_fields_nothing_reads():
     assert set(READ_BUT_UNUSED) <= set(UNUSED_GRPO_FIELDS)
 
 
-@pytest.mark.parametrize("trainer", ["magrpo", "at_grpo", "mhgpo", "actor_critic", "debate_ppo"])
+@pytest.mark.parametrize("trainer", ["magrpo", "at_grpo", "mhgpo", "collm", "maporl"])
 def test_an_unused_field_is_refused_in_one_line_and_its_default_accepted(trainer, tmp_path):
     from trl_multiagent.trainers import TRAINERS
     from trl_multiagent.trainers.unused_fields import UNUSED_GRPO_FIELDS, field_default
@@ -239,27 +239,27 @@ def test_an_unused_field_is_refused_in_one_line_and_its_default_accepted(trainer
 
 
 def test_fields_taken_over_by_a_post_init_reach_the_field_that_is_read(tmp_path):
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
 
     read = fields_read()
     for name, (target, value) in TAKEN_OVER.items():
         assert target in read, target
-        config = MultiAgentGRPOConfig(output_dir=str(tmp_path), **{name: value})
+        config = MAGRPOConfig(output_dir=str(tmp_path), **{name: value})
         assert getattr(config, target) == value, name
 
 
 def test_trl_per_token_options_are_refused_with_the_whole_response_objective(tmp_path):
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
 
     with pytest.raises(ValueError, match="use_bias_correction_kl is an option of TRL's per-token losses"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), use_bias_correction_kl=True)
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), loss_type="grpo", use_bias_correction_kl=True)
+        MAGRPOConfig(output_dir=str(tmp_path), use_bias_correction_kl=True)
+    assert MAGRPOConfig(output_dir=str(tmp_path), loss_type="grpo", use_bias_correction_kl=True)
 
 
 @pytest.mark.parametrize("trainer, k, batch, seen", [
     ("magrpo", 4, 8, (4, 1)),        # the values the config means
     ("magrpo", 3, 2, (3, 3)),        # K does not divide the micro-batch
-    ("actor_critic", 1, 8, (2, 1)),  # one path per episode
+    ("collm", 1, 8, (2, 1)),  # one path per episode
 ])
 def test_grpo_config_sees_the_values_a_team_config_means(trainer, k, batch, seen, tmp_path, monkeypatch):
     """GRPOConfig.__post_init__ is given a team config's own K and steps_per_generation 1, but for the one exception
@@ -296,15 +296,15 @@ def test_disable_dropout_switches_every_dropout_of_the_team_off(tiny_ab_model, t
     import torch
     from datasets import Dataset
 
-    from trl_multiagent import AgentSpec, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent import AgentSpec, MAGRPOConfig, MAGRPOTrainer
     from trl_multiagent.environments import MatrixGameEnv
 
     def trainer(disable: bool):
         agents = [AgentSpec("agent1", model=tiny_ab_model, lora_dropout=0.1),
                   AgentSpec("agent2", model=tiny_ab_model, lora_dropout=0.1)]
-        args = MultiAgentGRPOConfig(output_dir=str(tmp_path / str(disable)), max_steps=1, report_to=[],
+        args = MAGRPOConfig(output_dir=str(tmp_path / str(disable)), max_steps=1, report_to=[],
                                     disable_dropout=disable, num_generations=2, max_completion_length=2)
-        return MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": [0, 1]}))
+        return MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": [0, 1]}))
 
     def rates(t):
         return {m.p for m in t.pool.modules() if isinstance(m, torch.nn.Dropout)}

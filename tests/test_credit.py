@@ -107,11 +107,11 @@ def test_released_code_advantage_modes_by_hand():
 
 
 def test_magrpo_advantage_mode_option(tmp_path):
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
 
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path)).advantage_mode == "eq1"  # the paper's Eq. 1
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean").advantage_mode == "mean"
+    assert MAGRPOConfig(output_dir=str(tmp_path)).advantage_mode == "eq1"  # the paper's Eq. 1
+    assert MAGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean").advantage_mode == "mean"
     with pytest.raises(ValueError, match="advantage_mode must be one of"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="std")
+        MAGRPOConfig(output_dir=str(tmp_path), advantage_mode="std")
     with pytest.raises(ValueError, match="scale_rewards applies to advantage_mode='eq1'"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean", scale_rewards="batch")
+        MAGRPOConfig(output_dir=str(tmp_path), advantage_mode="mean", scale_rewards="batch")

@@ -27,7 +27,7 @@ def test_debate_recipe_runs_and_measures_before_and_after(tmp_path):
         pytest.skip(f"embedded model not available: {exc}")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu",
-           "--num_cpu_threads_per_process", "1", "recipes/debate.py", "--config", "recipes/configs/debate_demo.yaml",
+           "--num_cpu_threads_per_process", "1", "recipes/maporl.py", "--config", "recipes/configs/debate_demo.yaml",
            "--output_dir", str(out), "--max_steps", "1", "--num_iterations", "1", "--episodes_per_step", "2",
            "--max_completion_length", "16", "--min_response_tokens", "0", "--eval_num_problems", "1",
            "--eval_max_new_tokens", "16", "--disable_tqdm", "true"]

@@ -1,4 +1,4 @@
-"""The MAPoRL debate sampler, its reward credit (trainers/debate_ppo.py: debate_rewards), environments and evaluation
+"""The MAPoRL debate sampler, its reward credit (trainers/maporl.py: debate_rewards), environments and evaluation
 against hand-built debates (scripted pool, no model)."""
 
 import re
@@ -13,7 +13,7 @@ from trl_multiagent.environments.debate import anli_to_task, nli_problems
 from trl_multiagent.evaluation import debate_metrics, evaluate_debate
 from trl_multiagent.metrics.answers import parse_nli_label
 from trl_multiagent.rollout import DebateSampler
-from trl_multiagent.trainers.debate_ppo import debate_rewards
+from trl_multiagent.trainers.maporl import debate_rewards
 
 GEN = GenerationConfig(max_new_tokens=8)
 TASKS = [{"task_id": "q1", "question": "What is 2 + 3?", "answer": "5"},

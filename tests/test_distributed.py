@@ -35,7 +35,7 @@ import json, os, sys
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
 
 def flat(tensors):
@@ -58,7 +58,7 @@ def params(trainer):
     return [p for pol in trainer.pool.policies for p in trainer.pool.policy_parameters(pol)]
 
 
-original_average = MultiAgentGRPOTrainer.average_gradients_across_processes
+original_average = MAGRPOTrainer.average_gradients_across_processes
 
 
 def average(self):
@@ -74,7 +74,7 @@ def average(self):
                   "grad_abs_max": averaged[0].abs().max().item()})
 
 
-MultiAgentGRPOTrainer.average_gradients_across_processes = average
+MAGRPOTrainer.average_gradients_across_processes = average
 
 
 class SyncCheck(TrainerCallback):
@@ -97,7 +97,7 @@ class SyncCheck(TrainerCallback):
                    "lora_b_abs_max": max(p.detach().abs().max().item() for p in lora_b)})
 
 
-original_init = MultiAgentGRPOTrainer.__init__
+original_init = MAGRPOTrainer.__init__
 
 
 def init(self, *args, **kwargs):
@@ -105,7 +105,7 @@ def init(self, *args, **kwargs):
     self.add_callback(SyncCheck(self))
 
 
-MultiAgentGRPOTrainer.__init__ = init
+MAGRPOTrainer.__init__ = init
 sys.path.insert(0, "recipes")
 import magrpo
 sys.exit(magrpo.main(sys.argv[1:]))

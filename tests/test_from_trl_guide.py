@@ -61,7 +61,7 @@ def test_the_guides_recipe_passes_every_check(tmp_path, monkeypatch):
     (recipe_text,) = blocks("yaml")
     team_port = blocks("python")[1]
     functions = team_port.split("\n\n\nenv = ")[0].replace(
-        "from trl_multiagent import AgentSpec, FunctionEnvironment, MultiAgentGRPOConfig, MultiAgentGRPOTrainer\n", "")
+        "from trl_multiagent import AgentSpec, FunctionEnvironment, MAGRPOConfig, MAGRPOTrainer\n", "")
     short = blocks("python")[0].split("def short")[1].split("\n\n\n")[0]
     (tmp_path / "my_task.py").write_text(functions + "\n\ndef short" + short + "\n")
     (tmp_path / "my_data.jsonl").write_text("".join(json.dumps({

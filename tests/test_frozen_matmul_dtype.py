@@ -169,24 +169,24 @@ def test_lean_step_takes_a_bfloat16_dtype_only_with_packed_copies(tiny_text_mode
 
 
 def test_frozen_matmul_dtype_errors_before_any_model_loads(monkeypatch, tmp_path):
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
 
     with pytest.raises(ValueError, match="frozen_matmul_dtype must be one of"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="float16")
+        MAGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="float16")
     with pytest.raises(ValueError, match="frozen_matmul_dtype must be one of"):
         AgentPool([AgentSpec("solver", model="no-such-model")], frozen_matmul_dtype="half")
     with pytest.raises(ValueError, match="packed_weights is 'never'"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16", packed_weights="never")
+        MAGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16", packed_weights="never")
     with pytest.raises(ValueError, match="packed_weights must not be 'never'"):
         AgentPool([AgentSpec("solver", model="no-such-model")], frozen_matmul_dtype="bfloat16", packed_weights="never")
     with pytest.raises(ValueError, match="model_dtype is 'bfloat16'"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16", model_dtype="bfloat16")
+        MAGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16", model_dtype="bfloat16")
     from trl_multiagent.trainers import base_config
 
     monkeypatch.setattr(base_config, "bfloat16_matmuls_available", lambda: False)
     with pytest.raises(ValueError, match="no bfloat16 matmuls"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16")
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path)).frozen_matmul_dtype == "float32"
+        MAGRPOConfig(output_dir=str(tmp_path), frozen_matmul_dtype="bfloat16")
+    assert MAGRPOConfig(output_dir=str(tmp_path)).frozen_matmul_dtype == "float32"
 
 
 def test_bfloat16_needs_packed_copies_for_generation_and_training(tiny_text_model, monkeypatch):
@@ -205,16 +205,16 @@ def test_the_trainer_builds_its_pool_with_the_configs_dtype_and_trains_a_step(ti
     from datasets import Dataset
 
     from trl_multiagent.environments import FunctionEnvironment
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     monkeypatch.setattr(frozen_weights, "PACK_MIN_WEIGHTS", 0)
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]},  # noqa: E731
                                       lambda completions, **_: float(sum(map(ord, str(completions))) % 7))
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=4,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=4,
                                 save_strategy="no", disable_tqdm=True, per_device_train_batch_size=4, max_steps=1,
                                 frozen_matmul_dtype="bfloat16")
     specs = [AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)]
-    trainer = MultiAgentGRPOTrainer(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+    trainer = MAGRPOTrainer(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
     (key,) = trainer.pool.bases
     assert trainer.pool.frozen_dtype_of(key) == torch.bfloat16
     before = [p.detach().clone() for p in trainer.pool.policy_parameters("solo")]
@@ -228,4 +228,4 @@ def test_the_trainer_builds_its_pool_with_the_configs_dtype_and_trains_a_step(ti
     pool = AgentPool(specs, frozen_matmul_dtype="float32")
     args.output_dir = str(tmp_path / "second")
     with pytest.raises(ValueError, match="frozen_matmul_dtype='bfloat16'"):
-        MultiAgentGRPOTrainer(pool, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+        MAGRPOTrainer(pool, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))

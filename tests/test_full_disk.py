@@ -55,7 +55,7 @@ from trl_multiagent.team import adapter_files
 from trl_multiagent.command.cli import run_recipe_script
 from trl_multiagent.evaluation import report
 from trl_multiagent.trainers import base
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
 FAULT, MODE = os.environ.get("FAULT_AT", ""), os.environ.get("FAULT_MODE", "")
 armed = []
@@ -112,7 +112,7 @@ def tripping(function, when=lambda *args, **kwargs: True):
 
 
 if FAULT.startswith("step:"):
-    step, training_step = int(FAULT[5:]), MultiAgentGRPOTrainer.training_step
+    step, training_step = int(FAULT[5:]), MAGRPOTrainer.training_step
 
     def before(self, *args, **kwargs):
         if self.state.global_step == step:
@@ -123,9 +123,9 @@ if FAULT.startswith("step:"):
             return True
         return False
 
-    MultiAgentGRPOTrainer.training_step = tripping(training_step, before)
+    MAGRPOTrainer.training_step = tripping(training_step, before)
 elif FAULT == "save_model":  # the final save, not a checkpoint's
-    MultiAgentGRPOTrainer.save_model = tripping(MultiAgentGRPOTrainer.save_model,
+    MAGRPOTrainer.save_model = tripping(MAGRPOTrainer.save_model,
                                                 lambda self, output_dir=None, _internal_call=False: not _internal_call)
 elif FAULT == "write_summary":
     base.write_summary = tripping(base.write_summary)

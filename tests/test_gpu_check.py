@@ -80,7 +80,7 @@ def test_tiny_cpu_run_writes_every_field(tmp_path):
     check_base(report["bases"]["full"], "cpu")
     markdown = (out / "gpu_check.md").read_text()
     assert markdown.startswith("# GPU check (tiny model, CPU")
-    assert "| full (float32) |" in markdown and "MultiAgentGRPOTrainer" in markdown
+    assert "| full (float32) |" in markdown and "MAGRPOTrainer" in markdown
 
 
 @pytest.mark.slow

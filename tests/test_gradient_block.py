@@ -45,7 +45,7 @@ def test_a_team_update_gives_each_policy_one_block_and_the_same_gradients(tiny_t
     from trl_multiagent.environments import FunctionEnvironment
     from trl_multiagent.rollout import Experience, Sample
     from trl_multiagent.team.pool import AgentSpec, Generation
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     names = ["first", "second"]
     grads, storages = {}, {}
@@ -54,10 +54,10 @@ def test_a_team_update_gives_each_policy_one_block_and_the_same_gradients(tiny_t
             monkeypatch.setattr(trainer_base, "gradients_in_one_block", lambda params: 0)
         env = lambda: FunctionEnvironment(names, {a: (lambda t: t["prompt"]) for a in names},  # noqa: E731
                                           lambda completions, **_: 0.0)
-        args = MultiAgentGRPOConfig(output_dir=str(tmp_path / str(blocks)), report_to=[], max_completion_length=4,
+        args = MAGRPOConfig(output_dir=str(tmp_path / str(blocks)), report_to=[], max_completion_length=4,
                                     num_generations=2, save_strategy="no", disable_tqdm=True, model_dtype="float64",
                                     per_device_train_batch_size=2)
-        trainer = MultiAgentGRPOTrainer([AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in names],
+        trainer = MAGRPOTrainer([AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in names],
                                         env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
         torch.manual_seed(0)
         with torch.no_grad():

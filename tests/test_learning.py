@@ -10,7 +10,7 @@ from datasets import Dataset
 from tests.tiny import prob_first_choice
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 SEEDS = [0, 1, 2, 3, 4]
 STEPS = 25
@@ -31,7 +31,7 @@ def greedy_joint_action(trainer):
 
 
 def run(seed, model_dir, out_dir):
-    args = MultiAgentGRPOConfig(
+    args = MAGRPOConfig(
         output_dir=str(out_dir), seed=seed, max_steps=STEPS, num_generations=8, episodes_per_step=2,
         max_completion_length=1, learning_rate=5e-2, lr_scheduler_type="constant", report_to=[],
         generation_kwargs={"suppress_tokens": [0, 1, 2]}, save_strategy="no", disable_tqdm=True,
@@ -39,7 +39,7 @@ def run(seed, model_dir, out_dir):
     )
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4, lora_alpha=8),
               AgentSpec("agent2", model=model_dir, lora_r=4, lora_alpha=8)]
-    trainer = MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(256))}))
+    trainer = MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(256))}))
     before = (prob_a(trainer, "agent1"), prob_a(trainer, "agent2"))
     trainer.train()
     after = (prob_a(trainer, "agent1"), prob_a(trainer, "agent2"))

@@ -79,10 +79,10 @@ def test_the_trainer_hook_logs_on_the_main_process(caplog):
 
 
 def test_trainers_whose_advantages_come_later_are_not_watched():
-    from trl_multiagent.trainers import ActorCriticTrainer, DebatePPOTrainer, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import CoLLMTrainer, MAGRPOTrainer, MAPoRLTrainer
 
-    assert ActorCriticTrainer.checks_learning_signal is False and DebatePPOTrainer.checks_learning_signal is False
-    assert getattr(MultiAgentGRPOTrainer, "checks_learning_signal", True)
+    assert CoLLMTrainer.checks_learning_signal is False and MAPoRLTrainer.checks_learning_signal is False
+    assert getattr(MAGRPOTrainer, "checks_learning_signal", True)
     trainer = fake_trainer(checks_learning_signal=False)
     for _ in range(WARN_AFTER + 1):
         assert note_learning_signal(trainer, rollout(0.0)) is None

@@ -9,17 +9,17 @@ from rich.console import Console
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.environments.matrix_game import TEAM_PAYOFF, parse_choice
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 from trl_multiagent.trainers.completions import completions_table
 
 
 def test_completions_file_holds_each_joint_action_of_the_logging_steps(tiny_ab_model, tmp_path):
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=2,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=2,
                                 generation_kwargs={"suppress_tokens": [0, 1, 2]}, save_strategy="no",
                                 disable_tqdm=True, max_steps=4, logging_steps=2, log_completions=True,
                                 num_completions_to_print=1, learning_rate=1e-2)
     agents = [AgentSpec("agent1", model=tiny_ab_model, lora_r=4), AgentSpec("agent2", model=tiny_ab_model, lora_r=4)]
-    trainer = MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
+    trainer = MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
     seen = []
     original = trainer.sample
 

@@ -30,20 +30,20 @@ from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.errors import NonFiniteAdapterError, NonFiniteUpdateError
 from trl_multiagent.team.critics import CriticSpec
 from trl_multiagent.team.pool import AgentPool, AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 from trl_multiagent.trainers.update_guard import NonFiniteUpdateGuard, describe_problem
 
 NAN = float("nan")
 
 
-def _trainer(model_dir, tmp_path, **kw) -> MultiAgentGRPOTrainer:
+def _trainer(model_dir, tmp_path, **kw) -> MAGRPOTrainer:
     """The matrix game on the tiny A/B model, two agents (tests/test_trainer.py's set-up)."""
     settings = dict(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=4,
                     generation_kwargs={"suppress_tokens": [0, 1, 2]}, save_strategy="no", disable_tqdm=True,
                     learning_rate=1e-2, logging_steps=1)
-    args = MultiAgentGRPOConfig(**{**settings, **kw})
+    args = MAGRPOConfig(**{**settings, **kw})
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4), AgentSpec("agent2", model=model_dir, lora_r=4)]
-    return MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
+    return MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
 
 
 def _lora(pool) -> dict[str, torch.Tensor]:
@@ -223,9 +223,9 @@ NAN_RUN = """
 import sys
 
 from trl_multiagent.command.cli import run_recipe_script
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
-credit = MultiAgentGRPOTrainer.assign_credit
+credit = MAGRPOTrainer.assign_credit
 
 
 def assign_credit(self, experience):  # every advantage NaN from step {first} on
@@ -235,7 +235,7 @@ def assign_credit(self, experience):  # every advantage NaN from step {first} on
             sample.advantage = float("nan")
 
 
-MultiAgentGRPOTrainer.assign_credit = assign_credit
+MAGRPOTrainer.assign_credit = assign_credit
 sys.exit(run_recipe_script(None, "nan_run.py"))
 """
 

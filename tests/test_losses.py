@@ -20,11 +20,11 @@ from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.team.pool import AgentSpec, Generation
 from trl_multiagent.trainers import (
-    ActorCriticConfig,
-    ActorCriticTrainer,
-    HeterogeneousGroupConfig,
-    MultiAgentGRPOConfig,
-    MultiAgentGRPOTrainer,
+    CoLLMConfig,
+    CoLLMTrainer,
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MHGPOConfig,
 )
 
 TEMPERATURE = 0.5
@@ -118,7 +118,7 @@ def test_masked_clipped_value_loss_by_hand():
 
 
 # ------------------------------------------------------------------------------------------- through the trainers
-def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo",), trainer_cls=None, **kw):
+def _trainer(model_dir, tmp_path, config_cls=MAGRPOConfig, agents=("solo",), trainer_cls=None, **kw):
     env = lambda: FunctionEnvironment(list(agents), {a: (lambda t: t["prompt"]) for a in agents},  # noqa: E731
                                       lambda completions, **_: 0.0)
     kw.setdefault("num_generations", 2)
@@ -127,7 +127,7 @@ def _trainer(model_dir, tmp_path, config_cls=MultiAgentGRPOConfig, agents=("solo
                       temperature=TEMPERATURE, save_strategy="no", disable_tqdm=True,
                       per_device_train_batch_size=2, **kw)
     specs = [AgentSpec(a, model=model_dir, lora_r=4, lora_alpha=8) for a in agents]
-    trainer = (trainer_cls or MultiAgentGRPOTrainer)(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
+    trainer = (trainer_cls or MAGRPOTrainer)(specs, env, args, Dataset.from_dict({"prompt": ["ab"] * 2}))
     with torch.no_grad():  # non-zero B so the adapter changes the log-probs
         for n, p in trainer.pool.named_parameters():
             if "lora_B" in n:
@@ -186,14 +186,14 @@ def test_magrpo_default_is_the_whole_response_objective(tiny_text_model, tmp_pat
     _check(trainer, samples, terms, expected_loss=-(1.5 - 0.5) / 2)
 
 
-def test_actor_critic_actor_uses_the_same_whole_response_objective(tiny_text_model, tmp_path):
+def test_collm_actor_uses_the_same_whole_response_objective(tiny_text_model, tmp_path):
     from trl_multiagent.trainers.base import MultiAgentTrainer
 
-    trainer = _trainer(tiny_text_model, tmp_path, ActorCriticConfig, trainer_cls=ActorCriticTrainer,
+    trainer = _trainer(tiny_text_model, tmp_path, CoLLMConfig, trainer_cls=CoLLMTrainer,
                        num_generations=1, reward_max=1.0)
     assert trainer.args.loss_type == "response"
     ids = trainer.pool.tokenizer_of("solo").convert_tokens_to_ids
-    # the actor's step of a minibatch (ActorCriticTrainer.update after the critic's) on TD errors as advantages:
+    # the actor's step of a minibatch (CoLLMTrainer.update after the critic's) on TD errors as advantages:
     # -(1/B) sum_b delta_b * grad sum_t log pi(a_bt), the same objective as MAGRPO's
     samples = _samples(trainer, "solo", [[ids("c"), ids("d")], [ids("e"), ids("f"), ids("g")]], [0.3, -0.8])
     terms = [-s.advantage * _token_logps(trainer, s).sum() / 2 for s in samples]
@@ -215,14 +215,14 @@ def test_at_grpo_default_is_grpos_per_response_token_mean(tiny_text_model, tmp_p
 
 def test_mhgpo_objective_weights_agents_groups_and_tokens(tiny_text_model, tmp_path):
     from tests.test_mhgpo_learning import TwoStageGame
-    from trl_multiagent.trainers import HeterogeneousGroupTrainer
+    from trl_multiagent.trainers import MHGPOTrainer
 
-    args = HeterogeneousGroupConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, beta=0.1,
+    args = MHGPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, beta=0.1,
                                     temperature=TEMPERATURE, save_strategy="no", model_dtype="float64",
                                     disable_tqdm=True, per_device_train_batch_size=2)
     assert args.loss_type == "grpo" and args.agent_loss_weighting
     specs = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("first", "second")]
-    trainer = HeterogeneousGroupTrainer(specs, TwoStageGame, args, Dataset.from_dict({"task_id": [0, 1]}))
+    trainer = MHGPOTrainer(specs, TwoStageGame, args, Dataset.from_dict({"task_id": [0, 1]}))
     with torch.no_grad():
         for n, p in trainer.pool.named_parameters():
             if "lora_B" in n:

@@ -17,7 +17,7 @@ from trl_multiagent.credit import turn_loss_weights
 from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.team.pool import AgentSpec, Generation
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -52,10 +52,10 @@ def test_turn_weights_on_per_response_losses_by_hand():
 # ------------------------------------------------------------------------------------------- point 3, the trainer
 def _trainer(model_dir, tmp_path, **kw):
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]}, lambda completions, **_: 0.0)  # noqa: E731
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=2,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=4, num_generations=2,
                                 temperature=TEMPERATURE, save_strategy="no", disable_tqdm=True,
                                 per_device_train_batch_size=2, **kw)
-    trainer = MultiAgentGRPOTrainer([AgentSpec("solo", model=model_dir, lora_r=4, lora_alpha=8)], env, args,
+    trainer = MAGRPOTrainer([AgentSpec("solo", model=model_dir, lora_r=4, lora_alpha=8)], env, args,
                                     Dataset.from_dict({"prompt": ["ab"] * 2}))
     with torch.no_grad():  # non-zero B so the adapter changes the log-probs
         for n, p in trainer.pool.named_parameters():
@@ -112,21 +112,21 @@ def test_one_turn_keeps_the_plain_mean_and_token_losses_refuse_several_turns(tin
     rows = [_sample(trainer, 0, [5], 1.0), _sample(trainer, 0, [6], -1.0)]
     assert trainer.sample_weights("solo", rows) is None  # H = 1: Eq. 2's 1/|B| 1/|G|, unchanged
     with pytest.raises(ValueError, match="per-response loss_type"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), num_turns=2, loss_type="dapo")
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), num_turns=2, loss_type="grpo").loss_type == "grpo"
+        MAGRPOConfig(output_dir=str(tmp_path), num_turns=2, loss_type="dapo")
+    assert MAGRPOConfig(output_dir=str(tmp_path), num_turns=2, loss_type="grpo").loss_type == "grpo"
 
 
 # ------------------------------------------------------------------------------------------- point 7, the defaults
 def test_defaults_are_the_papers_or_say_why_not(tmp_path):
     import dataclasses
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path))
+    args = MAGRPOConfig(output_dir=str(tmp_path))
     # task-independent settings: K = 4 (the authors' trainer), gamma = 1.0 (App. C), Eq. 2's whole-response loss
     assert args.num_generations == 4 and args.gamma == 1.0 and args.loss_type == "response"
     # the per-task ones (App. C): lr 1e-6 is the paper's one-turn coding rate; T, top-p and beta stay TRL's and
     # each field's help names the paper's values
     assert args.learning_rate == 1e-6
-    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(MultiAgentGRPOConfig)}
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(MAGRPOConfig)}
     assert args.temperature == 1.0 and "0.8 (writing)" in helps["temperature"] and "0.7 (coding)" in helps["temperature"]
     assert args.top_p == 1.0 and "0.95 (writing)" in helps["top_p"] and "0.9 (coding)" in helps["top_p"]
     assert "5e-6" in helps["learning_rate"] and "1e-6" in helps["learning_rate"]

@@ -16,7 +16,7 @@ from datasets import Dataset
 from tests.tiny import build_model, build_tokenizer, prob_first_choice
 from trl_multiagent.environments.pipeline import PipelineEnvironment
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
+from trl_multiagent.trainers import MHGPOConfig, MHGPOTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")
 #: Generation settings that let the tiny model sample only A or B (every other token id suppressed).
@@ -61,14 +61,14 @@ def expected_end_reward(trainer):
 
 def run(model_dir, out_dir, sampling, seed, steps=40):
     extra = {"fork_probabilities": [0.7, 0.3]} if sampling == "round_robin" else {}
-    args = HeterogeneousGroupConfig(
+    args = MHGPOConfig(
         output_dir=str(out_dir), seed=seed, max_steps=steps, sampling=sampling, num_generations=8,
         episodes_per_step=4, max_completion_length=1, learning_rate=1e-2, lr_scheduler_type="constant",
         generation_kwargs=AB_ONLY, report_to=[], save_strategy="no", disable_tqdm=True,
         logging_steps=5, per_device_train_batch_size=64, **extra)
     agents = [AgentSpec("first", model=model_dir, lora_r=4, lora_alpha=8),
               AgentSpec("second", model=model_dir, lora_r=4, lora_alpha=8)]
-    trainer = HeterogeneousGroupTrainer(agents, TwoStageGame, args, Dataset.from_dict({"task_id": list(range(64))}))
+    trainer = MHGPOTrainer(agents, TwoStageGame, args, Dataset.from_dict({"task_id": list(range(64))}))
     assert list(trainer.pool.policies) == ["shared"]  # parameter sharing by default
     before = expected_end_reward(trainer)
     trainer.train()

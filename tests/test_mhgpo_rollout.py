@@ -132,7 +132,7 @@ def test_fork_on_first_counts_groups_and_advantages_by_hand():
         assert [s.reward for s in groups[(q, "c")]] == pytest.approx([bonus - 0.1, bonus + 0.9])
         for agent in "abcd":
             assert [s.advantage for s in groups[(q, agent)]] == pytest.approx(norm(0.0, 1.0))
-    assert exp.stats["num_generations"] == 16 and exp.stats["num_tool_calls"] == 4
+    assert exp.stats["generated_samples"] == 16 and exp.stats["num_tool_calls"] == 4
     # both branches show d the same prompt "d<q>|b0|c0", so the scripted d answers d0 then d1
     assert exp.stats["reward"] == pytest.approx(1.0) and exp.stats["env/answer_is_d0"] == 0.5
     assert exp.stats["agent/c/format_reward"] == pytest.approx(-0.1)
@@ -149,7 +149,7 @@ def test_round_robin_fork_at_b_propagates_through_the_dag_by_hand():
     assert {k: len(v) for k, v in groups.items()} == {
         **{(0, a): G for a in "abcd"}, (1, "a"): 1, (1, "c"): 1, (1, "b"): G, (1, "d"): G,
         (2, "a"): 1, (2, "c"): 1, (2, "b"): G, (2, "d"): G}
-    assert exp.stats["num_generations"] == 8 + 2 * (1 + G + 1 + G) and exp.stats["num_tool_calls"] == G + 2
+    assert exp.stats["generated_samples"] == 8 + 2 * (1 + G + 1 + G) and exp.stats["num_tool_calls"] == G + 2
     # question 1 (bonus 1): branches b0 / b1 -> final rewards 1.0 / 1.5
     assert [s.reward for s in groups[(1, "d")]] == pytest.approx([1.0, 1.5])
     assert [s.reward for s in groups[(1, "b")]] == pytest.approx([1.0, 1.5])
@@ -254,7 +254,7 @@ def test_independent_sampling_keeps_one_homogeneous_group_per_agent():
         assert len({tuple(s.generation.prompt_ids) for s in members}) == 1
     # generations: fork a: 4 agents x G = 8; fork b: a, c once, b, d G times = 6; fork c: a, b once, c, d G = 6;
     # fork d: a, b, c once, d G times = 5. One call per agent: a 2+1+1+1, b 2+2+1+1, c 2+1+2+1, d 2+2+2+2 prompts.
-    assert exp.stats["num_generations"] == 25
+    assert exp.stats["generated_samples"] == 25
     assert pool.calls == [("a", 5, 1), ("b", 6, 1), ("c", 6, 1), ("d", 8, 1)]
     assert exp.stats["num_tool_calls"] == G + 1 + 1 + 1
     # fork at a: a0 / a1 -> rewards 0 / 1 (b and c then answer b0, c0 on both branches)

@@ -1,4 +1,4 @@
-"""HeterogeneousGroupTrainer (MHGPO): config validation, errors before any model loads, parameter sharing, the Eq. 6
+"""MHGPOTrainer (MHGPO): config validation, errors before any model loads, parameter sharing, the Eq. 6
 loss weights reaching the gradient, and the recipes."""
 
 import functools
@@ -17,14 +17,14 @@ from trl_multiagent.command.recipe import RecipeError
 from trl_multiagent.credit.mhgpo import agent_loss_weights
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
+from trl_multiagent.trainers import MHGPOConfig, MHGPOTrainer
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*mhgpo*.yaml"))
 TASKS = Dataset.from_dict({"task_id": list(range(16))})
 
 
 def _args(tmp_path, **kw):
-    return HeterogeneousGroupConfig(output_dir=str(tmp_path), num_generations=4, max_completion_length=1,
+    return MHGPOConfig(output_dir=str(tmp_path), num_generations=4, max_completion_length=1,
                                     generation_kwargs=AB_ONLY, report_to=[], save_strategy="no", disable_tqdm=True,
                                     **kw)
 
@@ -50,7 +50,7 @@ def test_config_validation(tmp_path, kwargs, message):
 def test_config_has_only_its_own_fields(tmp_path):
     import dataclasses
 
-    names = {f.name for f in dataclasses.fields(HeterogeneousGroupConfig)}
+    names = {f.name for f in dataclasses.fields(MHGPOConfig)}
     assert not names & {"joint_mode", "grouping", "agent_order", "alpha"}
     # num_turns / gamma are the shared base's fields: the pipeline runs once per question
     with pytest.raises(ValueError, match="num_turns must be 1 for MHGPO"):
@@ -61,7 +61,7 @@ def test_config_defaults_follow_the_paper(tmp_path):
     args = _args(tmp_path)
     assert args.sampling == "fork_on_first" and args.loss_type == "grpo" and args.beta == 0.001  # Table 2's beta
     assert args.epsilon == 0.2 and args.reward_aggregation == "mean" and args.agent_loss_weighting
-    assert HeterogeneousGroupConfig(output_dir=str(tmp_path)).num_generations == 4  # Table 2's rollout.n
+    assert MHGPOConfig(output_dir=str(tmp_path)).num_generations == 4  # Table 2's rollout.n
     # RR without fork_probabilities forks with the paper's (0.7, 0.1, 0.2) (tests/test_mhgpo_rollout.py draws them)
     rr = _args(tmp_path, sampling="round_robin")
     assert rr.fork_probabilities is None
@@ -72,31 +72,31 @@ def test_config_defaults_follow_the_paper(tmp_path):
 def test_errors_come_before_any_model_loads(tmp_path):
     missing = "/nonexistent/model"  # loading it would fail differently
     with pytest.raises(TypeError, match="must return a PipelineEnvironment"):
-        HeterogeneousGroupTrainer(_agents(missing), MatrixGameEnv, _args(tmp_path), TASKS)
+        MHGPOTrainer(_agents(missing), MatrixGameEnv, _args(tmp_path), TASKS)
     with pytest.raises(ValueError, match="fork_probabilities has 3 entries"):
-        HeterogeneousGroupTrainer(_agents(missing), TwoStageGame,
+        MHGPOTrainer(_agents(missing), TwoStageGame,
                                   _args(tmp_path, sampling="round_robin", fork_probabilities=[0.5, 0.25, 0.25]),
                                   TASKS)
     with pytest.raises(ValueError, match="do not match"):
-        HeterogeneousGroupTrainer(_agents(missing)[:1], TwoStageGame, _args(tmp_path), TASKS)
+        MHGPOTrainer(_agents(missing)[:1], TwoStageGame, _args(tmp_path), TASKS)
 
     class NeedsQuestion(TwoStageGame):
         required_columns = ("question",)
 
     with pytest.raises(ValueError, match=r"lacks the column\(s\) \['question'\]"):
-        HeterogeneousGroupTrainer(_agents(missing), NeedsQuestion, _args(tmp_path), TASKS)
-    with pytest.raises(TypeError, match="HeterogeneousGroupConfig"):
-        from trl_multiagent.trainers import MultiAgentGRPOConfig
+        MHGPOTrainer(_agents(missing), NeedsQuestion, _args(tmp_path), TASKS)
+    with pytest.raises(TypeError, match="MHGPOConfig"):
+        from trl_multiagent.trainers import MAGRPOConfig
 
-        HeterogeneousGroupTrainer(_agents(missing), TwoStageGame, MultiAgentGRPOConfig(output_dir=str(tmp_path)),
+        MHGPOTrainer(_agents(missing), TwoStageGame, MAGRPOConfig(output_dir=str(tmp_path)),
                                   TASKS)
 
 
 def test_one_shared_policy_by_default_per_agent_adapters_on_request(tiny_text_model, tmp_path):
-    shared = HeterogeneousGroupTrainer(_agents(tiny_text_model), TwoStageGame, _args(tmp_path / "a"), TASKS)
+    shared = MHGPOTrainer(_agents(tiny_text_model), TwoStageGame, _args(tmp_path / "a"), TASKS)
     assert list(shared.pool.policies) == ["shared"]
     assert shared.pool.policy_of("first") == shared.pool.policy_of("second") == "shared"
-    separate = HeterogeneousGroupTrainer(_agents(tiny_text_model), TwoStageGame,
+    separate = MHGPOTrainer(_agents(tiny_text_model), TwoStageGame,
                                          _args(tmp_path / "b", share_policy=False), TASKS)
     assert sorted(separate.pool.policies) == ["first", "second"]
     exp = separate.rollout([{"task_id": 0}, {"task_id": 1}])
@@ -105,7 +105,7 @@ def test_one_shared_policy_by_default_per_agent_adapters_on_request(tiny_text_mo
 
 
 def test_eq6_agent_weights_reach_the_gradient(tiny_text_model, tmp_path):
-    trainer = HeterogeneousGroupTrainer(
+    trainer = MHGPOTrainer(
         _agents(tiny_text_model), TwoStageGame,
         _args(tmp_path, sampling="round_robin", fork_probabilities=[0.5, 0.5], per_device_train_batch_size=64,
               seed=3), TASKS)
@@ -145,7 +145,7 @@ def test_eq6_agent_weights_reach_the_gradient(tiny_text_model, tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_recipes_parse(path):
     recipe, config = load_recipe(["--config", str(path)])
-    assert recipe.trainer == "mhgpo" and isinstance(config, HeterogeneousGroupConfig)
+    assert recipe.trainer == "mhgpo" and isinstance(config, MHGPOConfig)
     assert recipe.environment == "search_qa"
 
 

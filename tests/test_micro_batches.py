@@ -108,7 +108,7 @@ def test_the_update_runs_a_shared_prefix_once_for_all_its_micro_batches(tiny_tex
     from trl_multiagent.generation.teacher_forcing import PrefixStore
     from trl_multiagent.rollout import Experience
     from trl_multiagent.team.pool import AgentSpec
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
     from .numerics import assert_same_computation
     from .tiny import model_terms
@@ -125,10 +125,10 @@ def test_the_update_runs_a_shared_prefix_once_for_all_its_micro_batches(tiny_tex
     grads = {}
     for share in (True, False):
         env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]}, lambda completions, **_: 0.0)  # noqa: E731
-        args = MultiAgentGRPOConfig(output_dir=str(tmp_path / str(share)), report_to=[], max_completion_length=4,
+        args = MAGRPOConfig(output_dir=str(tmp_path / str(share)), report_to=[], max_completion_length=4,
                                     num_generations=2, save_strategy="no", disable_tqdm=True, model_dtype="float64",
                                     per_device_train_batch_size=2, share_prompt_prefixes=share)
-        trainer = MultiAgentGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env, args,
+        trainer = MAGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env, args,
                                         Dataset.from_dict({"prompt": ["ab"] * 2}))
         torch.manual_seed(0)
         with torch.no_grad():

@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 
 from trl_multiagent.environments import MathToolEnv, MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 
@@ -27,12 +27,12 @@ GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False)
 def trained(tiny_ab_model, tmp_path_factory):
     """Two steps of a two-agent team (two policies, LoRA ranks 4 and 8), a checkpoint at each step."""
     out = tmp_path_factory.mktemp("card") / "run"
-    args = MultiAgentGRPOConfig(output_dir=str(out), report_to=[], max_completion_length=1, num_generations=4,
+    args = MAGRPOConfig(output_dir=str(out), report_to=[], max_completion_length=1, num_generations=4,
                                 generation_kwargs={"suppress_tokens": [0, 1, 2]}, save_strategy="steps",
                                 save_steps=1, disable_tqdm=True, learning_rate=1e-2, max_steps=2)
     agents = [AgentSpec("agent1", model=tiny_ab_model, lora_r=4),
               AgentSpec("agent2", model=tiny_ab_model, lora_r=8, lora_alpha=16)]
-    trainer = MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
+    trainer = MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
     trainer.train()
     return trainer, out
 
@@ -69,12 +69,12 @@ def test_every_saved_team_folder_has_a_model_card(trained, tiny_ab_model):
     for tag in ("- trl\n", "- trl-multiagent\n", "- magrpo\n", "- lora\n"):
         assert tag in card.split("---")[1]
     assert f"`{tiny_ab_model}`" in card and "| agent2 | `adapters/agent2` |" in card and "| 8 / 16 |" in card
-    assert ("Algorithm: MAGRPO (trainer `magrpo`, MultiAgentGRPOTrainer); paper: [LLM Collaboration With "
+    assert ("Algorithm: MAGRPO (trainer `magrpo`, MAGRPOTrainer); paper: [LLM Collaboration With "
             "Multi-Agent Reinforcement Learning](https://arxiv.org/abs/2508.04652)") in card
     assert "- Steps: 2\n" in card and "@article{liu2025llmcollaboration" in card
     # the trainer config: the fields set away from their defaults, and only those
     config = card.split("### Trainer config")[1].split("\n## ")[0]
-    assert "defaults of MultiAgentGRPOConfig" in config
+    assert "defaults of MAGRPOConfig" in config
     for row in ("| learning_rate | `0.01` |", "| max_steps | `2` |", "| save_steps | `1` |",
                 '| generation_kwargs | `{"suppress_tokens": [0, 1, 2]}` |'):
         assert row in config, row

@@ -16,7 +16,7 @@ claimed: an unstated difference fails.
 :data:`PAPER` holds the settings the papers (and, where the text extraction lost a number, the authors' released
 configs) fix for every task of a trainer, and :data:`TASKS` those of the papers' tasks a recipe stands for:
 
-* MAPoRL (``debate_ppo``), App. G.2 and Sec. 4: temperature 0.7, four PPO epochs, QLoRA dropout 0.05, warmup 10,
+* MAPoRL (``maporl``), App. G.2 and Sec. 4: temperature 0.7, four PPO epochs, QLoRA dropout 0.05, warmup 10,
   the no-box and no-EOS penalties, answers of at least 50 tokens, 300 (GSM8K) and 250 (ANLI) new tokens; the lost
   numbers from the authors' config (``config_ppo2_multi_agent2_turn3_gsm8k_reloadF.py``): LoRA r 8 / alpha 16,
   Adam beta2 0.95, learning rate 1e-5, 8 minibatches per epoch; QLoRA: a 4-bit base.
@@ -25,7 +25,7 @@ configs) fix for every task of a trainer, and :data:`TASKS` those of the papers'
   end of its 5e-7 to 1e-6).
 * MAGRPO (``magrpo``), App. C: K = 4; writing T 0.8, top-p 0.95, lr 5e-6, beta 0.02; coding T 0.7, top-p 0.9,
   lr 1e-6; StrBuild (CoLLM App. C, MAGRPO's settings there) T 0.6, top-p 0.6, lr 5e-6, K = 2.
-* CoLLM (``actor_critic``), App. C: actor lr 5e-6, critic lr 3e-6; writing T 0.7, top-p 0.9, 256 tokens; coding and
+* CoLLM (``collm``), App. C: actor lr 5e-6, critic lr 3e-6; writing T 0.7, top-p 0.9, 256 tokens; coding and
   Minecraft T 0.6, top-p 0.6, 256 tokens (HouseBuild 512); StrBuild lrs 2.5e-6 / 1.5e-6.
 """
 
@@ -45,14 +45,14 @@ RECIPES = sorted(p for p in Path("recipes/configs").glob("*.yaml")
 
 #: The settings every recipe of a trainer is held to (see the module docstring for the sources).
 PAPER = {
-    "debate_ppo": {"temperature": 0.7, "num_iterations": 4, "num_minibatches": 8, "lora_r": 8, "lora_alpha": 16,
+    "maporl": {"temperature": 0.7, "num_iterations": 4, "num_minibatches": 8, "lora_r": 8, "lora_alpha": 16,
                    "lora_dropout": 0.05, "warmup_steps": 10, "adam_beta2": 0.95, "learning_rate": 1e-5,
                    "quantization": "4bit", "min_response_tokens": 50, "penalize_no_boxed": True,
                    "penalize_no_eos": True},
     "at_grpo": {"num_generations": 4, "learning_rate": 1e-6, "weight_decay": 0.01, "max_grad_norm": 1.0},
     "mhgpo": {"num_generations": 4, "beta": 0.001, "epsilon": 0.2, "top_p": 0.9, "learning_rate": 1e-6},
     "magrpo": {"num_generations": 4},
-    "actor_critic": {"learning_rate": 5e-6, "critic_learning_rate": 3e-6},
+    "collm": {"learning_rate": 5e-6, "critic_learning_rate": 3e-6},
 }
 
 _MAPORL_MATH = {"max_completion_length": 300}

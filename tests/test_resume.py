@@ -48,17 +48,17 @@ def _untimed(record: dict) -> dict:
 # Runs recipes/magrpo.py's main, blocking at the start of the training step taken when global_step == BLOCK_AT.
 BLOCKING_WRAPPER = r"""
 import os, sys, time
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
 block_at = int(os.environ["BLOCK_AT_STEP"])
-original = MultiAgentGRPOTrainer.training_step
+original = MAGRPOTrainer.training_step
 
 def training_step(self, *args, **kwargs):
     if self.state.global_step == block_at:
         time.sleep(3600)  # the test kills the process here
     return original(self, *args, **kwargs)
 
-MultiAgentGRPOTrainer.training_step = training_step
+MAGRPOTrainer.training_step = training_step
 sys.path.insert(0, "recipes")
 import magrpo
 sys.exit(magrpo.main(sys.argv[1:]))

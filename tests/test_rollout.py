@@ -110,7 +110,7 @@ def test_generation_count_without_early_stop(n, k, h):
     pool = ScriptedPool(agents, lambda a, p, i: "x")
     exp = JointTreeSampler(num_samples=k, num_turns=h).rollout(pool, env, [{}], GEN)
     assert pool.num_generations == num_tree_generations(n, k, h) == n * k * (k**h - 1) // (k - 1)
-    assert exp.stats["num_generations"] == pool.num_generations
+    assert exp.stats["generated_samples"] == pool.num_generations
     # one generate call per agent per turn, covering every branch point of that turn
     assert len(pool.calls) == n * h
 

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 from trl_multiagent.team.pool import AgentPool
 from trl_multiagent.trainers import sharding
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
 TAG = os.environ["RECORD_TAG"]
 
@@ -87,7 +87,7 @@ def gather_object(obj):
     return out
 
 
-original_rollout = MultiAgentGRPOTrainer.rollout
+original_rollout = MAGRPOTrainer.rollout
 
 
 def rollout(self, tasks):
@@ -101,7 +101,7 @@ def rollout(self, tasks):
     return experience
 
 
-MultiAgentGRPOTrainer.rollout = rollout
+MAGRPOTrainer.rollout = rollout
 
 
 class Record(TrainerCallback):
@@ -128,7 +128,7 @@ class Record(TrainerCallback):
             torch.save({"adapters": adapters, "info": info}, os.path.join(args.output_dir, name))
 
 
-original_init = MultiAgentGRPOTrainer.__init__
+original_init = MAGRPOTrainer.__init__
 
 
 def init(self, *args, **kwargs):
@@ -136,7 +136,7 @@ def init(self, *args, **kwargs):
     self.add_callback(Record(self))
 
 
-MultiAgentGRPOTrainer.__init__ = init
+MAGRPOTrainer.__init__ = init
 sys.path.insert(0, "recipes")
 import magrpo
 sys.exit(magrpo.main(sys.argv[1:]))
@@ -205,7 +205,7 @@ def test_shipped_accelerate_configs_load(name, kind):
 def test_configs_refused_before_any_model_loads(name, reason, monkeypatch, tmp_path):
     """The environment `accelerate launch` sets from the shipped config reaches the config's checks: DeepSpeed is
     refused with its reason, and FSDP on this CPU-only machine (accelerate would silently run DDP)."""
-    from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig
+    from trl_multiagent.trainers.magrpo import MAGRPOConfig
 
     if name == "fsdp" and torch.accelerator.is_available():
         pytest.skip("this machine has an accelerator: FSDP is allowed here")
@@ -219,32 +219,32 @@ def test_configs_refused_before_any_model_loads(name, reason, monkeypatch, tmp_p
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match=reason):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none")
+        MAGRPOConfig(output_dir=str(tmp_path), report_to="none")
 
 
 def test_fsdp1_refused(monkeypatch, tmp_path):
     from trl_multiagent.trainers import sharding
-    from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig
+    from trl_multiagent.trainers.magrpo import MAGRPOConfig
 
     monkeypatch.setattr(sharding, "accelerator_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(ValueError, match="FSDP version 1"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none")
+        MAGRPOConfig(output_dir=str(tmp_path), report_to="none")
 
 
 def test_shared_prompt_prefixes_are_refused_under_fsdp_and_off_by_default_there(monkeypatch, tmp_path):
     from trl_multiagent.trainers import sharding
-    from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig
+    from trl_multiagent.trainers.magrpo import MAGRPOConfig
 
     monkeypatch.setattr(sharding, "accelerator_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     with pytest.raises(ValueError, match="share_prompt_prefixes: true cannot run under FSDP"):
-        MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none", share_prompt_prefixes=True)
-    assert MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none").share_prompt_prefixes is None
+        MAGRPOConfig(output_dir=str(tmp_path), report_to="none", share_prompt_prefixes=True)
+    assert MAGRPOConfig(output_dir=str(tmp_path), report_to="none").share_prompt_prefixes is None
 
-@pytest.mark.parametrize("module,config", [("actor_critic", "ActorCriticConfig"), ("debate_ppo", "DebatePPOConfig")])
+@pytest.mark.parametrize("module,config", [("collm", "CoLLMConfig"), ("maporl", "MAPoRLConfig")])
 def test_trainers_with_critics_refuse_fsdp(module, config, monkeypatch, tmp_path):
     import importlib
 

@@ -33,10 +33,10 @@ import os, sys, time
 from pathlib import Path
 
 from trl_multiagent.command.cli import run_recipe_script
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOTrainer
 
 pause_at = int(os.environ.get("PAUSE_AT_STEP", "-1"))
-original = MultiAgentGRPOTrainer.training_step
+original = MAGRPOTrainer.training_step
 
 
 def training_step(self, *args, **kwargs):
@@ -48,7 +48,7 @@ def training_step(self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
-MultiAgentGRPOTrainer.training_step = training_step
+MAGRPOTrainer.training_step = training_step
 sys.exit(run_recipe_script(None, "signal_run.py"))
 """
 

@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 
 def test_two_steps_with_tensorboard_write_the_logged_metrics(tiny_ab_model, tmp_path, monkeypatch):
@@ -18,12 +18,12 @@ def test_two_steps_with_tensorboard_write_the_logged_metrics(tiny_ab_model, tmp_
 
     logs = tmp_path / "tb"
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(logs))  # transformers 5: else <output_dir>/runs/<date>
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path / "run"), report_to=["tensorboard"], max_completion_length=1,
+    args = MAGRPOConfig(output_dir=str(tmp_path / "run"), report_to=["tensorboard"], max_completion_length=1,
                                 num_generations=2, generation_kwargs={"suppress_tokens": [0, 1, 2]},
                                 save_strategy="no", disable_tqdm=True, max_steps=2, logging_steps=1,
                                 learning_rate=1e-2, log_completions=True, num_completions_to_print=0)
     agents = [AgentSpec("agent1", model=tiny_ab_model, lora_r=4), AgentSpec("agent2", model=tiny_ab_model, lora_r=4)]
-    MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))})).train()
+    MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))})).train()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in records if "reward" in r]
     events = [p for p in logs.rglob("events.out.tfevents.*")]
@@ -54,15 +54,15 @@ import json, sys
 from datasets import Dataset
 from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.environments import MatrixGameEnv
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 model, out = sys.argv[1], sys.argv[2]
-args = MultiAgentGRPOConfig(output_dir=out, report_to=["trackio"], project="team-test", run_name="two-steps",
+args = MAGRPOConfig(output_dir=out, report_to=["trackio"], project="team-test", run_name="two-steps",
                             max_completion_length=1, num_generations=2, generation_kwargs={"suppress_tokens": [0, 1, 2]},
                             save_strategy="no", disable_tqdm=True, max_steps=2, logging_steps=1, learning_rate=1e-2,
                             log_completions=True, num_completions_to_print=0)
 agents = [AgentSpec("agent1", model=model, lora_r=4), AgentSpec("agent2", model=model, lora_r=4)]
-MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))})).train()
+MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))})).train()
 from trackio.sqlite_storage import SQLiteStorage
 print("LOGS=" + json.dumps(SQLiteStorage.get_logs("team-test", "two-steps"), default=str))
 """

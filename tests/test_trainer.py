@@ -1,4 +1,4 @@
-"""MultiAgentGRPOTrainer wiring: param groups per policy, per-agent metrics, files written by every run."""
+"""MAGRPOTrainer wiring: param groups per policy, per-agent metrics, files written by every run."""
 
 import json
 
@@ -7,16 +7,16 @@ from datasets import Dataset
 
 from trl_multiagent.environments import MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 
 def _trainer(model_dir, tmp_path, **kw):
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=4,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=1, num_generations=4,
                                 generation_kwargs={"suppress_tokens": [0, 1, 2]},
                                 save_strategy="no", disable_tqdm=True, learning_rate=1e-2, **kw)
     agents = [AgentSpec("agent1", model=model_dir, lora_r=4), AgentSpec("agent2", model=model_dir, lora_r=4,
                                                                          learning_rate=3e-2)]
-    return MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
+    return MAGRPOTrainer(agents, MatrixGameEnv, args, Dataset.from_dict({"task_id": list(range(16))}))
 
 
 def test_one_param_group_per_policy_with_its_learning_rate(tiny_ab_model, tmp_path):

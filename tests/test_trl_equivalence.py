@@ -1,4 +1,4 @@
-"""With one agent and one turn, MultiAgentGRPOTrainer's advantages, loss and gradients equal TRL GRPOTrainer's for
+"""With one agent and one turn, MAGRPOTrainer's advantages, loss and gradients equal TRL GRPOTrainer's for
 TRL's own loss types (selected by name; MAGRPO's default whole-response objective is tested in test_losses.py)."""
 
 import pytest
@@ -12,7 +12,7 @@ from trl_multiagent.environments import FunctionEnvironment
 from trl_multiagent.models.loading import load_base_model, load_tokenizer
 from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.team.pool import AgentSpec, Generation
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 from .numerics import assert_same_computation
 from .tiny import model_terms
@@ -45,8 +45,8 @@ def test_single_agent_matches_trl_grpo(tiny_text_model, tmp_path, loss_type, bet
     # ours: one agent, one turn
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["prompt"]}, char_score)  # noqa: E731
     data = Dataset.from_dict({"prompt": ["abc"] * 4})
-    ours = MultiAgentGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env,
-                                 MultiAgentGRPOConfig(output_dir=str(tmp_path / "ours"), **common), data)
+    ours = MAGRPOTrainer([AgentSpec("solo", model=tiny_text_model, lora_r=4, lora_alpha=8)], env,
+                                 MAGRPOConfig(output_dir=str(tmp_path / "ours"), **common), data)
 
     # TRL: same base, same LoRA weights (copied from ours, with B made non-zero so the adapter matters)
     with torch.no_grad():

@@ -78,16 +78,16 @@ def has_a(completions, **kwargs):
 def test_a_training_run_logs_trls_names_per_agent(tiny_ab_model, tmp_path):
     from datasets import Dataset
 
-    from trl_multiagent import AgentSpec, FunctionEnvironment, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent import AgentSpec, FunctionEnvironment, MAGRPOConfig, MAGRPOTrainer
 
     def env():
         return FunctionEnvironment(["agent1", "agent2"], {"agent1": lambda t: "q", "agent2": lambda t: "q"},
                                    reward_funcs=[has_a])
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=2, num_generations=2,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=2, num_generations=2,
                                 max_steps=1, save_strategy="no", disable_tqdm=True)
     agents = [AgentSpec("agent1", model=tiny_ab_model, lora_r=4), AgentSpec("agent2", model=tiny_ab_model, lora_r=4)]
-    MultiAgentGRPOTrainer(agents, env, args, Dataset.from_dict({"task_id": [0, 1]})).train()
+    MAGRPOTrainer(agents, env, args, Dataset.from_dict({"task_id": [0, 1]})).train()
     (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
                  if "reward" in json.loads(line)]
     for key in ("rewards/has_a/mean", "rewards/has_a/std", "agent/agent1/rewards/has_a/mean",
@@ -119,17 +119,17 @@ def trl_prints(logs) -> str:
 def test_each_logged_dict_is_printed_as_trl_prints_it(tmp_path, capsys):
     from transformers import TrainerControl, TrainerState
 
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
     from trl_multiagent.trainers.callbacks import TrainingProgressCallback, format_logs
 
     assert format_logs(LOGS) == trl_prints(LOGS)
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[])
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[])
     state = TrainerState(max_steps=0)  # no bar to draw: printed plainly
     callback = TrainingProgressCallback()
     callback.on_train_begin(args, state, TrainerControl())
     callback.on_log(args, state, TrainerControl(), logs=dict(LOGS))
     assert capsys.readouterr().out == trl_prints(LOGS) + "\n"
-    quiet = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], print_logs=False)
+    quiet = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], print_logs=False)
     callback.on_log(quiet, state, TrainerControl(), logs=dict(LOGS))
     assert capsys.readouterr().out == ""
 
@@ -137,10 +137,10 @@ def test_each_logged_dict_is_printed_as_trl_prints_it(tmp_path, capsys):
 def test_the_dict_is_printed_above_the_progress_bar(tmp_path, capsys):
     from transformers import TrainerControl, TrainerState
 
-    from trl_multiagent.trainers import MultiAgentGRPOConfig
+    from trl_multiagent.trainers import MAGRPOConfig
     from trl_multiagent.trainers.callbacks import TrainingProgressCallback
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[])
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[])
     state = TrainerState(max_steps=3)
     callback = TrainingProgressCallback()
     callback.on_train_begin(args, state, TrainerControl())

@@ -132,27 +132,27 @@ def test_trl_names_that_do_not_fit_are_one_line_naming_the_librarys_field(task_f
 def test_a_grpo_config_is_taken_over_and_logged(tmp_path, caplog):
     from trl import GRPOConfig
 
-    from trl_multiagent.trainers import ATGRPOConfig, MultiAgentGRPOConfig
+    from trl_multiagent.trainers import ATGRPOConfig, MAGRPOConfig
     from trl_multiagent.trainers.trl_args import trainer_config
 
     grpo = GRPOConfig(output_dir=str(tmp_path), num_generations=4, max_completion_length=32, max_steps=2,
                       reward_weights=[1.0, 0.5], report_to="none", bf16=False, learning_rate=3e-6, seed=7)
     with caplog.at_level(logging.INFO, logger="trl_multiagent.trainers.trl_args"):
-        config = trainer_config(MultiAgentGRPOConfig, grpo)
-    assert type(config) is MultiAgentGRPOConfig
+        config = trainer_config(MAGRPOConfig, grpo)
+    assert type(config) is MAGRPOConfig
     assert (config.output_dir, config.num_generations, config.max_completion_length, config.max_steps,
             config.reward_weights, config.learning_rate, config.seed) == (str(tmp_path), 4, 32, 2, [1.0, 0.5], 3e-6, 7)
     assert config.loss_type == "response"  # left at GRPOConfig's default: the trainer's own
     line = caplog.records[-1].getMessage()
     assert "took over bf16, learning_rate, max_completion_length, max_steps, num_generations, output_dir, " \
-           "reward_weights, seed into MultiAgentGRPOConfig" in line
+           "reward_weights, seed into MAGRPOConfig" in line
     assert "loss_type 'response' (GRPOConfig: 'dapo')" in line
-    assert trainer_config(MultiAgentGRPOConfig, config) is config
-    with pytest.raises(TypeError, match="args must be a MultiAgentGRPOConfig, got ATGRPOConfig"):
-        trainer_config(MultiAgentGRPOConfig, ATGRPOConfig(output_dir=str(tmp_path)))
+    assert trainer_config(MAGRPOConfig, config) is config
+    with pytest.raises(TypeError, match="args must be a MAGRPOConfig, got ATGRPOConfig"):
+        trainer_config(MAGRPOConfig, ATGRPOConfig(output_dir=str(tmp_path)))
     with pytest.raises(ValueError, match=r"args is a GRPOConfig; its fields .* were taken over into "
-                                         r"MultiAgentGRPOConfig, which refuses them: gradient_accumulation_steps"):
-        trainer_config(MultiAgentGRPOConfig, GRPOConfig(output_dir=str(tmp_path), bf16=False,
+                                         r"MAGRPOConfig, which refuses them: gradient_accumulation_steps"):
+        trainer_config(MAGRPOConfig, GRPOConfig(output_dir=str(tmp_path), bf16=False,
                                                         gradient_accumulation_steps=2))
 
 
@@ -160,7 +160,7 @@ def test_the_trainer_takes_a_grpo_config_and_refuses_reward_funcs(tiny_ab_model,
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from trl_multiagent import AgentSpec, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent import AgentSpec, MAGRPOConfig, MAGRPOTrainer
     from trl_multiagent.environments import MatrixGameEnv
 
     agents = [AgentSpec("agent1", model=tiny_ab_model), AgentSpec("agent2", model=tiny_ab_model)]
@@ -168,10 +168,10 @@ def test_the_trainer_takes_a_grpo_config_and_refuses_reward_funcs(tiny_ab_model,
     args = GRPOConfig(output_dir=str(tmp_path), num_generations=2, max_completion_length=2, max_steps=1,
                       report_to="none", bf16=False)
     with pytest.raises(TypeError) as info:
-        MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, data, reward_funcs=[lambda completions, **kw: [0.0]])
+        MAGRPOTrainer(agents, MatrixGameEnv, args, data, reward_funcs=[lambda completions, **kw: [0.0]])
     assert "FunctionEnvironment(..., reward_funcs=[...])" in str(info.value)
-    trainer = MultiAgentGRPOTrainer(agents, MatrixGameEnv, args, data)
-    assert isinstance(trainer.args, MultiAgentGRPOConfig) and trainer.args.num_generations == 2
+    trainer = MAGRPOTrainer(agents, MatrixGameEnv, args, data)
+    assert isinstance(trainer.args, MAGRPOConfig) and trainer.args.num_generations == 2
     trainer.train()
     assert trainer.state.global_step == 1
 

@@ -289,12 +289,12 @@ def test_the_recipes_reward_weights_weigh_the_environments_reward_functions(tmp_
 def test_a_trainer_refuses_config_reward_weights_the_environment_does_not_have(tmp_path):
     from datasets import Dataset
 
-    from trl_multiagent import AgentSpec, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent import AgentSpec, MAGRPOConfig, MAGRPOTrainer
 
     env = lambda: FunctionEnvironment(["solo"], {"solo": plain_prompt}, [one, also_one])  # noqa: E731
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], reward_weights=[1.0, 0.5])
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], reward_weights=[1.0, 0.5])
     with pytest.raises(ValueError, match=r"reward_weights=\[1.0, 0.5\] in the config.*FunctionEnvironment: \[1.0, 1.0\]"):
-        MultiAgentGRPOTrainer([AgentSpec("solo", model=str(tmp_path / "nowhere"))], env, args,
+        MAGRPOTrainer([AgentSpec("solo", model=str(tmp_path / "nowhere"))], env, args,
                               Dataset.from_dict({"id": [1]}))
 
 

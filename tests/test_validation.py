@@ -15,33 +15,33 @@ from trl_multiagent.command.recipe import (
 )
 from trl_multiagent.environments import FunctionEnvironment, MatrixGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
 NOWHERE = "/nonexistent/model/dir-that-would-fail-to-load"
 
 
 def _args(tmp_path, **kw):
-    return MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
+    return MAGRPOConfig(output_dir=str(tmp_path), report_to=[], **kw)
 
 
 def test_agents_must_match_environment_roles(tmp_path):
     # the model path does not exist: reaching the loader would raise a different error
     agents = [AgentSpec("agent1", model=NOWHERE), AgentSpec("helper", model=NOWHERE)]
     with pytest.raises(ValueError, match=r"do not match the roles of MatrixGameEnv"):
-        MultiAgentGRPOTrainer(agents, MatrixGameEnv, _args(tmp_path), Dataset.from_dict({"x": [1]}))
+        MAGRPOTrainer(agents, MatrixGameEnv, _args(tmp_path), Dataset.from_dict({"x": [1]}))
 
 
 def test_dataset_missing_columns(tmp_path):
     env = lambda: FunctionEnvironment(["solo"], {"solo": lambda t: t["question"]}, lambda completions: 0.0,  # noqa: E731
                                       required_columns=["question"])
     with pytest.raises(ValueError, match=r"lacks the column\(s\) \['question'\]"):
-        MultiAgentGRPOTrainer([AgentSpec("solo", model=NOWHERE)], env, _args(tmp_path),
+        MAGRPOTrainer([AgentSpec("solo", model=NOWHERE)], env, _args(tmp_path),
                               Dataset.from_dict({"prompt": ["hi"]}))
 
 
 def test_empty_dataset(tmp_path):
     with pytest.raises(ValueError, match="empty"):
-        MultiAgentGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
+        MAGRPOTrainer([AgentSpec("agent1", model=NOWHERE), AgentSpec("agent2", model=NOWHERE)],
                               MatrixGameEnv, _args(tmp_path), Dataset.from_dict({"x": []}))
 
 
@@ -159,7 +159,7 @@ def test_every_shipped_critic_recipe_can_show_m_t():
     recipe sets reward_max or runs an environment that has one (else its trainer refuses it before loading)."""
     from trl_multiagent.command.recipe import environment_factory
 
-    critic_recipes = [p for p in CONFIGS if "trainer: actor_critic" in p.read_text()]
+    critic_recipes = [p for p in CONFIGS if "trainer: collm" in p.read_text()]
     assert len(critic_recipes) >= 10
     for path in critic_recipes:
         recipe, config = load_recipe(["--config", str(path)])
@@ -258,7 +258,7 @@ def test_a_generated_dataset_trains_and_evaluates_on_the_splits_a_recipe_names(t
 
 
 @pytest.mark.parametrize("script,config", [
-    ("at_grpo", "gsm8k_at_grpo"), ("actor_critic", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
+    ("at_grpo", "gsm8k_at_grpo"), ("collm", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
     ("mhgpo", "hotpotqa_mhgpo_rr")])
 def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(script, config, tmp_path, capsys):
     import importlib.util
@@ -392,7 +392,7 @@ def test_every_generated_config_plans_its_run_without_a_model(path, tmp_path):
         return
     expected = {"humaneval_aux_main": "coding", "math_debate": "debate", "math_debate_easy": "debate",
                 "nli_debate": "debate", "search_qa": "pipeline", "tldr": "writing", "arxiv": "writing"}.get(recipe.environment, "episodes")
-    if recipe.trainer == "actor_critic":
+    if recipe.trainer == "collm":
         expected = "episodes"
     assert run.evaluator.name == expected and run.tasks and run.stages_planned
     if "task_id" in run.dataset.column_names and "task_id" in run.tasks[0]:  # never a training task

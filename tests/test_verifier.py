@@ -10,7 +10,7 @@ from datasets import Dataset
 
 from trl_multiagent.environments import MathDebateEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers import MAPoRLConfig, MAPoRLTrainer
 from trl_multiagent.verifier.learned import (
     LearnedVerifier,
     VerifierExample,
@@ -109,7 +109,7 @@ def test_trained_verifier_saved_reloaded_and_used_as_the_debate_scorer(tiny_text
     assert again == pytest.approx(scores, abs=1e-5)
 
     # the debate trainer scores every answer with it: s(q, y) = the verifier's output at the answer's last token
-    args = DebatePPOConfig(output_dir=str(tmp_path / "out"), verifier=str(tmp_path / "verifier"), num_turns=1,
+    args = MAPoRLConfig(output_dir=str(tmp_path / "out"), verifier=str(tmp_path / "verifier"), num_turns=1,
                            reward_mode="immediate", episodes_per_step=2, max_completion_length=6,
                            per_device_train_batch_size=4, critic_lora_r=4, report_to=[], save_strategy="no",
                            disable_tqdm=True, penalize_no_boxed=False,
@@ -117,7 +117,7 @@ def test_trained_verifier_saved_reloaded_and_used_as_the_debate_scorer(tiny_text
                            penalize_post_boxed=False)
     agents = [AgentSpec(a, model=tiny_text_model, lora_r=4, lora_alpha=8) for a in ("agent1", "agent2")]
     data = Dataset.from_dict({"question": ["what is 1 plus 2?", "what is 3 plus 1?"], "answer": ["3", "4"]})
-    trainer = DebatePPOTrainer(agents, ShortMathDebate, args, data)
+    trainer = MAPoRLTrainer(agents, ShortMathDebate, args, data)
     experience = trainer.rollout(list(data))
     questions = [f"q: {data[s.episode]['question']}" for s in experience.samples]
     expected = reloaded.score(questions, [s.generation.text for s in experience.samples])

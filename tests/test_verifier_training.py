@@ -27,7 +27,7 @@ from trl_multiagent.metrics.classification import (
 )
 from trl_multiagent.metrics.stats import resample_indices
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers import MAPoRLConfig, MAPoRLTrainer
 from trl_multiagent.verifier.learned import num_training_steps
 
 from .numerics import assert_same_computation
@@ -321,13 +321,13 @@ def test_command_end_to_end_and_the_debate_trainer_loads_the_verifier(tiny_ab_mo
 
     # the debate trainer loads what was saved and scores answers with it (another batching of the same model:
     # equal up to rounding, tests/numerics.py)
-    args = DebatePPOConfig(output_dir=str(tmp_path / "debate"), verifier=str(out), num_turns=1,
+    args = MAPoRLConfig(output_dir=str(tmp_path / "debate"), verifier=str(out), num_turns=1,
                            reward_mode="immediate", episodes_per_step=2, max_completion_length=4,
                            per_device_train_batch_size=4, critic_lora_r=4, report_to=[], save_strategy="no",
                            disable_tqdm=True, model_dtype="float64", penalize_no_boxed=False, penalize_no_eos=False,
                            min_response_tokens=0, penalize_repetition=False, penalize_post_boxed=False)
     agents = [AgentSpec(a, model=tiny_ab_model, lora_r=4, lora_alpha=8) for a in ("agent1", "agent2")]
-    trainer = DebatePPOTrainer(agents, LetterDebate, args, LetterDebate.make_dataset(2))
+    trainer = MAPoRLTrainer(agents, LetterDebate, args, LetterDebate.make_dataset(2))
     assert trainer.sampler.scorer == trainer.verifier_model.score
     again = trainer.verifier_model.score([r["question"] for r in scored], [r["solution"] for r in scored])
     tokens = sum(len(trainer.verifier_model.encode(r["question"], r["solution"])[0]) for r in scored)

@@ -487,7 +487,9 @@ def test_the_colocated_backend_refuses_server_settings_and_make_generation_backe
         vllm_backend.VLLMGenerationBackend(pool, vllm_backend.VLLMSettings.from_config(config))
     backend = vllm_backend.make_generation_backend(pool, config)
     try:
-        assert isinstance(backend, VLLMServerBackend) and backend._connected and server.loads() == []
+        # connected and the adapters loaded before any generation: every error a server can give comes first
+        assert isinstance(backend, VLLMServerBackend) and server.loads() == ["writer-v1", "editor-v1"]
+        assert server.posts("/v1/completions") == []
     finally:
         backend.close()
 
@@ -517,8 +519,9 @@ def test_a_training_step_through_the_server_reloads_the_trained_adapters(tiny_te
     pool.generation_backend = vllm_backend.make_generation_backend(pool, config)
     try:
         trainer = MultiAgentGRPOTrainer(pool, environment, config, Dataset.from_dict({"topic": ["ab", "cd"] * 2}))
+        assert server.loads() == ["writer-v1", "editor-v1"]  # loaded when the backend was made
         trainer.train()
-        assert server.loads() == ["writer-v1", "editor-v1"]
+        assert server.loads() == ["writer-v1", "editor-v1"]  # the rollout's adapters were those: nothing travelled
         assert {c["model"] for c in server.posts("/v1/completions")} == {"writer-v1", "editor-v1"}
         assert "sampling/importance_sampling_ratio/mean" in (tmp_path / "metrics.jsonl").read_text()
         pool.generate_many([GenerationRequest(a, "ab:") for a in agents], GREEDY)

@@ -60,22 +60,25 @@ _EXPORTS = {
     "Team": "command.saved_team",
     "DEFAULT_MODEL": "models.loading",
     "ModelNotFoundError": "models.loading",
-    "ActorCriticConfig": "trainers",
-    "ActorCriticTrainer": "trainers",
+    "CoLLMConfig": "trainers",
+    "CoLLMTrainer": "trainers",
     "ATGRPOConfig": "trainers",
     "ATGRPOTrainer": "trainers",
-    "DebatePPOConfig": "trainers",
-    "DebatePPOTrainer": "trainers",
-    "HeterogeneousGroupConfig": "trainers",
-    "HeterogeneousGroupTrainer": "trainers",
-    "MultiAgentGRPOConfig": "trainers",
-    "MultiAgentGRPOTrainer": "trainers",
+    "MAPoRLConfig": "trainers",
+    "MAPoRLTrainer": "trainers",
+    "MHGPOConfig": "trainers",
+    "MHGPOTrainer": "trainers",
+    "MAGRPOConfig": "trainers",
+    "MAGRPOTrainer": "trainers",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name in ("DebatePPOConfig", "DebatePPOTrainer", "ActorCriticConfig", "ActorCriticTrainer", "MultiAgentGRPOConfig",
+                "MultiAgentGRPOTrainer", "HeterogeneousGroupConfig", "HeterogeneousGroupTrainer"):
+        return getattr(importlib.import_module(".trainers", __name__), name)  # an earlier name: warns, gives the new
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ BEGIN, END = "<!-- table: begin (python experiments/training/collect.py) -->", "
 def trainer_name(summary: dict) -> str:
     recipe = summary.get("recipe", {})
     algorithm = summary.get("algorithm") or recipe.get("trainer", "?")
-    if recipe.get("trainer") == "actor_critic" or algorithm.startswith("CoLLM"):
+    if recipe.get("trainer") in ("collm", "actor_critic") or algorithm.startswith("CoLLM"):  # actor_critic: its name in older records
         critic = recipe.get("critic", "centralized")
         return "CoLLM-CC" if critic == "centralized" else "CoLLM-DC"
     return algorithm

@@ -45,11 +45,11 @@ seeds() {  # seeds <script> <config> <prefix> [extra args...]: seeds 0 1 2 into 
 
 seeded() {  # seeded <group>: the seeds of a seeded group (the other groups run their one command below)
   case $1 in
-    collm_dc) seeds actor_critic.py math_easy_dc.yaml math_dc ;;
+    collm_dc) seeds collm.py math_easy_dc.yaml math_dc ;;
     debate) seeds debate.py math_easy_debate.yaml debate ;;
     at_grpo) seeds at_grpo.py math_easy_at_grpo.yaml at_shared ;;
     at_grpo_specialized) seeds at_grpo.py math_easy_at_grpo_specialized.yaml at_spec ;;
-    tldr_dc) seeds actor_critic.py tldr_dc_small.yaml tldr_dc ;;
+    tldr_dc) seeds collm.py tldr_dc_small.yaml tldr_dc ;;
     mhgpo_rr|strbuild_magrpo) if [ "${COLLECT:-yes}" = no ]; then echo "COLLECT=no: $1 has no seeds to run" >&2; exit 2; fi ;;
     *) echo "unknown group: $1" >&2; exit 2 ;;
   esac

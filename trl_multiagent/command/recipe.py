@@ -59,8 +59,8 @@ class RecipeArguments:
     _argument_group_name = "recipe: what to train, with whom, on what data, and how to evaluate it"
 
     trainer: str = field(default="magrpo", metadata=_help(
-        "The trainer that runs the recipe, a name of trl_multiagent.trainers.TRAINERS (magrpo, mhgpo, actor_critic, "
-        "debate_ppo, ...). Read before every other field: `--trainer X --help` lists X's config fields."))
+        "The trainer that runs the recipe, a name of trl_multiagent.trainers.TRAINERS (magrpo, mhgpo, collm, "
+        "maporl, ...). Read before every other field: `--trainer X --help` lists X's config fields."))
     environment: str = field(default="matrix_game", metadata=_help(
         "A registered environment (trl_multiagent.environments.ENVIRONMENTS), an import path 'module:Class' or a "
         "class in a Python file, 'path/to/file.py:Class'."))
@@ -104,7 +104,7 @@ class RecipeArguments:
         "run exactly (its optimizer, schedule, step and random state); give one or the other."))
     evaluator: str = field(default="auto", metadata=_help(
         "How the team is evaluated on held-out tasks: 'auto' (by environment: coding, writing, debate, pipeline, "
-        "or episodes; greedy episodes for actor_critic, as CoLLM evaluates), one of those names, 'none', or "
+        "or episodes; greedy episodes for collm, as CoLLM evaluates), one of those names, 'none', or "
         "'module:Class' (or 'path/to/file.py:Class') of an Evaluator subclass. With 'auto', an environment without "
         "held-out tasks is not evaluated."))
     eval_stages: list[str] = field(default_factory=lambda: list(EVAL_STAGES), metadata=_help(
@@ -134,7 +134,7 @@ class RecipeArguments:
     eval_max_new_tokens: int = field(default=128, metadata=_help("Response length during evaluation."))
     eval_temperature: float | None = field(default=None, metadata=_help(
         "Sampling temperature of the evaluation; 0: greedy. Empty: the training temperature for the coding and debate "
-        "evaluations (and every debate_ppo run, as MAPoRL evaluates), greedy otherwise."))
+        "evaluations (and every maporl run, as MAPoRL evaluates), greedy otherwise."))
     eval_team_before_is_naive: bool = field(default=False, metadata=_help(
         "Report the naive-concatenation baseline as the team's before-training result instead of sampling it again "
         "(exact in distribution for a fresh single-turn team: LoRA's B = 0 makes the adapted model the base)."))
@@ -191,6 +191,11 @@ class RecipeArguments:
              "eval_bootstrap_resamples", "an integer >= 100")
         need(whole(self.eval_max_batch_sequences) and self.eval_max_batch_sequences >= 0, "eval_max_batch_sequences",
              "an integer >= 0 (0: no bound)")
+
+
+#: Trainers' earlier names, before each trainer got one name for its module, config, docs page and recipes: a recipe,
+#: a command line or a saved team's recorded recipe that uses one gets the current name, with a warning.
+RENAMED_TRAINERS = {"debate_ppo": "maporl", "actor_critic": "collm"}
 
 
 # ------------------------------------------------------------------------------------------------------ values

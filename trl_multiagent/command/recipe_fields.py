@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # trl_multiagent/
 #: The package's sources every snapshot depends on, besides the files of the config classes (found at generation).
 SOURCES = ("cli.py", "recipe.py", "recipe_fields.py", "trainers/__init__.py")
 #: The installed distributions whose classes the fields come from.

@@ -39,6 +39,7 @@ from typing import Any
 
 from trl_multiagent.command import recipe_fields
 from trl_multiagent.command.recipe import (
+    RENAMED_TRAINERS,
     RecipeArguments,
     _fields,
     _hints,
@@ -211,6 +212,28 @@ def _trainer_on_command_line(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _current_trainer_name(argv: list[str], file_values: dict[str, Any], source: str
+                          ) -> tuple[list[str], dict[str, Any]]:
+    """``argv`` and the recipe's values with a trainer's earlier name (:data:`RENAMED_TRAINERS`) replaced by its
+    current one, each replacement warned about once."""
+    def renamed(name: Any, where: str) -> Any:
+        if isinstance(name, str) and name in RENAMED_TRAINERS:
+            logging.getLogger(__name__).warning("%s: trainer %r is now named %r; the recipe runs under the new name",
+                                                where, name, RENAMED_TRAINERS[name])
+            return RENAMED_TRAINERS[name]
+        return name
+
+    argv = list(argv)
+    for i, token in enumerate(argv):
+        if token == "--trainer" and i + 1 < len(argv):
+            argv[i + 1] = renamed(argv[i + 1], "command line")
+        elif token.startswith("--trainer="):
+            argv[i] = "--trainer=" + renamed(token.split("=", 1)[1], "command line")
+    if "trainer" in file_values:
+        file_values = {**file_values, "trainer": renamed(file_values["trainer"], source)}
+    return argv, file_values
+
+
 def _config_on_command_line(argv: Sequence[str]) -> str | None:
     for i, token in enumerate(argv):
         if token == "--config":
@@ -272,6 +295,7 @@ def _parse(argv: list[str], yaml_text: str | None, prog: str, snapshot: dict[str
     if file_values.get("command") == "train-verifier":
         raise RecipeError(f"{source} is a config of the train-verifier command (command: train-verifier), not a "
                           f"training recipe: run python -m trl_multiagent train-verifier --config {source}")
+    argv, file_values = _current_trainer_name(argv, file_values, source)
     trainer = _trainer_on_command_line(argv) or file_values.get("trainer") or DEFAULT_TRAINER
     if not isinstance(trainer, str) or trainer not in trainers:
         raise RecipeError(f"{'command line' if _trainer_on_command_line(argv) else source}: "

@@ -218,6 +218,9 @@ class Run:
             self.stages["after"] = self.evaluate("after", ["team"])
         if is_main:
             self.write(trainer.generated_samples)
+        backend = trainer.pool.generation_backend
+        if backend is not None and config.use_vllm and config.vllm_mode == "server":
+            backend.close()  # unload this run's adapter versions from the server
         finish_distributed()
         return 0
 

@@ -95,7 +95,7 @@ def eval_generation_config(recipe, config, sampled: bool):
 
 def evaluation_samples(recipe, probe) -> bool:
     """Whether the recipe's held-out evaluation samples (``eval_temperature`` > 0, or, when it is empty, an evaluator
-    or trainer that evaluates by sampling: coding, debates, ``debate_ppo``) rather than decoding greedily."""
+    or trainer that evaluates by sampling: coding, debates, ``maporl``) rather than decoding greedily."""
     from trl_multiagent.command.recipe import _trainer_registry
     from trl_multiagent.evaluation import EVALUATORS, evaluator_kind
 

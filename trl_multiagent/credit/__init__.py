@@ -10,7 +10,7 @@ functions; they never re-implement them.
 | ``returns`` | MAGRPO Alg. 1 (used by every trainer), MAPoRL Sec. 3.2 | tree and discounted returns (the one returns computation), GAE, whitening |
 | ``magrpo`` | MAGRPO Alg. 1, Eq. 2 | joint actions (aligned / cross), cross-joint-action credit, generation count, per-turn loss weights |
 | ``at_grpo`` | AT-GRPO Alg. 1, Eq. 3 | mixing team and local rewards, the greedy choice of the executed candidate |
-| ``actor_critic`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages |
+| ``collm`` | CoLLM Eq. 2-5 | TD(0) targets and TD-error advantages |
 | ``maporl`` | MAPoRL Def. 1, Tables 1-2, App. F-G, Sec. 3.2 | reward modes, incentives, penalties, token rewards |
 | ``mhgpo`` | MHGPO Eq. 4-6 | backward reward propagation, heterogeneous groups, per-agent loss weights |
 
@@ -21,8 +21,8 @@ May import: :mod:`trl_multiagent.metrics` (answers, debate metrics) and :mod:`tr
 the policy and value losses the trainers minimise (pure functions too).
 """
 
-from trl_multiagent.credit.actor_critic import episode_td, normalize_per_turn, td_errors, td_targets
 from trl_multiagent.credit.at_grpo import best_candidate, mix_rewards
+from trl_multiagent.credit.collm import episode_td, normalize_per_turn, td_errors, td_targets
 from trl_multiagent.credit.group import STD_EPS, group_relative_advantages, grouped_advantages
 from trl_multiagent.credit.magrpo import (
     cross_sample_credit,

@@ -109,7 +109,7 @@ def fill_after_early_stop(rows: Sequence[Sequence], num_turns: int) -> list[list
 
     A debate of the evaluation stops early when all agents agree (Sec. 4.1); the agreed answers then stand for the
     remaining turns in the per-turn metrics (:mod:`trl_multiagent.evaluation.debate`). The training's rewards do
-    not fill: a training debate plays every turn (``DebatePPOConfig.train_early_stop`` off, as the authors' configs,
+    not fill: a training debate plays every turn (``MAPoRLConfig.train_early_stop`` off, as the authors' configs,
     whose consensus criterion 1.1 is never met), and one that stops early anyway is rewarded over the turns it
     played, as the authors' ``score_rule`` truncates (:func:`verification_rewards` of the played columns).
     """

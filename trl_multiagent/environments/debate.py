@@ -13,7 +13,7 @@ previous answer and every other agent's previous answer, and writes an updated a
   of a uniform pick among the tied answers (Sec. 4.1, :func:`~trl_multiagent.metrics.debate.majority_vote_accuracy`);
 * ``done``: after ``max_turns`` turns, or as soon as every agent gives the same answer (early stop, ``early_stop``;
   the held-out evaluation stops so, MAPoRL's training sampler switches it off: the authors train every debate to its
-  last turn, ``DebatePPOConfig.train_early_stop``);
+  last turn, ``MAPoRLConfig.train_early_stop``);
 * ``info``: ``majority_accuracy``, ``agreed``, ``answered`` (fraction of agents with a boxed answer), ``accuracy``.
 
 Alone (the held-out evaluation's ``<agent>_alone`` baselines, :meth:`DebateEnv.score_alone`): one agent's first
@@ -94,7 +94,7 @@ class DebateEnv(Environment):
         num_agents: n, the debaters (named ``agent1`` ... ``agentN``).
         max_turns: T, the turn budget.
         early_stop: end the debate as soon as all agents give the same answer (the evaluation's debates; MAPoRL's
-            training plays every turn whatever this says, unless ``DebatePPOConfig.train_early_stop``).
+            training plays every turn whatever this says, unless ``MAPoRLConfig.train_early_stop``).
         max_feedback_chars: longest previous answer shown in a later turn's prompt (the tail is kept).
     """
 

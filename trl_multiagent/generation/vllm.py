@@ -203,13 +203,14 @@ class VLLMSettings:
 def make_generation_backend(pool, config):
     """The generation backend ``config`` asks for (``use_vllm``): the colocated engine
     (:class:`VLLMGenerationBackend`), or for ``vllm_mode: server`` the server's
-    (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`), connected at once so that a server that
-    does not answer, serves another base or has too few LoRA slots stops the run before training starts."""
+    (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`), connected and its adapters loaded at once,
+    so that a server that does not answer, serves another base, has too few LoRA slots or refuses the adapters stops
+    the run before training starts (the first rollout then loads nothing again unless the adapters changed)."""
     if config.vllm_mode == "server":
         from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerSettings
 
         backend = VLLMServerBackend(pool, VLLMServerSettings.from_config(config))
-        backend.connect()
+        backend.sync_adapters()
         return backend
     return VLLMGenerationBackend(pool, VLLMSettings.from_config(config))
 

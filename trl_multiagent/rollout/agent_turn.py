@@ -76,7 +76,7 @@ class AgentTurnSampler:
         active = list(range(len(envs)))
         samples: list[Sample] = []
         executed: list[JointAction] = []
-        num_generations = 0
+        generated_samples = 0
         stages = [[a] for a in agents] if self.agent_order == "sequential" else [agents]
         for turn in range(self.num_turns):
             for stage in stages:
@@ -84,7 +84,7 @@ class AgentTurnSampler:
                     break
                 gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in stage}, self.num_samples,
                                               generation_config)
-                num_generations += len(stage) * len(active) * self.num_samples
+                generated_samples += len(stage) * len(active) * self.num_samples
                 finished = []
                 scored = self._score([envs[e] for e in active], stage, [{a: gens[a][pos] for a in stage}
                                                                        for pos in range(len(active))],
@@ -115,7 +115,7 @@ class AgentTurnSampler:
                                              "when the episode goes on")
                         prompts[e] = result.next_prompts
                 active = [e for e in active if e not in finished]
-        stats = rollout_stats(agents, samples, executed, num_generations, len(tasks),
+        stats = rollout_stats(agents, samples, executed, generated_samples, len(tasks),
                               reward_names=getattr(envs[0], "reward_names", ()) if envs else ())
         stats["team_reward"] = sum(j.reward for j in executed) / len(executed) if executed else math.nan
         return Experience(samples, executed, stats, agents)

@@ -12,7 +12,7 @@ its agents agree. Generation is batched: at each turn, all agents answer all liv
 Each answer ``y_{i,t}`` becomes one :class:`DebateSample` with what the rollout observed: the verifier score
 ``s(q, y_{i,t})`` (the environment's ``local_rewards``, the rule verifier, or a learned verifier's score when a
 ``scorer`` is given), the App. G checks it triggered, and (debate environments) its answer group and correctness.
-Its reward is the trainer's credit (:func:`~trl_multiagent.trainers.debate_ppo.debate_rewards`), in this order:
+Its reward is the trainer's credit (:func:`~trl_multiagent.trainers.maporl.debate_rewards`), in this order:
 
 1. a penalised answer's verifier score becomes the penalty value (-10, App. G.2,
    :func:`~trl_multiagent.credit.maporl.penalized_score`), so that it enters every sum below;
@@ -209,7 +209,7 @@ class DebateSampler:
                         answer_group=outcome.groups[i] if outcome else None, penalties=dict(flags[t][agent])))
         agents = debates[0].agents if debates else list(pool.agent_names)
         stats = rollout_stats(agents, samples, joints, len(samples), len(debates))
-        for key in ("num_generations", "num_joint_actions"):
+        for key in ("generated_samples", "num_joint_actions"):
             stats.pop(key, None)
         stats.update(debate_stats(debates, samples, self.num_turns))
         return Experience(samples, joints, stats, agents)

@@ -140,7 +140,7 @@ def reward_function_stats(agents, joints, reward_names) -> tuple[dict[str, float
     return stats, used
 
 
-def rollout_stats(agents, samples, joints, num_generations, num_episodes, reward_names=()) -> dict[str, float]:
+def rollout_stats(agents, samples, joints, generated_samples, num_episodes, reward_names=()) -> dict[str, float]:
     """The metrics every sampler logs of what it played: joint rewards, the generation count, per-turn
     (``turn<t>/team_reward``, turns counted from 1 as the evaluation's ``turn<t>/...`` in report.md), the
     environment's reward functions (:func:`reward_function_stats`, ``reward_names``: the environment's), its other
@@ -151,7 +151,7 @@ def rollout_stats(agents, samples, joints, num_generations, num_episodes, reward
     stats = {
         "reward": _mean(rewards),
         "reward_std": (_mean([(r - _mean(rewards)) ** 2 for r in rewards]) ** 0.5) if rewards else math.nan,
-        "num_generations": float(num_generations),
+        "generated_samples": float(generated_samples),
         "num_joint_actions": float(len(joints)),
         "episodes": float(num_episodes),
         "turns": _mean(1 + max((j.turn for j in joints if j.episode == e), default=0) for e in range(num_episodes)),

@@ -60,7 +60,7 @@ class JointTreeSampler:
         reward_names = getattr(frontier[0].env, "reward_names", ()) if frontier else ()
         joints: list[JointAction] = []
         samples: list[Sample] = []
-        num_generations = 0
+        generated_samples = 0
 
         for turn in range(self.num_turns):
             if not frontier:
@@ -69,7 +69,7 @@ class JointTreeSampler:
             gens: dict[str, list[list[Generation]]] = pool.generate_by_agent(
                 {agent: [n.prompts[agent] for n in frontier] for agent in agents}, self.num_samples,
                 generation_config)
-            num_generations += len(agents) * len(frontier) * self.num_samples
+            generated_samples += len(agents) * len(frontier) * self.num_samples
             next_frontier: list[_Node] = []
             index_sets = joint_action_indices(len(agents), self.num_samples, self.joint_mode)
             outcomes = self._step_all(frontier, index_sets, agents, gens, tasks, turn)
@@ -100,7 +100,7 @@ class JointTreeSampler:
                         node_count += 1
                 samples.extend(node_samples.values())
             frontier = next_frontier
-        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks), reward_names=reward_names)
+        stats = rollout_stats(agents, samples, joints, generated_samples, len(tasks), reward_names=reward_names)
         return Experience(samples, joints, stats, agents)
 
     @staticmethod

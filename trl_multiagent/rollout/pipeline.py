@@ -104,7 +104,7 @@ class PipelineRollout:
     nodes: list[PipelineNode]
     trajectories: list[Trajectory]
     forks: list[str]
-    num_generations: int = 0
+    generated_samples: int = 0
     num_tool_calls: int = 0
 
     def outputs(self, trajectory: Trajectory) -> dict[str, str]:
@@ -262,14 +262,14 @@ class PipelineSampler:
         by_name: dict[str, list[PipelineNode]] = defaultdict(list)
         for node in nodes:
             by_name[node.name].append(node)
-        num_generations = num_tool_calls = 0
+        generated_samples = num_tool_calls = 0
         for name in graph.order:
             stage = by_name[name]
             if graph.is_agent(name):
                 for node in stage:
                     node.prompt = env.prompt(name, tasks[node.question], self._inputs(nodes, node))
                 generations = pool.generate(name, [n.prompt for n in stage], 1, generation_config)
-                num_generations += len(stage)
+                generated_samples += len(stage)
                 for node, gens in zip(stage, generations):
                     node.generation = gens[0]
                     node.output = gens[0].text
@@ -277,7 +277,7 @@ class PipelineSampler:
                 for node in stage:
                     node.output = str(env.run_tool(name, tasks[node.question], self._inputs(nodes, node)))
                 num_tool_calls += len(stage)
-        result = PipelineRollout(nodes, trajectories, instance_forks, num_generations, num_tool_calls)
+        result = PipelineRollout(nodes, trajectories, instance_forks, generated_samples, num_tool_calls)
         for traj in trajectories:
             task, outputs = tasks[traj.question], result.outputs(traj)
             traj.reward = float(env.final_reward(task, outputs))
@@ -340,7 +340,7 @@ class PipelineSampler:
                 s.group = g
             samples = [s for s in samples if s.group is not None]
         graph = env.graph()
-        stats = rollout_stats(list(graph.agents), samples, joints, result.num_generations, len(tasks))
+        stats = rollout_stats(list(graph.agents), samples, joints, result.generated_samples, len(tasks))
         stats.update(self._pipeline_stats(env, graph, result, kept, specific))
         if self.strategy == "round_robin":
             stats["rr/regrouped_singletons"], stats["rr/dropped_singletons"] = float(regrouped), float(dropped)

@@ -40,7 +40,7 @@ class Transition:
         next: index of the transition at ``t + 1`` (``None`` when ``done``).
         ret: the Monte-Carlo return ``sum_{tau >= t} gamma^(tau - t) r_tau`` (logged; the critic's regression
             target in expectation), filled in by the trainer's credit
-            (:func:`~trl_multiagent.trainers.actor_critic.episode_returns`).
+            (:func:`~trl_multiagent.trainers.collm.episode_returns`).
         info: the environment's named scalars for this step.
         old_values: each critic's value of this transition's history at rollout time (for value clipping).
     """
@@ -123,12 +123,12 @@ class SinglePathSampler:
         transitions: list[Transition] = []
         joints: list[JointAction] = []
         samples: list[Sample] = []
-        num_generations = 0
+        generated_samples = 0
         for turn in range(self.num_turns):
             if not active:
                 break
             gens = pool.generate_by_agent({a: [prompts[e][a] for e in active] for a in agents}, 1, generation_config)
-            num_generations += len(agents) * len(active)
+            generated_samples += len(agents) * len(active)
             results = step_all([envs[e] for e in active],
                                [{a: gens[a][pos][0].text for a in agents} for pos in range(len(active))],
                                [tasks[e] for e in active], [turn] * len(active))
@@ -159,7 +159,7 @@ class SinglePathSampler:
                     prompts[e] = dict(result.next_prompts)
                     still.append(e)
             active = still
-        stats = rollout_stats(agents, samples, joints, num_generations, len(tasks),
+        stats = rollout_stats(agents, samples, joints, generated_samples, len(tasks),
                               reward_names=getattr(envs[0], "reward_names", ()) if envs else ())
         buffer = EpisodeBuffer(samples, joints, stats, agents, transitions=transitions, num_turns=self.num_turns)
         finals = buffer.final_infos()

@@ -9,22 +9,37 @@ May import every folder below the command: :mod:`trl_multiagent.rollout`, :mod:`
 :mod:`trl_multiagent.runtime`, :mod:`trl_multiagent.errors`; never :mod:`trl_multiagent.command`.
 """
 
-from trl_multiagent.trainers.actor_critic import ActorCriticConfig, ActorCriticTrainer
 from trl_multiagent.trainers.at_grpo import ATGRPOConfig, ATGRPOTrainer
 from trl_multiagent.trainers.base import MultiAgentConfig, MultiAgentTrainer
-from trl_multiagent.trainers.debate_ppo import DebatePPOConfig, DebatePPOTrainer
-from trl_multiagent.trainers.magrpo import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from trl_multiagent.trainers.mhgpo import HeterogeneousGroupConfig, HeterogeneousGroupTrainer
+from trl_multiagent.trainers.collm import CoLLMConfig, CoLLMTrainer
+from trl_multiagent.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
+from trl_multiagent.trainers.maporl import MAPoRLConfig, MAPoRLTrainer
+from trl_multiagent.trainers.mhgpo import MHGPOConfig, MHGPOTrainer
 
 #: ``trainer:`` name in a recipe -> (config class, trainer class).
 TRAINERS = {
-    "magrpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
+    "magrpo": (MAGRPOConfig, MAGRPOTrainer),
     "at_grpo": (ATGRPOConfig, ATGRPOTrainer),
-    "mhgpo": (HeterogeneousGroupConfig, HeterogeneousGroupTrainer),
-    "actor_critic": (ActorCriticConfig, ActorCriticTrainer),
-    "debate_ppo": (DebatePPOConfig, DebatePPOTrainer),
+    "mhgpo": (MHGPOConfig, MHGPOTrainer),
+    "collm": (CoLLMConfig, CoLLMTrainer),
+    "maporl": (MAPoRLConfig, MAPoRLTrainer),
 }
 
-__all__ = ["TRAINERS", "ATGRPOConfig", "ATGRPOTrainer", "ActorCriticConfig", "ActorCriticTrainer", "DebatePPOConfig",
-           "DebatePPOTrainer", "HeterogeneousGroupConfig", "HeterogeneousGroupTrainer", "MultiAgentConfig",
-           "MultiAgentGRPOConfig", "MultiAgentGRPOTrainer", "MultiAgentTrainer"]
+__all__ = ["TRAINERS", "ATGRPOConfig", "ATGRPOTrainer", "CoLLMConfig", "CoLLMTrainer", "MAPoRLConfig",
+           "MAPoRLTrainer", "MHGPOConfig", "MHGPOTrainer", "MultiAgentConfig",
+           "MAGRPOConfig", "MAGRPOTrainer", "MultiAgentTrainer"]
+
+#: The trainers' earlier class names (before each trainer got one name): importable for now, with a warning.
+RENAMED_CLASSES = {"DebatePPOConfig": "MAPoRLConfig", "DebatePPOTrainer": "MAPoRLTrainer",
+                   "ActorCriticConfig": "CoLLMConfig", "ActorCriticTrainer": "CoLLMTrainer",
+                   "MultiAgentGRPOConfig": "MAGRPOConfig", "MultiAgentGRPOTrainer": "MAGRPOTrainer",
+                   "HeterogeneousGroupConfig": "MHGPOConfig", "HeterogeneousGroupTrainer": "MHGPOTrainer"}
+
+
+def __getattr__(name: str):
+    if name in RENAMED_CLASSES:
+        import warnings
+
+        warnings.warn(f"{name} is now named {RENAMED_CLASSES[name]}", DeprecationWarning, stacklevel=2)
+        return globals()[RENAMED_CLASSES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

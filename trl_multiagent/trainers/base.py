@@ -162,10 +162,10 @@ class MultiAgentTrainer(TeamTrainerSurface):
                              dense_copy=args.dense_copy, packed_weights=args.packed_weights,
                              lean_decode=args.lean_decode, frozen_matmul_dtype=args.frozen_matmul_dtype)
         self.pool = pool
-        if args.use_vllm and pool.generation_backend is None:  # one vLLM engine per base, an adapter per policy
-            from trl_multiagent.generation.vllm import VLLMGenerationBackend, VLLMSettings
+        if args.use_vllm and pool.generation_backend is None:  # colocate: an engine per base; server: vllm serve
+            from trl_multiagent.generation.vllm import make_generation_backend
 
-            pool.generation_backend = VLLMGenerationBackend(pool, VLLMSettings.from_config(args))
+            pool.generation_backend = make_generation_backend(pool, args)
         self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
         self.pool.prepare_for_training(args.temperature)
         self.environment_factory = environment

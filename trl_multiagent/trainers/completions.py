@@ -49,8 +49,8 @@ class GeneratedSamples:
     def add(self, experience: Experience) -> None:
         """Count one rollout's samples, as the sampler returned them."""
         stats = getattr(experience, "stats", None) or {}
-        if "num_generations" in stats:
-            self.per_rollout.append(int(stats["num_generations"]))
+        if "generated_samples" in stats:
+            self.per_rollout.append(int(stats["generated_samples"]))
         self.completion_tokens += sum(len(s.generation.completion_ids) for s in getattr(experience, "samples", ()))
 
 

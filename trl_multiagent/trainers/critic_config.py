@@ -1,5 +1,5 @@
-"""The critic settings the two trainers with learned critics share (CoLLM's ActorCriticConfig, MAPoRL's
-DebatePPOConfig): one field per setting, one check each, and the deprecated names that map onto them."""
+"""The critic settings the two trainers with learned critics share (CoLLM's CoLLMConfig, MAPoRL's
+MAPoRLConfig): one field per setting, one check each, and the deprecated names that map onto them."""
 
 from __future__ import annotations
 

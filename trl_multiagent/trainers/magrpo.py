@@ -1,4 +1,4 @@
-"""MultiAgentGRPOTrainer: MAGRPO, multi-agent group-relative policy optimization over a tree of joint actions.
+"""MAGRPOTrainer: MAGRPO, multi-agent group-relative policy optimization over a tree of joint actions.
 
 Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al., MAGRPO), Algorithm 1, Eq. 1-2.
 
@@ -35,8 +35,8 @@ from trl_multiagent.trainers.base import ROW_MEAN_LOSSES, MultiAgentConfig, Mult
 
 
 @dataclass
-class MultiAgentGRPOConfig(MultiAgentConfig):
-    r"""Configuration of [`MultiAgentGRPOTrainer`] (MAGRPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field
+class MAGRPOConfig(MultiAgentConfig):
+    r"""Configuration of [`MAGRPOTrainer`] (MAGRPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field
     keeps its meaning.
 
     Paper quantities -> fields: K (samples per agent per node) = `num_generations`; H (turns) = `num_turns`;
@@ -117,7 +117,7 @@ class MultiAgentGRPOConfig(MultiAgentConfig):
         super().__post_init__()
 
 
-class MultiAgentGRPOTrainer(MultiAgentTrainer):
+class MAGRPOTrainer(MultiAgentTrainer):
     """Trainer for MAGRPO (Multi-Agent Group Relative Policy Optimization).
 
     Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning", Liu et al. (MAGRPO), Algorithm 1, Eq. 1-2.
@@ -125,12 +125,12 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
     Args:
         agents: the team, as a list of [`AgentSpec`] (loaded here) or an already built [`AgentPool`].
         environment: a zero-argument factory returning a fresh [`Environment`] (a class works), called once per task.
-        args: a [`MultiAgentGRPOConfig`].
+        args: a [`MAGRPOConfig`].
         train_dataset: one row per task, passed to `Environment.reset`.
         callbacks: extra `transformers.TrainerCallback` objects.
     """
 
-    config_class = MultiAgentGRPOConfig
+    config_class = MAGRPOConfig
     algorithm = "MAGRPO"
     summary_fields = ("num_turns", "joint_mode", "gamma", "advantage_mode")
     _tag_names = ["trl", "trl-multiagent", "magrpo"]
@@ -144,7 +144,7 @@ class MultiAgentGRPOTrainer(MultiAgentTrainer):
         "journal={arXiv preprint arXiv:2508.04652}}",
     }
 
-    def build_sampler(self, args: MultiAgentGRPOConfig) -> JointTreeSampler:
+    def build_sampler(self, args: MAGRPOConfig) -> JointTreeSampler:
         """MAGRPO's joint tree with groups of joint actions per node."""
         return JointTreeSampler(num_samples=args.num_generations, num_turns=args.num_turns, joint_mode=args.joint_mode)
 

@@ -1,4 +1,4 @@
-"""HeterogeneousGroupTrainer: MHGPO, critic-free RL for a pipeline of LLM agents that share one policy.
+"""MHGPOTrainer: MHGPO, critic-free RL for a pipeline of LLM agents that share one policy.
 
 Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems" (Chen et al., MHGPO),
 Sec. "Method: MHGPO", Eq. 4-7, Algorithms 1-5.
@@ -51,8 +51,8 @@ SHARED_POLICY = "shared"
 
 
 @dataclass
-class HeterogeneousGroupConfig(MultiAgentConfig):
-    r"""Configuration of [`HeterogeneousGroupTrainer`] (MHGPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field
+class MHGPOConfig(MultiAgentConfig):
+    r"""Configuration of [`MHGPOTrainer`] (MHGPO). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field
     keeps its meaning (a pipeline runs once per question: there are no turns).
 
     Paper quantities -> fields: G (group size, `rollout.n`) = `num_generations`; the sampling function H = `sampling`;
@@ -144,7 +144,7 @@ class HeterogeneousGroupConfig(MultiAgentConfig):
         super().__post_init__()
 
 
-class HeterogeneousGroupTrainer(MultiAgentTrainer):
+class MHGPOTrainer(MultiAgentTrainer):
     """Trainer for MHGPO (Multi-Agent Heterogeneous Group Policy Optimization) over a pipeline of agents.
 
     Paper: "Heterogeneous Group-Based Reinforcement Learning for LLM-based Multi-Agent Systems", Chen et al.,
@@ -154,7 +154,7 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
         agents: the team, as a list of [`AgentSpec`] (one per pipeline agent; with `share_policy`, those naming no
             policy share one) or an already built [`AgentPool`].
         environment: a zero-argument factory returning a [`PipelineEnvironment`] (one instance serves every task).
-        args: a [`HeterogeneousGroupConfig`].
+        args: a [`MHGPOConfig`].
         train_dataset: one row per question.
         callbacks: extra `transformers.TrainerCallback` objects.
     """
@@ -170,17 +170,17 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
         "Zenglin Xu}, year=2025, journal={arXiv preprint arXiv:2506.02718}}",
     }
 
-    config_class = HeterogeneousGroupConfig
+    config_class = MHGPOConfig
     algorithm = "MHGPO"
     summary_fields = ("sampling", "fork_probabilities", "regroup_singletons", "reward_aggregation",
                       "agent_loss_weighting", "share_policy")
 
-    def prepare_agents(self, agents, args: HeterogeneousGroupConfig):
+    def prepare_agents(self, agents, args: MHGPOConfig):
         """Parameter sharing: the agents that name no policy of their own act with one policy (``share_policy``)."""
         return share_one_policy(agents) if args.share_policy else agents
 
     def validate_environment(self, probe, agent_names: Sequence[str], train_dataset: Dataset,
-                             args: HeterogeneousGroupConfig) -> None:
+                             args: MHGPOConfig) -> None:
         """A pipeline environment with a valid graph, the team = its agents, the dataset's columns, and one fork
         probability per agent; all before any model loads."""
         if not isinstance(probe, PipelineEnvironment):
@@ -193,7 +193,7 @@ class HeterogeneousGroupTrainer(MultiAgentTrainer):
             raise ValueError(f"fork_probabilities has {len(args.fork_probabilities)} entries for the "
                              f"{len(probe.agents)} agents {list(probe.agents)}")
 
-    def build_sampler(self, args: HeterogeneousGroupConfig) -> PipelineSampler:
+    def build_sampler(self, args: MHGPOConfig) -> PipelineSampler:
         """IS / FoF / RR over the pipeline, with Eq. 4 propagation and Eq. 5 groups (``self.agent_order`` is the
         environment's ``agents``, the order of ``fork_probabilities``)."""
         probs = None

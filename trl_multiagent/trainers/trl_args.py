@@ -1,7 +1,7 @@
 """What a team trainer takes from a TRL script as it is (a ``GRPOConfig`` as ``args``) and what it refuses
 (``reward_funcs``).
 
-``MultiAgentGRPOTrainer(agents, env, args=GRPOConfig(...), ...)``: the fields the ``GRPOConfig`` sets (those that
+``MAGRPOTrainer(agents, env, args=GRPOConfig(...), ...)``: the fields the ``GRPOConfig`` sets (those that
 differ from a ``GRPOConfig`` left at its defaults) are taken over into the trainer's own config class, which extends
 ``GRPOConfig``, so every field keeps its meaning; the fields it leaves at their defaults keep the trainer's defaults
 (the papers' choices, e.g. ``loss_type="response"``), and a log line names both. A value the trainer refuses

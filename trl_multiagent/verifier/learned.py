@@ -150,7 +150,7 @@ class LearnedVerifier:
         if not marker.is_file() or not (path / "adapters" / "team.json").is_file():
             raise FileNotFoundError(f"{directory} is not a saved learned verifier (no verifier.json / "
                                     "adapters/team.json); train one with `python -m trl_multiagent train-verifier "
-                                    "--config RECIPE.yaml` (docs/trainers/debate_ppo.md), or use verifier: rule")
+                                    "--config RECIPE.yaml` (docs/trainers/maporl.md), or use verifier: rule")
         if json.loads(marker.read_text()).get("format") != FORMAT:
             raise ValueError(f"{marker} is not a {FORMAT} file")
 

@@ -20,11 +20,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_multiagent.metrics.answers import answers_match, final_answer, last_boxed
 from trl_multiagent.credit.maporl import PenaltySettings, answer_penalties
-from trl_multiagent.models.embedded import ensure_embedded_checkpoint
 from trl_multiagent.environments.debate import MathDebateEasyEnv
 from trl_multiagent.environments.math_tool import MathToolEasyEnv
+from trl_multiagent.metrics.answers import answers_match, final_answer, last_boxed
+from trl_multiagent.models.embedded import ensure_embedded_checkpoint
 
 #: Only App. G's post-box check (the debate recipe's other penalties are not about the prompt).
 POST_BOX = PenaltySettings(no_boxed=False, no_eos=False, min_tokens=0, repetition=False, post_boxed=True)

@@ -13,8 +13,8 @@ import sys
 
 from transformers import GenerationConfig
 
-from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.search_qa import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchQAEnv, extract_answer
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 #: The small recipe's environment settings (recipes/configs/search_qa_mhgpo_small.yaml).
 ENV_KWARGS = {"top_k": 2, "max_queries": 4, "max_candidates": 3, "max_selected": 2, "max_answer_words": 10}

@@ -11,8 +11,8 @@ import sys
 
 from transformers import GenerationConfig
 
-from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 from trl_multiagent.environments.writing import TLDREnv
+from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
 
 AGENTS = ("summary", "elaboration")
 

@@ -17,7 +17,7 @@ from datasets import Dataset
 from tests.tiny import prob_first_choice, save_tiny
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer
+from trl_multiagent.trainers import CoLLMConfig, CoLLMTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")
 AGENTS = ("agent1", "agent2")
@@ -85,14 +85,14 @@ def _critic_error(trainer, buffer, v0, v1) -> float:
 def test_cc_critic_converges_to_true_values_and_policies_improve(tmp_path):
     model = _model(tmp_path / "model")
     keep = {3 + CHARS.index("A"), 3 + CHARS.index("B")}
-    args = ActorCriticConfig(
+    args = CoLLMConfig(
         output_dir=str(tmp_path / "out"), critic="centralized", num_turns=2, episodes_per_step=8, num_iterations=2,
         num_minibatches=2, max_steps=80, learning_rate=0.05, critic_learning_rate=0.02, critic_lora_r=8,
         max_completion_length=1, generation_kwargs={"suppress_tokens": [i for i in range(3 + len(CHARS)) if i not in keep]},
         lr_scheduler_type="constant", per_device_train_batch_size=16, report_to=[], save_strategy="no",
         disable_tqdm=True, logging_steps=8, seed=0)
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in AGENTS]
-    trainer = ActorCriticTrainer(agents, SparseFinalGame, args, Dataset.from_dict({"task_id": list(range(1024))}))
+    trainer = CoLLMTrainer(agents, SparseFinalGame, args, Dataset.from_dict({"task_id": list(range(1024))}))
     probe = [{"task_id": k} for k in range(64)]
 
     v0_before, v1_before = _exact(trainer)

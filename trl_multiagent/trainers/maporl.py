@@ -1,4 +1,4 @@
-"""DebatePPOTrainer: MAPoRL, multi-agent PPO on collaborative debates.
+"""MAPoRLTrainer: MAPoRL, multi-agent PPO on collaborative debates.
 
 Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement Learning"
 (Park et al., arXiv 2502.18439), Sec. 3 (Def. 1, the multi-agent PPO loss, Tables 1-2), App. E-G.
@@ -73,8 +73,8 @@ AUTHORS_MINIBATCHES = 8
 
 
 @dataclass
-class DebatePPOConfig(CriticSettings, MultiAgentConfig):
-    r"""Configuration of [`DebatePPOTrainer`] (MAPoRL). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field keeps
+class MAPoRLConfig(CriticSettings, MultiAgentConfig):
+    r"""Configuration of [`MAPoRLTrainer`] (MAPoRL). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`] field keeps
     its meaning; the fields below are added or get new defaults.
 
     Paper quantities -> fields: n agents = the `AgentSpec` list (the environment's `num_agents`); T turns =
@@ -217,7 +217,7 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
         if self.reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
         if self.loss_type not in _CLIPPED_LOSSES:
-            raise ValueError(f"loss_type must be one of {_CLIPPED_LOSSES} for DebatePPOTrainer (a clipped PPO "
+            raise ValueError(f"loss_type must be one of {_CLIPPED_LOSSES} for MAPoRLTrainer (a clipped PPO "
                              f"surrogate), got {self.loss_type!r}")
         if self.beta != 0.0:
             raise ValueError("MAPoRL puts the KL penalty into the per-token rewards (kl_coef); beta (TRL's KL loss "
@@ -259,7 +259,7 @@ class DebatePPOConfig(CriticSettings, MultiAgentConfig):
         return settings if settings.enabled else None
 
 
-class DebatePPOTrainer(MultiAgentTrainer):
+class MAPoRLTrainer(MultiAgentTrainer):
     """Trainer for MAPoRL: multi-agent PPO with GAE on collaborative debates, verifier rewards and incentives.
 
     Paper: "MAPoRL: Multi-Agent Post-Co-Training for Collaborative Large Language Models with Reinforcement
@@ -274,7 +274,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
         agents: the team ([`AgentSpec`] list, or an [`AgentPool`] that already holds the critics ``<agent>_value``).
         environment: factory of the debate environment (e.g. `MathDebateEnv`, `NLIDebateEnv`), or any environment
             whose steps give every agent a local reward (e.g. `CollaborationGameEnv`).
-        args: a [`DebatePPOConfig`].
+        args: a [`MAPoRLConfig`].
         train_dataset: one row per task.
         callbacks: extra `transformers.TrainerCallback` objects.
     """
@@ -292,14 +292,14 @@ class DebatePPOTrainer(MultiAgentTrainer):
         "Asuman Ozdaglar and Kaiqing Zhang and Joo-Kyung Kim}, year=2025, journal={arXiv preprint arXiv:2502.18439}}",
     }
 
-    config_class = DebatePPOConfig
+    config_class = MAPoRLConfig
     evaluate_sampled = True  # Sec. 4.1: majority vote over answers sampled at the training temperature
     algorithm = "MAPoRL"
     summary_fields = ("num_turns", "gamma", "reward_mode", "alpha0", "alpha1", "beta0", "beta1", "verifier", "kl_coef",
                       "vf_coef", "gae_gamma", "gae_lambda", "num_iterations", "num_minibatches", "train_early_stop",
                       "whiten_by", "first_turn_box_exempt", "incentive_right_to_wrong")
 
-    def validate_environment(self, probe, agent_names, train_dataset, args: DebatePPOConfig) -> None:
+    def validate_environment(self, probe, agent_names, train_dataset, args: MAPoRLConfig) -> None:
         """The Environment protocol; incentives and a learned verifier need a debate environment; a learned verifier
         must be a saved one."""
         super().validate_environment(probe, agent_names, train_dataset, args)
@@ -312,7 +312,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
             LearnedVerifier.check_saved(args.verifier)
         self.verifier_model = None
 
-    def check_pool(self, pool: AgentPool, args: DebatePPOConfig) -> None:
+    def check_pool(self, pool: AgentPool, args: MAPoRLConfig) -> None:
         """A given pool holds every agent's critic, with a head per turn when ``value_head_per_turn``."""
         super().check_pool(pool, args)
         heads = args.num_turns if args.value_head_per_turn else 1
@@ -326,7 +326,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
         """The critic (value model) of ``agent``."""
         return f"{agent}_value"
 
-    def build_critics(self, specs: Sequence[AgentSpec], args: DebatePPOConfig) -> list[CriticSpec]:
+    def build_critics(self, specs: Sequence[AgentSpec], args: MAPoRLConfig) -> list[CriticSpec]:
         """One critic per agent on that agent's base: its own LoRA adapter (or the policy's with
         ``critic_share_adapter``) and one value head, or one per turn with ``value_head_per_turn``."""
         critics = []
@@ -338,7 +338,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
                                       num_heads=args.num_turns if args.value_head_per_turn else 1))
         return critics
 
-    def build_sampler(self, args: DebatePPOConfig) -> DebateSampler:
+    def build_sampler(self, args: MAPoRLConfig) -> DebateSampler:
         """The debate sampler with the configured App. G checks and verifier."""
         scorer = None
         if args.verifier != "rule":
@@ -349,7 +349,7 @@ class DebatePPOTrainer(MultiAgentTrainer):
         return DebateSampler(num_turns=args.num_turns, num_debates=args.num_generations,
                              penalties=args.penalty_settings, scorer=scorer, early_stop=args.train_early_stop)
 
-    def set_grpo_state(self, args: DebatePPOConfig) -> None:
+    def set_grpo_state(self, args: MAPoRLConfig) -> None:
         super().set_grpo_state(args)
         # One rollout serves E epochs of M minibatches, one optimizer step each: the shared base re-rolls every
         # `num_iterations` steps and its task sampler repeats each chunk of tasks that often.

@@ -1,4 +1,4 @@
-"""ActorCriticTrainer (CoLLM-CC / CoLLM-DC): critic inputs, gradient isolation, one critic step per update,
+"""CoLLMTrainer (CoLLM-CC / CoLLM-DC): critic inputs, gradient isolation, one critic step per update,
 minibatch schedule, validation, recipes."""
 
 import math
@@ -14,8 +14,8 @@ from tests.tiny import model_terms
 from trl_multiagent.environments.base import Environment, StepResult
 from trl_multiagent.rollout import SinglePathSampler
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import ActorCriticConfig, ActorCriticTrainer, DebatePPOConfig
-from trl_multiagent.trainers.actor_critic import episode_returns
+from trl_multiagent.trainers import CoLLMConfig, CoLLMTrainer, MAPoRLConfig
+from trl_multiagent.trainers.collm import episode_returns
 
 AGENTS = ("left", "right")
 
@@ -60,12 +60,12 @@ def _args(tmp_path, **kw):
                 report_to=[], save_strategy="no", disable_tqdm=True, logging_steps=1,
                 lr_scheduler_type="constant", seed=0)
     base.update(kw)
-    return ActorCriticConfig(**base)
+    return CoLLMConfig(**base)
 
 
 def _trainer(model, tmp_path, env=ThreeTurns, **kw):
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in AGENTS]
-    return ActorCriticTrainer(agents, env, _args(tmp_path, **kw), Dataset.from_dict({"task_id": list(range(16))}))
+    return CoLLMTrainer(agents, env, _args(tmp_path, **kw), Dataset.from_dict({"task_id": list(range(16))}))
 
 
 # ------------------------------------------------------------------------------------------------ the buffer
@@ -411,13 +411,13 @@ def test_missing_reward_max_fails_before_any_model_loads(tmp_path):
 
     agents = [AgentSpec(a, model=str(tmp_path / "no-such-model")) for a in AGENTS]
     with pytest.raises(ValueError, match="set reward_max"):
-        ActorCriticTrainer(agents, NoMax, _args(tmp_path), Dataset.from_dict({"task_id": [0]}))
+        CoLLMTrainer(agents, NoMax, _args(tmp_path), Dataset.from_dict({"task_id": [0]}))
     # decentralized critics read m_t too by default (the paper's), so they need reward_max as well ...
     with pytest.raises(ValueError, match="set reward_max"):
-        ActorCriticTrainer(agents, NoMax, _args(tmp_path, critic="decentralized"), Dataset.from_dict({"task_id": [0]}))
+        CoLLMTrainer(agents, NoMax, _args(tmp_path, critic="decentralized"), Dataset.from_dict({"task_id": [0]}))
     # ... and without m_t they need none; the error is then the missing model
     with pytest.raises(Exception, match="no-such-model"):
-        ActorCriticTrainer(agents, NoMax, _args(tmp_path, critic="decentralized", critic_global_info=False),
+        CoLLMTrainer(agents, NoMax, _args(tmp_path, critic="decentralized", critic_global_info=False),
                            Dataset.from_dict({"task_id": [0]}))
 
 
@@ -433,7 +433,7 @@ def test_recipes_parse(tmp_path):
         assert f"{task}_cc.yaml" in names and f"{task}_dc.yaml" in names
     for path in configs:
         recipe, config = load_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
-        assert recipe.trainer == "actor_critic" and isinstance(config, ActorCriticConfig)
+        assert recipe.trainer == "collm" and isinstance(config, CoLLMConfig)
         assert config.critic == ("centralized" if path.name.endswith("_cc.yaml") else "decentralized")
 
 
@@ -453,12 +453,12 @@ def test_hub_writing_recipes_fail_clearly_offline(tmp_path, monkeypatch, name):
                                                 "--output_dir", str(tmp_path)])
     assert recipe.dataset in ("trl-lib/tldr", "gfissore/arxiv-abstracts-2021")
 
-    class NeverBuilt(ActorCriticTrainer):  # the data fails first: no model is ever loaded here
+    class NeverBuilt(CoLLMTrainer):  # the data fails first: no model is ever loaded here
         def __init__(self, *args, **kwargs):
             raise AssertionError("the trainer was reached although the dataset cannot load offline")
 
     monkeypatch.setattr(recipe_module, "_trainer_registry",
-                        lambda: {"actor_critic": (ActorCriticConfig, NeverBuilt)})
+                        lambda: {"collm": (CoLLMConfig, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
         run = Run(recipe, config)
         run.prepare()
@@ -472,11 +472,11 @@ def test_old_critic_setting_names_are_deprecated_aliases(tmp_path):
 
     critic_config._warned.clear()
     with pytest.warns(FutureWarning, match="num_epochs is deprecated: use num_iterations"):
-        args = ActorCriticConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5,
+        args = CoLLMConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5,
                                  episodes_per_step=2)
     assert (args.num_iterations, args.cliprange_value) == (2, 0.5)
     assert args.num_epochs is None and args.value_clip is None  # each setting under one name
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the warning is given once per process
-        ActorCriticConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5, episodes_per_step=2)
-    assert DebatePPOConfig.fsdp_refusal == ActorCriticConfig.fsdp_refusal == critic_config.CRITIC_FSDP_REFUSAL
+        CoLLMConfig(output_dir=str(tmp_path), report_to=[], num_epochs=2, value_clip=0.5, episodes_per_step=2)
+    assert MAPoRLConfig.fsdp_refusal == CoLLMConfig.fsdp_refusal == critic_config.CRITIC_FSDP_REFUSAL

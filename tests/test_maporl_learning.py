@@ -2,7 +2,7 @@
 
 Two turns, threshold 2, r_C = 0.6 < r_I = 1 < R = 3, influence-aware reward with gamma = 1. Observation 1: against
 a partner who collaborates at turn 1 with probability q, collaborating first pays iff q > (r_I - r_C) / (R - r_I) =
-0.2. Two agents co-trained with DebatePPOTrainer (token-level PPO, GAE, a value head per turn) start near q = 0.5,
+0.2. Two agents co-trained with MAPoRLTrainer (token-level PPO, GAE, a value head per turn) start near q = 0.5,
 above that bound, and learn to collaborate; one agent trained by the same trainer against a fixed partner who never
 collaborates (q = 0) learns to act alone. Each agent is a LoRA adapter on a tiny random model answering one token
 (A = collaborate, B = act alone; every other token suppressed). P(collaborate) at turn 1 is read exactly from the
@@ -23,7 +23,7 @@ from tests.tiny import prob_first_choice, save_tiny
 from trl_multiagent.credit.maporl import best_response_threshold
 from trl_multiagent.environments import CollaborationGameEnv
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers import MAPoRLConfig, MAPoRLTrainer
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,:?!AB")
 A, B = 3 + CHARS.index("A"), 3 + CHARS.index("B")
@@ -44,7 +44,7 @@ def _train(model, out, seed, partner):
     env = functools.partial(CollaborationGameEnv, num_turns=2, threshold=2, reward_collaborate=REWARD_C,
                             reward_independent=1.0, synergy=3.0, partner_collaborate_prob=partner)
     names = ("agent1", "agent2") if partner is None else ("agent1",)
-    args = DebatePPOConfig(
+    args = MAPoRLConfig(
         output_dir=str(out), num_turns=2, episodes_per_step=16, max_completion_length=1, num_iterations=2,
         num_minibatches=1,  # one step per PPO epoch: the learning rates below are for whole-rollout steps
         max_steps=24, learning_rate=0.01, critic_learning_rate=0.05, critic_lora_r=4, vf_coef=1.0,
@@ -54,7 +54,7 @@ def _train(model, out, seed, partner):
         penalize_post_boxed=False, per_device_train_batch_size=16, lr_scheduler_type="constant", report_to=[],
         save_strategy="no", disable_tqdm=True, logging_steps=8, seed=seed)
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8) for a in names]
-    trainer = DebatePPOTrainer(agents, env, args, Dataset.from_dict({"task_id": list(range(1024))}))
+    trainer = MAPoRLTrainer(agents, env, args, Dataset.from_dict({"task_id": list(range(1024))}))
     before = [_prob_collaborate_first(trainer, a) for a in names]
     trainer.train()
     return before, [_prob_collaborate_first(trainer, a) for a in names]

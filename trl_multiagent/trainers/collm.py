@@ -1,4 +1,4 @@
-"""ActorCriticTrainer: CoLLM-CC (one centralized critic) and CoLLM-DC (one critic per agent).
+"""CoLLMTrainer: CoLLM-CC (one centralized critic) and CoLLM-DC (one critic per agent).
 
 Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic" (Liu, Chen, Amiri, Amato;
 arXiv 2601.21972), Sec. 4.2 (Eq. 2-5), Sec. 5, Algorithm 1 (CC), Appendix B Algorithm 2 (DC).
@@ -11,7 +11,7 @@ One cycle, on the shared loop of :class:`~trl_multiagent.trainers.base.MultiAgen
    buffer; the credit of the rollout (:func:`episode_returns`) is only the Monte-Carlo returns, logged.
 2. ``num_iterations`` (E) passes over the buffer, each cut into ``num_minibatches`` minibatches; every minibatch is one
    optimizer step (Alg. 1 lines 16-25): the critic's value ``V`` of every transition's history and of its successor
-   history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.actor_critic`; no
+   history gives the TD error ``delta = r + gamma * V(h') - V(h)`` (:mod:`trl_multiagent.credit.collm`; no
    bootstrap after the last turn or an early stop); the critic's loss is the mean of ``delta^2`` over the
    minibatch's JOINT transitions (Eq. 5; Eq. 3 per agent for DC), and every agent's response at that transition
    gets ``delta`` as its advantage in the whole-response objective (Eq. 4 / Eq. 2: ``rho * grad log pi * delta``,
@@ -51,8 +51,8 @@ CRITIC_MODES = ("centralized", "decentralized")
 
 
 @dataclass
-class ActorCriticConfig(CriticSettings, MultiAgentConfig):
-    r"""Configuration of [`ActorCriticTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`]
+class CoLLMConfig(CriticSettings, MultiAgentConfig):
+    r"""Configuration of [`CoLLMTrainer`] (CoLLM-CC / CoLLM-DC). Every [`MultiAgentConfig`] / [`~trl.GRPOConfig`]
     field keeps its meaning; each episode is one path (`num_generations` = 1).
 
     Paper quantities -> fields: H = `num_turns`; gamma = `gamma`; E = `num_iterations`; minibatch = the buffer
@@ -98,7 +98,7 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
             `False`: every agent's advantage is its TD error (Eq. 2 / Eq. 4, the paper). `True`: the authors' released
             code (CoMLRL's `advantage_normalization`, on there by default): each critic's TD errors of one turn in the
             minibatch (the whole buffer with `num_minibatches=1`) become `(delta - mean) / max(std, 1e-6)`, std the
-            population one (`credit.actor_critic.normalize_per_turn`: [0.7, 0.8, 1.0] -> [-1.069, -0.267, 1.336]).
+            population one (`credit.collm.normalize_per_turn`: [0.7, 0.8, 1.0] -> [-1.069, -0.267, 1.336]).
         critic_global_info (`bool`, defaults to `True`):
             Give the critic(s), centralized AND decentralized, the global information m_t ("turn t of H; last reward
             r_{t-1} of at most reward_max"). `True` is the paper's setting: App. E gives m_t to "DC and CC" and
@@ -182,8 +182,8 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
         if self.critic not in CRITIC_MODES:
             raise ValueError(f"critic must be one of {CRITIC_MODES}, got {self.critic!r}")
         if self.num_generations != 1:
-            raise ValueError(f"ActorCriticTrainer rolls out one path per episode: num_generations must be 1, got "
-                             f"{self.num_generations} (K > 1 is MAGRPO's tree; use MultiAgentGRPOTrainer)")
+            raise ValueError(f"CoLLMTrainer rolls out one path per episode: num_generations must be 1, got "
+                             f"{self.num_generations} (K > 1 is MAGRPO's tree; use MAGRPOTrainer)")
         if self.critic_share_adapter and self.critic == "centralized":
             raise ValueError("critic_share_adapter is the parameter-sharing variant of CoLLM-DC; the centralized "
                              "critic reads all agents' histories and cannot share one agent's adapter")
@@ -208,7 +208,7 @@ class ActorCriticConfig(CriticSettings, MultiAgentConfig):
         if self.critic_global_info is None:
             raise ValueError("critic_global_info must be true or false (true, the paper's: CC and DC critics read m_t)")
         if self.epsilon is not None:  # the deprecated name of actor_ratio_clip
-            warn_once("ActorCriticConfig.epsilon is deprecated: the actor's ratio clip is actor_ratio_clip (default "
+            warn_once("CoLLMConfig.epsilon is deprecated: the actor's ratio clip is actor_ratio_clip (default "
                       "None, no clip: CoLLM Eq. 2 / Eq. 4); epsilon is read as actor_ratio_clip")
             if self.actor_ratio_clip is not None and self.actor_ratio_clip != self.epsilon:
                 raise ValueError(f"epsilon={self.epsilon} (the deprecated name of actor_ratio_clip) and "
@@ -287,15 +287,15 @@ def critic_input_parts(buffer: EpisodeBuffer, index: int, agents: Sequence[str],
     return header, "\n\n".join(history_text(a, buffer.history(index, a, history_turns), tr.turn) for a in agents)
 
 
-class ActorCriticTrainer(MultiAgentTrainer):
+class CoLLMTrainer(MultiAgentTrainer):
     """Trainer for CoLLM-CC and CoLLM-DC (multi-agent actor-critic with LLM critics).
 
     Paper: "Learning Decentralized LLM Collaboration with Multi-Agent Actor Critic", Liu et al. (arXiv 2601.21972),
     Algorithm 1 (CC) and Algorithm 2 (DC), Eq. 2-5.
 
-    Args: those of [`MultiAgentTrainer`], with an [`ActorCriticConfig`]. Given an already built
+    Args: those of [`MultiAgentTrainer`], with an [`CoLLMConfig`]. Given an already built
     [`AgentPool`], it must hold the critics this configuration asks for (build it with
-    ``AgentPool(specs, critics=ActorCriticTrainer.critic_specs(specs, args))``).
+    ``AgentPool(specs, critics=CoLLMTrainer.critic_specs(specs, args))``).
 
     Critic names: CC ``critic``; DC ``critic_<agent>``. They are saved and loaded with the adapters
     (``adapters/<critic>/``) and are not needed to run the trained agents.
@@ -313,7 +313,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         "journal={arXiv preprint arXiv:2601.21972}}",
     }
 
-    config_class = ActorCriticConfig
+    config_class = CoLLMConfig
     default_evaluator = "episodes"  # CoLLM evaluates its agents' greedy episodes, whatever the task
     summary_fields = ("num_turns", "gamma", "critic", "critic_share_adapter", "critic_global_info", "actor_ratio_clip",
                       "num_iterations", "num_minibatches", "critic_learning_rate", "cliprange_value", "vf_coef",
@@ -323,7 +323,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def algorithm(self) -> str:
         return "CoLLM-CC" if self.args.critic == "centralized" else "CoLLM-DC"
 
-    def validate_environment(self, probe, agent_names, train_dataset, args: ActorCriticConfig) -> None:
+    def validate_environment(self, probe, agent_names, train_dataset, args: CoLLMConfig) -> None:
         """The Environment protocol, and the reward maximum the critic's global information m_t shows."""
         super().validate_environment(probe, agent_names, train_dataset, args)
         reward_max = args.reward_max if args.reward_max is not None else getattr(probe, "reward_max", None)
@@ -335,7 +335,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     # ------------------------------------------------------------------------------------------------ set-up
     @staticmethod
-    def critic_specs(specs: Sequence[AgentSpec], args: ActorCriticConfig,
+    def critic_specs(specs: Sequence[AgentSpec], args: CoLLMConfig,
                      agent_order: Sequence[str] | None = None) -> list[CriticSpec]:
         """The critics of ``args.critic``: one ``critic`` on ``critic_agent``'s base (CC), or ``critic_<agent>`` per
         agent (DC). ``agent_order`` is the environment's order of roles (default: the order of ``specs``)."""
@@ -346,20 +346,20 @@ class ActorCriticTrainer(MultiAgentTrainer):
             return [CriticSpec("critic", agent=args.critic_agent or order[0], **common)]
         return [CriticSpec(f"critic_{a}", agent=a, share_adapter=args.critic_share_adapter, **common) for a in order]
 
-    def build_critics(self, specs: Sequence[AgentSpec], args: ActorCriticConfig) -> list[CriticSpec]:
+    def build_critics(self, specs: Sequence[AgentSpec], args: CoLLMConfig) -> list[CriticSpec]:
         return self.critic_specs(specs, args, self.agent_order)
 
-    def build_sampler(self, args: ActorCriticConfig) -> SinglePathSampler:
+    def build_sampler(self, args: CoLLMConfig) -> SinglePathSampler:
         return SinglePathSampler(num_turns=args.num_turns)
 
     def assign_credit(self, experience: EpisodeBuffer) -> None:
         """The Monte-Carlo returns of the buffer, logged (:func:`episode_returns`). The actors' advantages are the TD
         errors of Eq. 2 / Eq. 4, ``delta = r + gamma * V(h') - V(h)``: they need the critics' values as the critics
         are when each minibatch is updated, so they are computed in :meth:`update` (:meth:`_critic_update`,
-        :func:`~trl_multiagent.credit.actor_critic.td_errors`), not here."""
+        :func:`~trl_multiagent.credit.collm.td_errors`), not here."""
         episode_returns(experience, self.args.gamma)
 
-    def set_grpo_state(self, args: ActorCriticConfig) -> None:
+    def set_grpo_state(self, args: CoLLMConfig) -> None:
         super().set_grpo_state(args)
         # the actor's ratio clip (Eq. 2 / Eq. 4: none by default), read by the shared whole-response loss
         self.epsilon_low = self.epsilon_high = actor_ratio_clip_range(args.actor_ratio_clip)
@@ -413,7 +413,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         """One minibatch (Alg. 1 lines 17-24): the critics' TD loss, backward once per critic over the minibatch's
         joint transitions; the TD errors become every agent's advantage; then the actors' losses (Eq. 2 / Eq. 4)."""
         if not isinstance(experience, EpisodeBuffer):
-            raise TypeError("ActorCriticTrainer.update needs the EpisodeBuffer of its own rollout")
+            raise TypeError("CoLLMTrainer.update needs the EpisodeBuffer of its own rollout")
         phase = self.state.global_step % self.num_iterations
         epoch, part = divmod(phase, self.args.num_minibatches)
         if epoch >= len(self._schedule):  # resumed mid-cycle on a fresh buffer: start its schedule over

@@ -1,4 +1,4 @@
-"""DebatePPOTrainer (MAPoRL) on a tiny model: a training step, GAE targets, value-head gradients, the clipped value
+"""MAPoRLTrainer (MAPoRL) on a tiny model: a training step, GAE targets, value-head gradients, the clipped value
 loss (a term of the base's update loop), per-turn heads, PPO epochs reusing one rollout, validation and the debate
 recipes."""
 
@@ -17,9 +17,9 @@ from trl_multiagent.environments import CollaborationGameEnv
 from trl_multiagent.rollout import Experience
 from trl_multiagent.rollout.debate import DebateSample
 from trl_multiagent.team.pool import AgentSpec
-from trl_multiagent.trainers import DebatePPOConfig, DebatePPOTrainer
+from trl_multiagent.trainers import MAPoRLConfig, MAPoRLTrainer
 from trl_multiagent.trainers.base import MultiAgentTrainer
-from trl_multiagent.trainers.debate_ppo import minibatch_schedule, token_credit
+from trl_multiagent.trainers.maporl import minibatch_schedule, token_credit
 
 AGENTS = ("agent1", "agent2")
 NO_PENALTIES = dict(penalize_no_boxed=False, penalize_no_eos=False, min_response_tokens=0, penalize_repetition=False,
@@ -33,13 +33,13 @@ def _args(tmp_path, **kw):
                 disable_tqdm=True, logging_steps=1, lr_scheduler_type="constant",
                 seed=0, **NO_PENALTIES)
     base.update(kw)
-    return DebatePPOConfig(**base)
+    return MAPoRLConfig(**base)
 
 
 def _trainer(model, tmp_path, shared_policy=False, **kw):
     policy = {"policy": "team"} if shared_policy else {}
     agents = [AgentSpec(a, model=model, lora_r=4, lora_alpha=8, **policy) for a in AGENTS]
-    return DebatePPOTrainer(agents, CollaborationGameEnv, _args(tmp_path, **kw),
+    return MAPoRLTrainer(agents, CollaborationGameEnv, _args(tmp_path, **kw),
                             Dataset.from_dict({"task_id": list(range(16))}))
 
 
@@ -173,7 +173,7 @@ def test_minibatch_schedule_is_the_authors_eight_by_four(tmp_path):
     assert _args(tmp_path, episodes_per_step=32).num_minibatches == 8
     assert _args(tmp_path, episodes_per_step=4, num_generations=4).num_minibatches == 8
     assert _args(tmp_path).num_minibatches == 4  # 4 debates
-    assert DebatePPOConfig(output_dir=str(tmp_path)).num_iterations == 4  # the paper's four epochs
+    assert MAPoRLConfig(output_dir=str(tmp_path)).num_iterations == 4  # the paper's four epochs
     with pytest.raises(ValueError, match="num_minibatches must be between 1 and"):
         _args(tmp_path, num_minibatches=5)
 
@@ -249,11 +249,11 @@ def test_bad_setups_fail_before_any_model_loads(tmp_path):
     agents = [AgentSpec(a, model=str(tmp_path / "no-such-model")) for a in AGENTS]
     data = Dataset.from_dict({"task_id": [0]})
     with pytest.raises(ValueError, match="not a DebateEnv"):
-        DebatePPOTrainer(agents, CollaborationGameEnv, _args(tmp_path, alpha0=1.0), data)
+        MAPoRLTrainer(agents, CollaborationGameEnv, _args(tmp_path, alpha0=1.0), data)
     with pytest.raises(FileNotFoundError, match="not a saved learned verifier"):
         from trl_multiagent.environments import MathDebateEnv
 
-        DebatePPOTrainer(agents, MathDebateEnv, _args(tmp_path, verifier=str(tmp_path / "nothing")),
+        MAPoRLTrainer(agents, MathDebateEnv, _args(tmp_path, verifier=str(tmp_path / "nothing")),
                          Dataset.from_dict({"question": ["1+1?"], "answer": ["2"]}))
 
 
@@ -267,7 +267,7 @@ def test_debate_recipes_parse(tmp_path):
     for name in DEBATE_CONFIGS:
         path = Path("recipes/configs") / f"{name}.yaml"
         recipe, config = load_recipe(["--config", str(path), "--output_dir", str(tmp_path)])
-        assert recipe.trainer == "debate_ppo" and isinstance(config, DebatePPOConfig), name
+        assert recipe.trainer == "maporl" and isinstance(config, MAPoRLConfig), name
 
 
 @pytest.mark.parametrize("name, dataset", [("gsm8k_debate", "openai/gsm8k"), ("anli_debate", "facebook/anli")])
@@ -285,10 +285,10 @@ def test_hub_debate_recipes_fail_clearly_offline(tmp_path, monkeypatch, name, da
                                                 "--output_dir", str(tmp_path)])
     assert recipe.dataset == dataset
 
-    class NeverBuilt(DebatePPOTrainer):  # the data fails first: no model is ever loaded here
+    class NeverBuilt(MAPoRLTrainer):  # the data fails first: no model is ever loaded here
         def __init__(self, *args, **kwargs):
             raise AssertionError("the trainer was reached although the dataset cannot load offline")
 
-    monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {"debate_ppo": (DebatePPOConfig, NeverBuilt)})
+    monkeypatch.setattr(recipe_module, "_trainer_registry", lambda: {"maporl": (MAPoRLConfig, NeverBuilt)})
     with pytest.raises(recipe_module.RecipeError, match="reachable Hugging Face Hub"):
         build_trainer(recipe, config)

@@ -69,7 +69,7 @@ def test_td_errors_normalised_per_turn_as_the_released_code():
 
 
 def test_td_error_normalization_is_an_option_off_by_default(tmp_path):
-    from trl_multiagent.trainers import ActorCriticConfig
+    from trl_multiagent.trainers import CoLLMConfig
 
-    assert ActorCriticConfig(output_dir=str(tmp_path)).td_error_normalization is False  # Eq. 2 / Eq. 4
-    assert ActorCriticConfig(output_dir=str(tmp_path), td_error_normalization=True).td_error_normalization
+    assert CoLLMConfig(output_dir=str(tmp_path)).td_error_normalization is False  # Eq. 2 / Eq. 4
+    assert CoLLMConfig(output_dir=str(tmp_path), td_error_normalization=True).td_error_normalization
