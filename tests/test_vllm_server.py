@@ -27,6 +27,7 @@ from trl_multiagent.generation.vllm_server import (
     VLLMServerError,
     VLLMServerSettings,
     completion_fields,
+    make_generation_backend,
     server_urls,
 )
 from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
@@ -485,7 +486,7 @@ def test_the_colocated_backend_refuses_server_settings_and_make_generation_backe
     config = _config(tmp_path, vllm_server_base_url=server.url, vllm_server_timeout=5.0)
     with pytest.raises(ValueError, match="make_generation_backend"):
         vllm_backend.VLLMGenerationBackend(pool, vllm_backend.VLLMSettings.from_config(config))
-    backend = vllm_backend.make_generation_backend(pool, config)
+    backend = make_generation_backend(pool, config)
     try:
         # connected and the adapters loaded before any generation: every error a server can give comes first
         assert isinstance(backend, VLLMServerBackend) and server.loads() == ["writer-v1", "editor-v1"]
@@ -516,7 +517,7 @@ def test_a_training_step_through_the_server_reloads_the_trained_adapters(tiny_te
     config = _config(tmp_path, vllm_server_base_url=server.url, vllm_server_timeout=5.0, max_completion_length=4,
                      num_generations=2, save_strategy="no", disable_tqdm=True, learning_rate=5e-2, max_steps=1,
                      logging_steps=1, shuffle_dataset=False)
-    pool.generation_backend = vllm_backend.make_generation_backend(pool, config)
+    pool.generation_backend = make_generation_backend(pool, config)
     try:
         trainer = MultiAgentGRPOTrainer(pool, environment, config, Dataset.from_dict({"topic": ["ab", "cd"] * 2}))
         assert server.loads() == ["writer-v1", "editor-v1"]  # loaded when the backend was made

@@ -193,11 +193,6 @@ class RecipeArguments:
              "an integer >= 0 (0: no bound)")
 
 
-#: Trainers' earlier names, before each trainer got one name for its module, config, docs page and recipes: a recipe,
-#: a command line or a saved team's recorded recipe that uses one gets the current name, with a warning.
-RENAMED_TRAINERS = {"debate_ppo": "maporl", "actor_critic": "collm"}
-
-
 # ------------------------------------------------------------------------------------------------------ values
 def _trainer_registry() -> dict[str, tuple[type, type]]:
     from trl_multiagent.trainers import TRAINERS

@@ -39,7 +39,6 @@ from typing import Any
 
 from trl_multiagent.command import recipe_fields
 from trl_multiagent.command.recipe import (
-    RENAMED_TRAINERS,
     RecipeArguments,
     _fields,
     _hints,
@@ -48,7 +47,13 @@ from trl_multiagent.command.recipe import (
     unknown_key_message,
 )
 from trl_multiagent.command.recipe_files import apply_env_block, parse_recipe_text, read_recipe_file
-from trl_multiagent.command.trl_names import check_reward_funcs, move_reward_funcs, split_argv, translate
+from trl_multiagent.command.trl_names import (
+    RENAMED_TRAINERS,
+    check_reward_funcs,
+    move_reward_funcs,
+    split_argv,
+    translate,
+)
 from trl_multiagent.errors import RecipeError
 
 DEFAULT_TRAINER = "magrpo"

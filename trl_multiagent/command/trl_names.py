@@ -31,6 +31,11 @@ from trl_multiagent.errors import RecipeError
 logger = logging.getLogger(__name__)
 _said: set[tuple[str, str]] = set()  # (source, TRL name) already logged: the command line parses a recipe twice
 
+#: Trainers' earlier names, before each trainer got one name for its module, config, docs page and recipes: a recipe,
+#: a command line or a saved team's recorded recipe that uses one gets the current name, with a warning.
+RENAMED_TRAINERS = {"debate_ppo": "maporl", "actor_critic": "collm"}
+
+
 #: TRL's name -> this library's field of the same meaning.
 ALIASES = {
     "model_name_or_path": "model",

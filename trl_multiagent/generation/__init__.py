@@ -25,7 +25,7 @@ backend reads its loss settings) and :mod:`trl_multiagent.errors`). Besides deco
 * :mod:`.team`: team dispatch, :func:`generate_team` (requests grouped by base, chunks, transformers' ``generate``
   for options the loop lacks), :func:`check_transformers_for_decode`;
 * :mod:`.vllm`: the vLLM backend (``use_vllm: true``), :class:`~.vllm.VLLMGenerationBackend` and its checks and
-  importance-sampling correction, :func:`~.vllm.make_generation_backend` (the backend a config names);
+  importance-sampling correction, :func:`~.vllm_server.make_generation_backend` (the backend a config names);
 * :mod:`.vllm_server`: ``vllm_mode: server``, :class:`~.vllm_server.VLLMServerBackend`: a ``vllm serve`` process of
   its own, one LoRA adapter per policy loaded over HTTP after every step (only the changed ones).
 

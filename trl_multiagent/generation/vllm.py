@@ -21,7 +21,7 @@ Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent
 only for the correction (:func:`importance_sampling_ratio`, TRL's ``vllm_importance_sampling_*`` fields).
 
 ``vllm_mode: server`` (a ``vllm serve`` process of its own, adapters loaded at runtime over HTTP) is
-:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`; :func:`make_generation_backend` builds the one the
+:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`; :func:`~trl_multiagent.generation.vllm_server.make_generation_backend` builds the one the
 config names. TRL's ``trl vllm-serve`` is not used: it syncs the full weights of one model, a team needs one LoRA
 adapter per agent. This module imports vLLM only when an engine is created.
 """
@@ -82,7 +82,7 @@ def check_vllm_config(config) -> None:
     if config.vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode must be one of {VLLM_MODES}, got {config.vllm_mode!r}")
     if config.vllm_mode == "server":
-        from trl_multiagent.generation.vllm_server import check_server_config
+        from trl_multiagent.generation.vllm_http import check_server_config
 
         check_server_config(config)
     elif not vllm_available():
@@ -200,21 +200,6 @@ class VLLMSettings:
                    seed=config.seed, mode=config.vllm_mode)
 
 
-def make_generation_backend(pool, config):
-    """The generation backend ``config`` asks for (``use_vllm``): the colocated engine
-    (:class:`VLLMGenerationBackend`), or for ``vllm_mode: server`` the server's
-    (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`), connected and its adapters loaded at once,
-    so that a server that does not answer, serves another base, has too few LoRA slots or refuses the adapters stops
-    the run before training starts (the first rollout then loads nothing again unless the adapters changed)."""
-    if config.vllm_mode == "server":
-        from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerSettings
-
-        backend = VLLMServerBackend(pool, VLLMServerSettings.from_config(config))
-        backend.sync_adapters()
-        return backend
-    return VLLMGenerationBackend(pool, VLLMSettings.from_config(config))
-
-
 class VLLMGenerationBackend:
     """What :meth:`AgentPool.generate_many` calls when ``pool.generation_backend`` is set (see the module docstring).
 
@@ -226,7 +211,7 @@ class VLLMGenerationBackend:
     def __init__(self, pool, settings: VLLMSettings | None = None):
         if settings is not None and settings.mode == "server":  # the server's backend is another class
             raise ValueError("vllm_mode 'server' generates through VLLMServerBackend: build the backend with "
-                             "trl_multiagent.generation.vllm.make_generation_backend(pool, config)")
+                             "trl_multiagent.generation.vllm_server.make_generation_backend(pool, config)")
         if not vllm_available():
             raise ImportError(f"vLLM is not installed: {INSTALL_HINT}")
         self.pool = pool

@@ -163,7 +163,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                              lean_decode=args.lean_decode, frozen_matmul_dtype=args.frozen_matmul_dtype)
         self.pool = pool
         if args.use_vllm and pool.generation_backend is None:  # colocate: an engine per base; server: vllm serve
-            from trl_multiagent.generation.vllm import make_generation_backend
+            from trl_multiagent.generation.vllm_server import make_generation_backend
 
             pool.generation_backend = make_generation_backend(pool, args)
         self.pool._no_split_modules = layer_classes(pool)  # the blocks FSDP wraps as units (accelerate reads it)
