@@ -36,3 +36,11 @@ def test_every_earlier_name_points_at_a_registered_trainer_and_class():
         import trl_multiagent
 
         assert trl_multiagent.DebatePPOConfig is trainers.MAPoRLConfig
+
+
+def test_each_trainer_class_knows_its_one_name():
+    from trl_multiagent.trainers import TRAINERS
+
+    assert {name: cls._trainer_name for name, (_, cls) in TRAINERS.items()} == {name: name for name in TRAINERS}
+    assert {cls.__name__ for _, cls in TRAINERS.values()} == {"MAGRPOTrainer", "ATGRPOTrainer", "MHGPOTrainer",
+                                                                "CoLLMTrainer", "MAPoRLTrainer"}

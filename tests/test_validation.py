@@ -258,7 +258,7 @@ def test_a_generated_dataset_trains_and_evaluates_on_the_splits_a_recipe_names(t
 
 
 @pytest.mark.parametrize("script,config", [
-    ("at_grpo", "gsm8k_at_grpo"), ("collm", "tldr_hub_cc"), ("debate", "gsm8k_debate"),
+    ("at_grpo", "gsm8k_at_grpo"), ("collm", "tldr_hub_cc"), ("maporl", "gsm8k_debate"),
     ("mhgpo", "hotpotqa_mhgpo_rr")])
 def test_recipe_scripts_stop_before_loading_when_the_held_out_split_is_missing(script, config, tmp_path, capsys):
     import importlib.util

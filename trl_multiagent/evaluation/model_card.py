@@ -181,7 +181,7 @@ def _training(summary, algorithm: str, paper: Mapping[str, Any], recipe: Mapping
     title = paper.get("title")
     link = f"[{title}](https://arxiv.org/abs/{paper['id']})" if title and paper.get("id") else (f"*{title}*" if title
                                                                                                 else "-")
-    key = recipe.get("trainer")  # the recipe's name of the trainer; a team trained from Python has none
+    key = (summary.get("card") or {}).get("trainer_name") or recipe.get("trainer")  # the trainer's `trainer:` name
     trainer = f"`{key}`, {summary.get('trainer')}" if key else f"`{summary.get('trainer', '-')}`"
     steps = summary.get("global_step", "-")
     lines = ["## Training", "", f"- Algorithm: {algorithm} (trainer {trainer}); paper: {link}",

@@ -27,6 +27,11 @@ optimizer step, :meth:`~VLLMServerBackend.sync_adapters`, :meth:`~VLLMServerBack
   (``POST /v1/unload_lora_adapter``) and its folder removed as soon as no request in flight names it;
 * every completion request (``POST /v1/completions``, the prompt as token ids) names its agent's current adapter as
   its ``model``; a request with ``use_adapter=False`` names the served base itself;
+* asynchronous rollouts (``max_staleness`` k > 0, :mod:`trl_multiagent.trainers.async_rollouts`): the trainer
+  pins the adapters as they are (:meth:`~VLLMServerBackend.pin`) for a rollout that runs later, in another thread;
+  within :meth:`~VLLMServerBackend.pinned` that thread's requests name the pinned versions and sync nothing, and a
+  pinned version stays loaded, whatever the syncs after it, until :meth:`~VLLMServerBackend.unpin` (up to ``1 + k``
+  versions of a policy at once, which ``--max-loras`` must hold);
 * results are :class:`~trl_multiagent.generation.vllm.VLLMGeneration` objects in request order, as the colocated
   backend returns them: a completion keeps its first EOS token, ``truncated`` marks those that hit the length limit,
   ``sampling_logps`` are the engine's per-token log-probs (for TRL's importance-sampling correction; the server must
@@ -41,6 +46,7 @@ standard library (``urllib``); vLLM need not be installed in the training proces
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -130,7 +136,8 @@ class VLLMServerSettings:
 # ---------------------------------------------------------------------------------------------------- backend
 @dataclass
 class _Version:
-    """One adapter version loaded into a server under ``name``; unloaded once retired and not in flight."""
+    """One adapter version loaded into a server under ``name``; unloaded once retired and not in flight
+    (``in_flight``: its requests in flight and the rollouts that pinned it)."""
 
     policy: str
     name: str
@@ -169,6 +176,7 @@ class VLLMServerBackend:
         self._sent: dict[str, dict[str, torch.Tensor]] = {}  # policy -> the adapter tensors of its current version
         self._version: dict[str, int] = {}  # policy -> N of its latest version
         self._lock = threading.Lock()  # the versions' counts
+        self._local = threading.local()  # a thread's pinned versions and seed generator (pinned())
         self._sync_lock = threading.Lock()  # one sync at a time
         self._stale = True
         self._connected = False
@@ -372,9 +380,9 @@ class VLLMServerBackend:
         shutil.rmtree(version.folder, ignore_errors=True)
         logger.info("vLLM server at %s: unloaded %s", version.server.address, version.name)
 
-    def _acquire(self, policy: str) -> _Version:
+    def _acquire(self, policy: str, pins: dict[str, _Version] | None = None) -> _Version:
         with self._lock:
-            version = self._current[policy]
+            version = pins[policy] if pins else self._current[policy]
             version.in_flight += 1
             return version
 
@@ -384,6 +392,37 @@ class VLLMServerBackend:
             unload = version.retired and version.in_flight == 0
         if unload:
             self._unload(version)
+
+    # ------------------------------------------------------------------------------------------- pinned versions
+    def pin(self) -> dict[str, _Version]:
+        """Every policy's adapter as it is now, held loaded for a rollout that runs later or in another thread
+        (asynchronous rollouts): the changed adapters are loaded first, so call it where the adapters are not being
+        updated (the training thread, between optimizer steps). Each pinned version stays loaded, whatever the syncs
+        after it, until :meth:`unpin`."""
+        if self._stale:
+            self.sync_adapters()
+        with self._lock:
+            pins = dict(self._current)
+            for version in pins.values():
+                version.in_flight += 1
+        return pins
+
+    def unpin(self, pins: dict[str, _Version] | None) -> None:
+        """Release what :meth:`pin` held; a version no longer current and no longer used is unloaded."""
+        for version in (pins or {}).values():
+            self._release(version)
+
+    @contextlib.contextmanager
+    def pinned(self, pins: dict[str, _Version], generator: torch.Generator | None = None):
+        """Within ``with``, this thread's :meth:`generate` names the ``pins`` versions (from :meth:`pin`) and syncs
+        nothing (the training thread syncs), and the seeds of its sampled requests come from ``generator`` (so that a
+        rollout in a worker thread draws the same seeds whatever the other thread draws from torch's RNG)."""
+        previous = getattr(self._local, "pinned", None)
+        self._local.pinned = (pins, generator)
+        try:
+            yield
+        finally:
+            self._local.pinned = previous
 
     def adapter_names(self) -> dict[str, str]:
         """The name every policy's requests give now (``<policy>-v<N>``)."""
@@ -400,8 +439,10 @@ class VLLMServerBackend:
                  max_batch_sequences: int | None = None, progress=None) -> list[list[Generation]]:
         """:meth:`AgentPool.generate_many` through the servers: one ``/v1/completions`` request per prompt (all of a
         step's in flight at once, the server batches them), each naming its agent's adapter. ``max_batch_sequences``
-        is not used; ``progress`` is called once per base."""
-        if self._stale:
+        is not used; ``progress`` is called once per base. Within :meth:`pinned` the requests name the pinned versions
+        and nothing is synced."""
+        pins, generator = getattr(self._local, "pinned", None) or (None, None)
+        if self._stale and pins is None:
             self.sync_adapters()
         pool = self.pool
         encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
@@ -423,8 +464,8 @@ class VLLMServerBackend:
                     for first, n in parts:
                         payload = {**fields, "prompt": list(encoded[i]), "n": n}
                         if generation_config.do_sample:  # a seed per request from torch's RNG: seeded runs repeat
-                            payload["seed"] = int(torch.randint(0, 2**31 - 1, (1,)).item())
-                        version = self._acquire(pool.policy_of(req.agent)) if req.use_adapter else None
+                            payload["seed"] = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
+                        version = self._acquire(pool.policy_of(req.agent), pins) if req.use_adapter else None
                         payload["model"] = version.name if version is not None else self._base_name[key]
                         jobs.append((i, first, n, version, payload))
             except BaseException:

@@ -22,7 +22,9 @@ class Sample:
 
     ``group`` is the key of the samples it is compared with; ``reward``, ``ret`` and ``advantage`` are the credit's
     (the trainer's ``assign_credit``): before it, ``reward`` holds only what the sampler observed, where that is the
-    sample's own reward.
+    sample's own reward. ``version`` is the trainer's: the optimizer steps its policy's adapter had taken when it
+    generated the sample (the trainer's ``global_step`` then; with asynchronous rollouts, ``max_staleness``, up to
+    that many steps behind the step that trains on it), ``None`` where no trainer recorded it.
     """
 
     agent: str
@@ -38,6 +40,7 @@ class Sample:
     advantage: float = 0.0
     old_logps: list[float] | None = None
     ref_logps: list[float] | None = None
+    version: int | None = None
 
 
 @dataclass

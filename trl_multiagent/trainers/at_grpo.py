@@ -105,6 +105,7 @@ class ATGRPOTrainer(MultiAgentTrainer):
     config_class = ATGRPOConfig
     algorithm = "AT-GRPO"
     summary_fields = ("num_turns", "agent_order", "alpha", "drop_zero_std_groups", "loss_aggregation", "loss_type")
+    _trainer_name = "at_grpo"  # its `trainer:` name (TRAINERS), for the model card
     _tag_names = ["trl", "trl-multiagent", "at-grpo"]
     _name = "AT-GRPO"
     _paper = {"title": "Stronger-MAS: Multi-Agent Reinforcement Learning for Collaborative LLMs"}

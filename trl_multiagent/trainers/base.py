@@ -48,6 +48,7 @@ from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.runtime.memory import gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
 from trl_multiagent.runtime.process import configure_threads
 from trl_multiagent.team.pool import AgentPool, AgentSpec, check_team
+from trl_multiagent.trainers.async_rollouts import AsyncRollouts, running_rollouts
 from trl_multiagent.trainers.base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
     TOKEN_MEAN_LOSSES,
@@ -174,6 +175,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         self._buffered_inputs: Experience | None = None
         self._timings: dict[str, float] = defaultdict(float)
         self.generated_samples = GeneratedSamples()  # every rollout's samples, counted in sample()
+        self.async_rollouts = AsyncRollouts(self) if args.max_staleness else None  # rollouts ahead (max_staleness)
         # As GRPOTrainer.__init__ does: one seed per process, or every process would sample the same completions
         # for the same prompt (the adapters were initialised above with the common seed, so they start equal).
         set_seed(args.seed, device_specific=True)
@@ -343,13 +345,18 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def sample(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """The sampler's rollout of ``tasks``, timed: ``rollout_time``, and within it ``time/generation`` (the pool's
         team-level generation), ``time/environment`` (the rest: environment steps, rewards, sandboxed tests) and
-        ``rollout_tokens_per_s`` (generated tokens per second of generation)."""
+        ``rollout_tokens_per_s`` (generated tokens per second of generation). Each sample records its adapters'
+        version (``global_step``); with ``max_staleness`` the rollout was generated ahead (async_rollouts.py)."""
+        if self.async_rollouts is not None:
+            return self.async_rollouts.take(tasks)
         before = dict(self.pool.generation_stats)
         start = time.perf_counter()
         # a profile's range of the rollout; the pool's generation within it is a range of its own (time/generation)
         with torch.profiler.record_function("time/environment"):
             experience = self.sampler.rollout(self.pool, self.environment_factory, list(tasks), self.generation_config)
         self.generated_samples.add(experience)
+        for s in experience.samples:
+            s.version = self.state.global_step
         elapsed = time.perf_counter() - start
         generation = self.pool.generation_stats["seconds"] - before["seconds"]
         tokens = self.pool.generation_stats["tokens"] - before["tokens"]
@@ -577,7 +584,8 @@ class MultiAgentTrainer(TeamTrainerSurface):
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)  # true -> a path
         check_checkpoint(resume_from_checkpoint, self.args.output_dir, list(self.pool.policies),
                          list(self.pool.critics))
-        with marked_running(self.args.output_dir, self.args.should_save):  # "failed" with the error if it raises
+        # run_status "failed" with the error if it raises; asynchronous rollouts (max_staleness) closed at the end
+        with marked_running(self.args.output_dir, self.args.should_save), running_rollouts(self.async_rollouts):
             output = train_until_signal(self, super().train, resume_from_checkpoint, *args, **kwargs)
             self.save_model(self.args.output_dir)  # a non-finite adapter raises, writing nothing
         if self.args.should_save:

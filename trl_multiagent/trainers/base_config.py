@@ -19,6 +19,7 @@ from trl_multiagent.credit.losses import RESPONSE_LOSS
 from trl_multiagent.generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_available
 from trl_multiagent.models.loading import MODEL_DTYPES, context_length
 from trl_multiagent.team.pool import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
+from trl_multiagent.trainers.async_rollouts import check_async_config
 from trl_multiagent.trainers.sharding import check_parallelism
 from trl_multiagent.trainers.unused_fields import refuse_unused_fields
 
@@ -65,6 +66,14 @@ class MultiAgentConfig(GRPOConfig):
             stops (exit code 130 / 143, `run_status.json` `interrupted` with the command that resumes it); with this,
             a checkpoint of that step is saved first (when a step was done before the signal). A second signal stops
             at once.
+        max_staleness (`int`, defaults to `0`):
+            TRL AsyncGRPO's name. `0`: synchronous rollouts (generate, then train, step after step). k > 0: the next k
+            steps' rollouts are generated in a worker thread while the trainer updates, each with the adapters of the
+            step that started it, and no sample is trained on more than k optimizer steps after the adapters that
+            generated it (`trl_multiagent/trainers/async_rollouts.py`); needs `vllm_mode: server` (a server that
+            holds up to 1 + k versions of each adapter: `--max-loras` policies x (1 + k)),
+            `vllm_importance_sampling_correction` and `num_iterations` 1. Metrics `async/staleness_mean`,
+            `async/staleness_max`, `async/dropped_samples`.
 
     Notes:
         `per_device_train_batch_size` is the micro-batch (samples per forward/backward pass) of the update;
@@ -156,6 +165,14 @@ class MultiAgentConfig(GRPOConfig):
                 "run_status.json 'interrupted' with the step and the command that resumes the run "
                 "(--resume_from_checkpoint true). false: stop after the step without saving. A second signal stops "
                 "at once."})
+    max_staleness: int = field(default=0, metadata={
+        "help": "Asynchronous rollouts (TRL AsyncGRPO's name): 0 (default) generates each step's rollout and then "
+                "trains on it; k > 0 generates the next k steps' rollouts in a worker thread while the trainer updates, "
+                "each with the adapters of the step that started it, and trains no sample more than k optimizer steps "
+                "after the adapters that generated it (the importance-sampling correction weighs the samples by the "
+                "trained policy over the one that sampled them). Needs use_vllm with vllm_mode: server (--max-loras "
+                "at least policies x (1 + k)), vllm_importance_sampling_correction and num_iterations 1. The tasks of "
+                "each step are the same whatever k."})
     num_generations: int | None = field(default=4, metadata={"help": (
         "K: samples per agent and branch point. GRPOConfig's checks of TRL's own prompt groups (K >= 2, "
         "per_device_train_batch_size x processes a multiple of K) do not apply to a team's rollout: a K they refuse "
@@ -251,6 +268,7 @@ class MultiAgentConfig(GRPOConfig):
         if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
         check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
+        check_async_config(self)  # max_staleness: an integer >= 0; > 0 needs the server, the correction, 1 iteration
         if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
             from trl_multiagent.generation.vllm import check_vllm_config
 

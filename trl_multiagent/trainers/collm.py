@@ -301,6 +301,7 @@ class CoLLMTrainer(MultiAgentTrainer):
     (``adapters/<critic>/``) and are not needed to run the trained agents.
     """
 
+    _trainer_name = "collm"  # its `trainer:` name (TRAINERS), for the model card
     _tag_names = ["trl", "trl-multiagent", "actor-critic", "collm-cc", "collm-dc"]
     checks_learning_signal = False  # the TD-error advantages are computed in the update (learning_signal.py)
     _name = "CoLLM"

@@ -55,6 +55,8 @@ MIRRORED = {
                                             "dataloader_key: str | None = None) -> "
                                             "torch.utils.data.dataloader.DataLoader",
     "transformers.Trainer._clip_grad_norm": "(self, model)",
+    "transformers.Trainer.get_batch_samples": "(self, epoch_iterator: collections.abc.Iterator, num_batches: int, "
+                                              "device: torch.device) -> tuple[list, torch.Tensor | int | None]",
     "transformers.Trainer._get_grad_norm": "(self, model, grad_norm=None)",
     "trl.GRPOTrainer._compute_loss": "(self, model, inputs)",
     "trl.GRPOTrainer._get_per_token_logps_and_entropies": "(self, model, input_ids, attention_mask, logits_to_keep, "
@@ -179,6 +181,16 @@ class TeamTrainerSurface(GRPOTrainer):
     def _get_train_sampler(self, train_dataset=None):
         """Mirrors ``transformers.Trainer._get_train_sampler``: :meth:`task_sampler`."""
         return self.task_sampler(self.train_dataset if train_dataset is None else train_dataset)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """Mirrors ``transformers.Trainer.get_batch_samples`` (the loop takes each step's batches through it): with
+        asynchronous rollouts (``max_staleness``) the epoch's batches pass through a look-ahead, which hands over the
+        same batches in the same order and lets the next steps' rollouts start early
+        (:class:`~trl_multiagent.trainers.async_rollouts.Lookahead`)."""
+        rollouts = getattr(self, "async_rollouts", None)
+        if rollouts is not None:
+            epoch_iterator = rollouts.lookahead(epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
 
     def _clip_grad_norm(self, model):
         """Mirrors ``transformers.Trainer._clip_grad_norm``: :meth:`clip_gradients`."""

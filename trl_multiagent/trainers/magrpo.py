@@ -133,6 +133,7 @@ class MAGRPOTrainer(MultiAgentTrainer):
     config_class = MAGRPOConfig
     algorithm = "MAGRPO"
     summary_fields = ("num_turns", "joint_mode", "gamma", "advantage_mode")
+    _trainer_name = "magrpo"  # its `trainer:` name (TRAINERS), for the model card
     _tag_names = ["trl", "trl-multiagent", "magrpo"]
     _name = "MAGRPO"
     _paper = {

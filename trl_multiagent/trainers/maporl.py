@@ -279,6 +279,7 @@ class MAPoRLTrainer(MultiAgentTrainer):
         callbacks: extra `transformers.TrainerCallback` objects.
     """
 
+    _trainer_name = "maporl"  # its `trainer:` name (TRAINERS), for the model card
     _tag_names = ["trl", "trl-multiagent", "maporl", "ppo"]
     checks_learning_signal = False  # the advantages are per token (GAE), not Sample.advantage (learning_signal.py)
     _name = "MAPoRL"

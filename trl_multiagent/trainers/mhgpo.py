@@ -159,6 +159,7 @@ class MHGPOTrainer(MultiAgentTrainer):
         callbacks: extra `transformers.TrainerCallback` objects.
     """
 
+    _trainer_name = "mhgpo"  # its `trainer:` name (TRAINERS), for the model card
     _tag_names = ["trl", "trl-multiagent", "mhgpo"]
     _name = "MHGPO"
     _paper = {

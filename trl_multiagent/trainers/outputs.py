@@ -365,6 +365,7 @@ def write_summary(trainer, output) -> Path:
     summary.update(own)
     summary["trainer_config"] = config_differences(args)  # every field set away from its default (the model card's)
     summary["card"] = {"paper": dict(getattr(trainer, "_paper", None) or {}), "config_class": type(args).__name__,
+                       "trainer_name": getattr(trainer, "_trainer_name", None),
                        "tags": list(getattr(trainer, "_tag_names", None) or [])}  # the model card's trainer facts
     summary["machine"] = machine_record(trainer.pool)
     path = Path(args.output_dir) / "summary.json"

@@ -31,7 +31,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def quarters(rows: list[dict], key: str) -> tuple[float | None, float | None]:
-    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    """Mean of the first and of the last quarter of ``key``'s values (``a|b``: the first of the names a row has;
+    the metric's name changed between the runs' versions)."""
+    names = key.split("|")
+    values = [v for r in rows for v in [next((r[n] for n in names if isinstance(r.get(n), (int, float))), None)]
+              if v is not None]
     if not values:
         return None, None
     q = max(1, len(values) // 4)
@@ -42,11 +46,13 @@ def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-TRAINING_KEYS = [("turn/0/reward", "team reward, turn 1"), ("turn/1/reward", "team reward, turn 2"),
+TRAINING_KEYS = [("turn1/team_reward|turn/0/reward", "team reward, turn 1"),
+                 ("turn2/team_reward|turn/1/reward", "team reward, turn 2"),
                  ("agent/agent1/score", "agent1's verifier score"), ("agent/agent2/score", "agent2's verifier score"),
                  ("agent/agent1/reward", "agent1's reward"), ("agent/agent2/reward", "agent2's reward"),
                  ("incentive", "incentive"), ("penalty/any", "answers penalised"),
                  ("completions/clipped_ratio", "answers cut at the token limit"), ("kl", "KL to the base"),
+                 ("grad_norm", "gradient norm (before clipping)"),
                  ("entropy", "entropy")]
 
 
