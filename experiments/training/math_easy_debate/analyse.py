@@ -70,27 +70,33 @@ def training_table(runs: dict[str, Path]) -> list[str]:
 
 
 def advantage_table(runs: dict[str, Path]) -> list[str]:
-    lines = ["| run | turn | answers | mean advantage | advantage > 0 | mean advantage, turn's team reward > 0.5 | "
-             "mean advantage, team reward < 0.5 |", "|---|---|---|---|---|---|---|"]
+    """Each turn's advantages (the mean of each answer's token advantages), split by whether the answer was right
+    (rows that carry ``correct``; older rows only have the turn's team reward, and an advantage of 0 for MAPoRL)."""
+    lines = ["| run | turn | answers | mean advantage | advantage > 0 | right answers: mean advantage (> 0) | "
+             "wrong answers: mean advantage (> 0) |", "|---|---|---|---|---|---|---|"]
     found = False
     for name, folder in runs.items():
         rows = read_jsonl(folder / "completions.jsonl")
         if not rows:
             continue
         found = True
-        by_turn: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        by_turn: dict[int, list[tuple[float, bool]]] = defaultdict(list)
         for row in rows:
-            for adv in row["advantages"].values():
-                by_turn[row["turn"]].append((adv, row["reward"]))
+            correct = row.get("correct") or {}
+            for agent, adv in row["advantages"].items():
+                by_turn[row["turn"]].append((adv, bool(correct.get(agent, row["reward"] > 0.5))))
         for turn in sorted(by_turn):
             pairs = by_turn[turn]
             advs = [a for a, _ in pairs]
-            good = [a for a, r in pairs if r > 0.5]
-            bad = [a for a, r in pairs if r < 0.5]
+            right = [a for a, ok in pairs if ok]
+            wrong = [a for a, ok in pairs if not ok]
+
+            def summary(values: list[float]) -> str:
+                return (f"{sum(values) / len(values):+.3f} ({sum(v > 0 for v in values) / len(values):.2f}, "
+                        f"n={len(values)})") if values else "-"
+
             lines.append(f"| {name} | {turn + 1} | {len(advs)} | {sum(advs) / len(advs):+.3f} | "
-                         f"{sum(a > 0 for a in advs) / len(advs):.2f} | "
-                         f"{fmt(sum(good) / len(good) if good else None)} | "
-                         f"{fmt(sum(bad) / len(bad) if bad else None)} |")
+                         f"{sum(a > 0 for a in advs) / len(advs):.2f} | {summary(right)} | {summary(wrong)} |")
     return lines if found else ["(no run here logged its completions)"]
 
 
@@ -114,6 +120,10 @@ def text_stats(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def _cell(value: float | None, key: str) -> str:
+    return "-" if value is None else (f"{value:.0f}" if key.endswith("answers") else f"{value:.2f}")
+
+
 def texts_table(runs: dict[str, Path]) -> list[str]:
     stats = {}
     for name, folder in runs.items():
@@ -131,8 +141,7 @@ def texts_table(runs: dict[str, Path]) -> list[str]:
         cells = []
         for n in names:
             b, a = stats.get((n, "before"), {}).get(key), stats.get((n, "after"), {}).get(key)
-            cell = (lambda v: "-" if v is None else (f"{v:.0f}" if key.endswith("answers") else f"{v:.2f}"))
-            cells.append(f"{cell(b)} -> {cell(a)}")
+            cells.append(f"{_cell(b, key)} -> {_cell(a, key)}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return lines
 
