@@ -19,7 +19,7 @@ import torch
 from datasets import Dataset
 from transformers import GenerationConfig, TrainerCallback
 
-from tests.test_vllm_server import EOS, FakeVLLM, _perturb
+from tests.test_vllm_server import EOS, FakeVLLM, _no_adapter, _perturb
 from trl_multiagent.environments.base import FunctionEnvironment
 from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerSettings
 from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest
@@ -112,8 +112,9 @@ def _most_loaded(calls) -> int:
 
 def train(model, tmp_path, k, respond=answer_by_position, max_steps=STEPS, callbacks=(), **overrides) -> Run:
     """Train the team for ``max_steps`` with ``max_staleness`` k (None: the field left at its default) through a fake
-    server with exactly the LoRA slots the team needs (2 policies x (1 + k))."""
-    server = FakeVLLM(model, max_loras=2 * (1 + (k or 0)))
+    server with exactly the LoRA slots the team needs (2 policies x (1 + k), + 1 for the zero adapter of the bare
+    base's requests)."""
+    server = FakeVLLM(model, max_loras=2 * (1 + (k or 0)) + 1)
     server.respond = respond
     torch.manual_seed(0)
     pool = AgentPool([AgentSpec(a, model=model, lora_r=4) for a in AGENTS])
@@ -216,11 +217,12 @@ def test_every_trained_sample_is_within_k_versions_and_was_generated_by_the_vers
     for n, step in enumerate(steps, start=1):
         assert run.pinned_at[step] == {p: f"{p}-v{n}" for p in AGENTS}
     # never more versions loaded than the server's --max-loras (the backend checks it before every load), and all
-    # of them were needed: the version trained on, the k ahead and the current one
-    assert run.most_loaded == 2 * (1 + k)
-    # at the end only the current adapters stay: every pinned version was released and unloaded
-    assert run.loaded_after == sorted(f"{p}-v{len(steps)}" for p in AGENTS)
-    assert sorted(run.loads) == sorted(f"{p}-v{n}" for p in AGENTS for n in range(1, len(steps) + 1))
+    # of them were needed: the version trained on, the k ahead and the current one, and the zero adapter
+    assert run.most_loaded == 2 * (1 + k) + 1
+    # at the end only the current adapters (and the zero adapter) stay: every pinned version was released and unloaded
+    assert run.loaded_after == sorted([*(f"{p}-v{len(steps)}" for p in AGENTS), _no_adapter()])
+    assert sorted(run.loads) == sorted([*(f"{p}-v{n}" for p in AGENTS for n in range(1, len(steps) + 1)),
+                                        _no_adapter()])
 
 
 def test_a_rollout_staler_than_k_is_dropped_counted_and_generated_again(tiny_text_model, tmp_path):
@@ -242,7 +244,7 @@ def test_a_rollout_staler_than_k_is_dropped_counted_and_generated_again(tiny_tex
 
 # ---------------------------------------------------------------------------------------------------- the backend
 def test_a_pinned_version_serves_its_rollout_and_stays_loaded_until_unpinned(tiny_text_model, tmp_path):
-    server = FakeVLLM(tiny_text_model, max_loras=4)
+    server = FakeVLLM(tiny_text_model, max_loras=5)  # 2 policies x 2 versions + the zero adapter
     server.respond = answer_by_version
     torch.manual_seed(0)
     pool = AgentPool([AgentSpec(a, model=tiny_text_model, lora_r=4) for a in AGENTS])
@@ -268,7 +270,7 @@ def test_a_pinned_version_serves_its_rollout_and_stays_loaded_until_unpinned(tin
         worker.start()
         worker.join(timeout=30)
         assert [g.completion_ids for [g] in result["gens"]] == [[4, EOS], [4, EOS]]  # writer-v1, editor-v1
-        assert server.loads() == ["writer-v1", "editor-v1", "writer-v2"] and server.unloads() == []
+        assert server.loads() == ["writer-v1", "editor-v1", _no_adapter(), "writer-v2"] and server.unloads() == []
         assert backend.adapter_names() == {"writer": "writer-v2", "editor": "editor-v1"}
         backend.unpin(pins)  # writer-v1 is no longer current nor used: unloaded; editor-v1 is still current
         assert server.unloads() == ["writer-v1"]

