@@ -36,6 +36,7 @@ from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerS
 from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest  # noqa: E402
 
 from .numerics import assert_same_greedy  # noqa: E402
+from .test_vllm import _hf_greedy  # noqa: E402 (transformers' greedy generate, the reference where the loop cannot run)
 from .tiny import save_tiny  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -135,20 +136,7 @@ def _trainer_greedy(pool, agent: str, prompt, use_adapter: bool = True) -> list[
     try:
         check_transformers_for_decode()
     except RuntimeError:  # .venv-vllm's transformers (5.19) is older than the loop's (docs/guides/vllm.md)
-        ids = torch.tensor([pool.encode_prompt(agent, prompt)])
-        base = pool.activate(pool.policy_of(agent))
-        was_training = base.training
-        base.eval()
-        try:
-            with torch.no_grad(), (contextlib.nullcontext() if use_adapter else base.disable_adapter()):
-                out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                    do_sample=False, eos_token_id=pool.eos_token_ids(agent), pad_token_id=0)
-        finally:
-            base.train(was_training)
-        comp = out[0, ids.size(1):].tolist()
-        eos = set(pool.eos_token_ids(agent))
-        cut = next((j + 1 for j, t in enumerate(comp) if t in eos), None)
-        return comp[:cut] if cut is not None else comp
+        return _hf_greedy(pool, agent, prompt, use_adapter, new_tokens=NEW_TOKENS)
     with torch.no_grad():
         [[gen]] = generate_team(pool, [GenerationRequest(agent, prompt, use_adapter=use_adapter)], GREEDY)
     return gen.completion_ids

@@ -307,8 +307,6 @@ class VLLMServerBackend:
             self.syncs += 1
 
     def _load(self, policy: str, key: str, state: dict[str, torch.Tensor], peft_config) -> None:
-        from safetensors.torch import save_file
-
         server = self._base_server[key]
         with self._lock:
             old = self._current.get(policy)
@@ -323,20 +321,8 @@ class VLLMServerBackend:
                                   f"--max-loras {n * max(2, 1 + self.settings.max_staleness) + 1}")
         version = self._version.get(policy, 0) + 1
         name = f"{policy}-v{version}"
-        folder = self._dir / name
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        save_file(state, str(folder / "adapter_model.safetensors"))
-        peft_config.save_pretrained(str(folder))
+        folder = self._send(server, key, name, state, peft_config)
         self.bytes_written += sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-        path = f"{self._server_dir.rstrip('/')}/{name}"
-        try:
-            status, text = server.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-        except _Unreachable as error:
-            raise self._stopped(server, error, "loading adapters") from error
-        if status != 200:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise self._load_error(server, key, name, path, status, text, peft_config.r)
         new = _Version(policy, name, folder, server)
         with self._lock:
             self._version[policy] = version
@@ -357,18 +343,26 @@ class VLLMServerBackend:
         one was answered with another request's adapter (``tests/test_vllm_server_real.py``), as the colocated engine
         does (:meth:`~trl_multiagent.generation.vllm.VLLMGenerationBackend._zero_adapter`)."""
         from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
         policy = next(p for p, info in self.pool.policies.items() if info.base_key == key)
         base, server = self.pool.bases[key], self._base_server[key]
         name = f"no-adapter-{os.getpid()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}"
+        state = {k: torch.zeros(v.shape, dtype=torch.float32)
+                 for k, v in get_peft_model_state_dict(base, adapter_name=policy).items()}
+        folder = self._send(server, key, name, state, base.peft_config[policy])
+        with self._lock:
+            self._loaded[name] = _Version("", name, folder, server, retired=True)  # unloaded by close()
+        return name
+
+    def _send(self, server: _Server, key: str, name: str, state: dict[str, torch.Tensor], peft_config) -> Path:
+        """Write an adapter (``state``, ``peft_config``) to ``<adapter dir>/<name>`` and load it into ``server`` under
+        ``name``; returns its folder. A refusal is one line (:meth:`_load_error`), the folder removed."""
+        from safetensors.torch import save_file
+
         folder = self._dir / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        state = get_peft_model_state_dict(base, adapter_name=policy)
-        save_file({k: torch.zeros(v.shape, dtype=torch.float32) for k, v in state.items()},
-                  str(folder / "adapter_model.safetensors"))
-        base.peft_config[policy].save_pretrained(str(folder))
+        save_file(state, str(folder / "adapter_model.safetensors"))
+        peft_config.save_pretrained(str(folder))
         path = f"{self._server_dir.rstrip('/')}/{name}"
         try:
             status, text = server.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
@@ -376,10 +370,8 @@ class VLLMServerBackend:
             raise self._stopped(server, error, "loading adapters") from error
         if status != 200:
             shutil.rmtree(folder, ignore_errors=True)
-            raise self._load_error(server, key, name, path, status, text, base.peft_config[policy].r)
-        with self._lock:
-            self._loaded[name] = _Version("", name, folder, server, retired=True)  # unloaded by close()
-        return name
+            raise self._load_error(server, key, name, path, status, text, peft_config.r)
+        return folder
 
     def _load_error(self, server: _Server, key: str, name: str, path: str, status: int, text: str, rank: int):
         message = _error_message(text)
