@@ -38,9 +38,9 @@ def test_run_writes_metrics_summary_and_adapters(tiny_ab_model, tmp_path):
     steps = [x for x in lines if "reward" in x]
     assert [x["step"] for x in steps] == [1, 2, 3]
     for key in ("agent/agent1/reward", "agent/agent2/reward", "return", "frac_reward_zero_std", "loss", "entropy",
-                "env/both_A", "num_generations"):
+                "env/both_A", "generated_samples"):
         assert key in steps[0], key
-    assert steps[0]["num_generations"] == 2 * 4  # n * K for one episode of one turn
+    assert steps[0]["generated_samples"] == 2 * 4  # n * K for one episode of one turn
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["algorithm"] == "MAGRPO" and summary["global_step"] == 3
     assert set(summary["agents"]) == {"agent1", "agent2"}

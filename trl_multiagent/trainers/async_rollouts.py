@@ -243,7 +243,7 @@ class AsyncRollouts:
                            step - entry.version, self.max_staleness, len(experience.samples))
             self._release(entry)
             entry = _Rollout(tasks, version=step, pins=self.backend.pin(), seed=self._seed())
-            experience, stats = self._generate(entry)  # on this thread: the worker has later steps' rollouts queued
+            experience, stats = self._roll_out(entry)  # on this thread: the worker has later steps' rollouts queued
         self._trained = entry
         trainer.generated_samples.add(experience)
         staleness = [step - s.version for s in experience.samples]
@@ -284,9 +284,9 @@ class AsyncRollouts:
         entry.version, entry.pins, entry.seed = step, self.backend.pin(), self._seed()
         if self._worker is None:
             self._worker = _Worker()
-        entry.future = self._worker.submit(self._generate, entry)
+        entry.future = self._worker.submit(self._roll_out, entry)
 
-    def _generate(self, entry: _Rollout):
+    def _roll_out(self, entry: _Rollout):
         """The trainer's sampler on ``entry``'s tasks with its pinned versions (in the worker, or on the training
         thread for a regenerated rollout); the samples get the rollout's version."""
         trainer = self.trainer
