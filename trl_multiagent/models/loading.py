@@ -405,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.name.strip().lower() not in EMBEDDED_MODELS:
             _check_config_loads(args.name, path)  # a hub id or directory: fail now, not at training time
     except ModelNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")
         return 1
-    print(path)
+    sys.stdout.write(f"{path}\n")  # the command's answer: the checkpoint's folder
     return 0
 
 
