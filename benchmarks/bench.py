@@ -50,7 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from measure import keep_cpu_record  # noqa: E402 - benchmarks/ is the script's own folder
 from targets import TARGETS  # noqa: E402
 
-from trl_multiagent.runtime.provenance import cpu_model, kernel_record, versions  # noqa: E402 - after the environment above
+from trl_multiagent.runtime.provenance import cpu_generation, cpu_model, kernel_record, versions  # noqa: E402 - after the environment above
 
 log = logging.getLogger("bench")
 
@@ -667,7 +667,9 @@ def write_markdown(report: dict, path: Path) -> None:
         f"Command: `{report['command']}` ({'quick' if s['quick'] else 'full'} run, {report['date']}, "
         f"{report['runtime_s']:.0f} s in all).",
         "",
-        f"Machine: {report['environment']['cpu_model']}, {report['environment']['cpu_count']} CPUs "
+        f"Machine: {report['environment']['cpu_model']} "
+        f"({report['environment'].get('cpu_generation') or 'generation not recorded'}), "
+        f"{report['environment']['cpu_count']} CPUs "
         f"(affinity {report['environment']['cpu_affinity']}), torch {v['torch']}, trl {v['trl']}, "
         f"transformers {v['transformers']}, peft {v['peft']}, bitsandbytes {v['bitsandbytes']}."
         + _kernels_line(report["environment"].get("kernels")),
@@ -838,7 +840,7 @@ def main(argv=None) -> int:
         "settings": settings,
         "environment": {"versions": versions(), "cpu_count": os.cpu_count(),
                         "cpu_affinity": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(),
-                        "torch_default_threads": torch.get_num_threads(), "platform": platform.platform(),
+                        "cpu_generation": cpu_generation(), "torch_default_threads": torch.get_num_threads(), "platform": platform.platform(),
                         "total_memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
                         # the instruction set the kernels use (CPU flags, ATen's capability, variables that cap it)
                         "kernels": kernel_record()},
@@ -873,7 +875,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     write_markdown(report, out / "bench.md")
-    kept = keep_cpu_record(out, report["environment"]["cpu_model"])
+    kept = keep_cpu_record(out, " ".join(filter(None, (report["environment"]["cpu_model"],
+                                                       report["environment"].get("cpu_generation")))))
     log.info("wrote %s and %s (%.0f s); this CPU's record: %s", out / "bench.json", out / "bench.md",
              report["runtime_s"], kept)
     ok = all(report[k]["pass"] for k in ("speed", "memory") if k in report) and \

@@ -19,6 +19,11 @@ The methods, each paired with the others task by task (``--methods``, comma-sepa
 * ``<agent>_alone_trained``: each agent with its trained adapter, playing alone (``alone_trained`` names all of them;
   :mod:`.alone`), after training. Training a team may make a member better alone, or only better in the exchange.
 
+``--adapter POLICY=DIR`` (repeatable) takes one policy's trained adapter from another saved team: agents trained
+apart, then put together (AT-GRPO's Table 4 ablation: each agent trained with its partner frozen, ``frozen_policies``,
+then evaluated side by side). The adapter must fit the policy (same base model and LoRA shape); ``summary.json``
+records where each came from (``adapters_from``).
+
 Written to ``--output_dir`` (default ``<team>/eval-<held-out name>``) as the train command writes its results
 (:func:`~trl_multiagent.evaluation.report.write_run_outputs`): ``summary.json`` (the ``evaluation`` section with
 paired intervals, gains and the best baseline, the recipe as used, the command), ``report.md``,
@@ -103,6 +108,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         help="a column of the held-out rows: one table per value of it (may be given several times)")
     parser.add_argument("--output_dir", default=None, metavar="DIR",
                         help="where the results go (default: <team>/eval-<name of the held-out tasks>)")
+    parser.add_argument("--adapter", action="append", default=None, metavar="POLICY=DIR",
+                        help="take POLICY's adapter from the saved team in DIR instead of --team's (may be given once "
+                             "per policy):\nagents trained apart, evaluated together")
     return parser
 
 
@@ -125,6 +133,9 @@ def main(argv=None, prog: str = "python -m trl_multiagent evaluate") -> int:
         from trl_multiagent.command.saved_team import load_pool
 
         pool = load_pool(job["folder"], job["run"].config)
+        for policy, folder in job["adapters_from"].items():
+            if folder != str(job["folder"]):
+                load_policy_adapter(pool, policy, folder)
     except pre_training_errors() as exc:
         return fail_command(prog, exc)
     try:
@@ -171,7 +182,45 @@ def plan(args, overrides: list[str], command: str, prog: str = "evaluate") -> di
     groups = {column: task_groups(run.tasks, column) for column in args.group_by or []}
     out = Path(args.output_dir) if args.output_dir else folder / f"eval-{_held_out_name(recipe)}"
     check_evaluation_dir(out, folder)
-    return {"run": run, "folder": folder, "methods": methods, "groups": groups, "output_dir": out}
+    adapters_from = adapter_sources(folder, args.adapter or [])
+    return {"run": run, "folder": folder, "methods": methods, "groups": groups, "output_dir": out,
+            "adapters_from": adapters_from}
+
+
+def adapter_sources(folder: Path, given: list[str]) -> dict[str, str]:
+    """Policy -> the saved team whose adapter it takes: ``folder`` unless ``--adapter POLICY=DIR`` names another, whose
+    saved agent of that policy must fit (same base model and LoRA shape); each problem one :class:`RecipeError`."""
+    from trl_multiagent.command.saved_team import TEAM_FILE, find_saved_team
+    from trl_multiagent.command.warm_start import FITTING_FIELDS
+    from trl_multiagent.team.pool import AgentSpec
+
+    def policies(team: Path) -> dict[str, AgentSpec]:
+        specs = [AgentSpec(**a) for a in json.loads((team / TEAM_FILE).read_text())["agents"]]
+        return {s.policy: s for s in specs}
+
+    mine = policies(folder)
+    sources = dict.fromkeys(mine, str(folder))
+    for item in given:
+        policy, sep, path = item.partition("=")
+        if not sep or not policy or not path:
+            raise RecipeError(f"--adapter {item!r}: give POLICY=DIR, e.g. --adapter tool=outputs/tool_trained")
+        if policy not in mine:
+            raise RecipeError(f"--adapter {item!r}: the team has the policies {sorted(mine)}, not {policy!r}")
+        other, _ = find_saved_team(path)
+        theirs = policies(other).get(policy)
+        if theirs is None:
+            raise RecipeError(f"--adapter {item!r}: the team saved in {str(other)!r} has no policy {policy!r}")
+        differ = [f for f in FITTING_FIELDS if getattr(theirs, f) != getattr(mine[policy], f)]
+        if differ:
+            raise RecipeError(f"--adapter {item!r}: its {policy!r} differs from the team's in {differ}")
+        sources[policy] = str(other)
+    return sources
+
+
+def load_policy_adapter(pool, policy: str, folder: str) -> None:
+    """Replace ``policy``'s adapter in ``pool`` by the one saved in ``folder`` (checked by :func:`adapter_sources`)."""
+    pool.load_adapters(folder, only=[policy])
+    logger.info("policy %s: the adapter of %s", policy, folder)
 
 
 def _held_out_name(recipe) -> str:
@@ -233,7 +282,8 @@ def write(job: dict[str, Any], pool, stages: dict[str, Any], wall_time_s: float)
                "num_samples_per_method": dict(run.method_samples)},
         task_sets=task_sets_of(run.tasks), tasks=run.tasks, groups=job["groups"])
     record = {"command": run.command, "wall_time_s": wall_time_s, EVALUATED_TEAM: str(job["folder"]),
-              "recipe": dict(run.given), "machine": machine_record(pool)}
+              "recipe": dict(run.given), "machine": machine_record(pool),
+              "adapters_from": job.get("adapters_from", {})}
     path = write_run_outputs(job["output_dir"], section, record, stages)
     log_evaluation(section, metric, before="untrained", after="trained")
     logger.info("Wrote %s, report.md and eval_per_task.jsonl in %s", path.name, path.parent)

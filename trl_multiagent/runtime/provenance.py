@@ -40,6 +40,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_generation() -> str:
+    """The CPU's family, model and stepping numbers (``/proc/cpuinfo``; ``""`` elsewhere). Hosts of one model name can
+    differ in generation: two "AMD EPYC" hosts of this project, family 25 model 17 (Zen 4) and another, ran oneDNN's
+    packed float32 matmul at about 220 and 480 GFLOP/s (``experiments/speed/bench/README.md``)."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        return ""
+    if "cpu family" not in fields:
+        return ""
+    return " ".join(f"{name} {fields[key]}" for name, key in
+                    (("family", "cpu family"), ("model", "model"), ("stepping", "stepping")) if key in fields)
+
+
 def cpu_flags() -> list[str]:
     """Which of :data:`CPU_FLAGS` this CPU has (empty where ``/proc/cpuinfo`` is not readable)."""
     try:
@@ -69,6 +90,7 @@ def kernel_record() -> dict[str, Any]:
 
     record: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_generation": cpu_generation(),
         "cpu_flags": cpu_flags(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn": bool(torch.backends.mkldnn.is_available()),

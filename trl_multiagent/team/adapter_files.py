@@ -20,6 +20,7 @@ leaves the old team's files or the new team's, never a mix; out of space is one
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,11 +105,13 @@ def save_pool_adapters(pool, directory: str | Path) -> None:
         (stage / "team.json").write_text(json.dumps(team, indent=2))
 
 
-def load_pool_adapters(pool, directory: str | Path) -> None:
-    """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``."""
+def load_pool_adapters(pool, directory: str | Path, only: Sequence[str] | None = None) -> None:
+    """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``;
+    ``only``: just those policies' adapters (no critic)."""
     root = Path(directory) / "adapters"
-    adapters = [(p, info.base_key) for p, info in pool.policies.items()]
-    adapters += [(c, info.base_key) for c, info in pool.critics.items() if not info.spec.share_adapter]
+    adapters = [(p, info.base_key) for p, info in pool.policies.items() if only is None or p in only]
+    if only is None:
+        adapters += [(c, info.base_key) for c, info in pool.critics.items() if not info.spec.share_adapter]
     for name, key in adapters:
         path = root / name / ADAPTER_FILE
         if not path.is_file():
@@ -117,7 +120,7 @@ def load_pool_adapters(pool, directory: str | Path) -> None:
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise RuntimeError(f"Adapter {path} does not fit {name!r}: unexpected keys {unexpected[:3]}")
-    for name in pool.critics:
+    for name in pool.critics if only is None else ():
         path = root / name / VALUE_HEAD_FILE
         if not path.is_file():
             raise FileNotFoundError(f"No value head for critic {name!r} at {path}")

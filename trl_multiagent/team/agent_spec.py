@@ -167,3 +167,17 @@ def check_team(specs: Sequence[AgentSpec]) -> dict[str, list[AgentSpec]]:
                 "settings or learning rate; a shared policy is one adapter on one base."
             )
     return by_policy
+
+
+def check_frozen_policies(frozen: Sequence[str], policies: Sequence[str] | set[str]) -> None:
+    """``frozen_policies`` (policies that act but do not learn) names policies of the team and leaves at least one to
+    train; a :class:`ValueError` that says which otherwise."""
+    frozen, policies = set(frozen), set(policies)
+    unknown = sorted(frozen - policies)
+    if unknown:
+        raise ValueError(f"frozen_policies names {unknown}, which the team has no policy of; its policies are "
+                         f"{sorted(policies)} (agents that share one policy freeze together)")
+    if frozen and frozen >= policies:
+        raise ValueError(f"frozen_policies {sorted(frozen)} freezes every policy of the team: nothing would train (a "
+                         "team with one shared policy cannot freeze one agent: give each agent its own policy, "
+                         "policy_mapping: specialized)")

@@ -53,7 +53,7 @@ from trl_multiagent.models import QUANTIZATIONS  # noqa: F401  (QUANTIZATIONS re
 from trl_multiagent.models.loading import load_base_model, load_tokenizer, resolve_model
 from trl_multiagent.runtime.memory import total_memory
 from trl_multiagent.team.adapter_files import load_pool_adapters, save_pool_adapters
-from trl_multiagent.team.agent_spec import AgentSpec, check_critics, check_team, spec_record  # noqa: F401  (the public import path)
+from trl_multiagent.team.agent_spec import AgentSpec, check_critics, check_frozen_policies, check_team, spec_record  # noqa: F401  (the public import path)
 from trl_multiagent.team.critics import CriticSpec, ValueHead, select_head
 
 logger = logging.getLogger(__name__)
@@ -163,6 +163,8 @@ class AgentPool(nn.Module):
         self._dtype = "bfloat16" if dtype == "auto" and torch.cuda.is_available() else \
             ("float32" if dtype == "auto" else dtype)
         self._base_keys: dict[tuple[str, str | None], str] = {}
+        #: Policies that act but do not learn (:meth:`freeze_policies`): no optimizer group, no gradient.
+        self.frozen_policies: frozenset[str] = frozenset()
 
         for policy, members in by_policy.items():
             spec = members[0]
@@ -285,20 +287,35 @@ class AgentPool(nn.Module):
         """The trainable parameters of one critic: its adapter (unless it shares the policy's) and its value head."""
         return self.critics[critic].params
 
+    def freeze_policies(self, names) -> None:
+        """Keep the policies ``names`` as they are: their adapters leave :meth:`trainable_groups` and compute no
+        gradient (the trainer leaves their samples out of the loss: ``trained_policies``). At least one policy must
+        still train."""
+        names = frozenset(names)
+        check_frozen_policies(names, self.policies)
+        self.frozen_policies = names
+        self._keep_all_adapters_trainable()
+
+    @property
+    def trained_policies(self) -> list[str]:
+        """The policies that learn, in the team's order: every policy but the :attr:`frozen_policies`."""
+        return [p for p in self.policies if p not in self.frozen_policies]
+
     def trainable_groups(self) -> list[dict[str, Any]]:
-        """One entry per optimizer param group: every policy, then every critic (``kind``, ``name``, ``params``,
-        ``learning_rate`` (``None``: the trainer's default for that kind))."""
-        groups = [{"kind": "policy", "name": p, "params": self._policy_params[p], "learning_rate": info.learning_rate}
-                  for p, info in self.policies.items()]
+        """One entry per optimizer param group: every policy that learns (not the :attr:`frozen_policies`), then every
+        critic (``kind``, ``name``, ``params``, ``learning_rate`` (``None``: the trainer's default for that kind))."""
+        groups = [{"kind": "policy", "name": p, "params": self._policy_params[p],
+                   "learning_rate": self.policies[p].learning_rate} for p in self.trained_policies]
         groups += [{"kind": "critic", "name": c, "params": info.params, "learning_rate": info.spec.learning_rate}
                    for c, info in self.critics.items()]
         return groups
 
     def _keep_all_adapters_trainable(self) -> None:
-        # PEFT's set_adapter freezes inactive adapters; one optimizer holds all adapters, so keep all trainable.
-        for params in self._policy_params.values():
+        # PEFT's set_adapter freezes inactive adapters; one optimizer holds all adapters, so keep all trainable
+        # (all but the frozen policies').
+        for policy, params in self._policy_params.items():
             for p in params:
-                p.requires_grad_(True)
+                p.requires_grad_(policy not in self.frozen_policies)
         for info in self.critics.values():
             for p in info.params:
                 p.requires_grad_(True)
@@ -561,9 +578,10 @@ class AgentPool(nn.Module):
         written (:mod:`trl_multiagent.team.adapter_files`)."""
         save_pool_adapters(self, directory)
 
-    def load_adapters(self, directory: str | Path) -> None:
-        """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``."""
-        load_pool_adapters(self, directory)
+    def load_adapters(self, directory: str | Path, only: Sequence[str] | None = None) -> None:
+        """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``;
+        ``only``: just those policies' adapters (a team put together from agents trained apart)."""
+        load_pool_adapters(self, directory, only)
         self._keep_all_adapters_trainable()
         if self.generation_backend is not None:
             self.generation_backend.mark_stale()

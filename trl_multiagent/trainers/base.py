@@ -47,7 +47,7 @@ from trl_multiagent.generation.teacher_forcing import PrefixStore, lm_forward
 from trl_multiagent.rollout import Experience, Sample
 from trl_multiagent.runtime.memory import gradients_in_one_block, keep_freed_cpu_memory, release_freed_memory
 from trl_multiagent.runtime.process import configure_threads
-from trl_multiagent.team.pool import AgentPool, AgentSpec, check_team
+from trl_multiagent.team.pool import AgentPool, AgentSpec, check_frozen_policies, check_team
 from trl_multiagent.trainers.async_rollouts import AsyncRollouts, running_rollouts
 from trl_multiagent.trainers.base_config import (  # noqa: F401  (re-exported: the trainers import them from here)
     ROW_MEAN_LOSSES,
@@ -146,6 +146,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
         check_checkpoint(args.resume_from_checkpoint, args.output_dir, sorted({s.policy for s in specs}),
                          [c.name for c in critics])
+        check_frozen_policies(args.frozen_policies, {s.policy for s in specs})
 
         threads = configure_threads(args.num_threads)
         if threads:
@@ -163,6 +164,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
                              dense_copy=args.dense_copy, packed_weights=args.packed_weights,
                              lean_decode=args.lean_decode, frozen_matmul_dtype=args.frozen_matmul_dtype)
         self.pool = pool
+        pool.freeze_policies(args.frozen_policies)  # AT-GRPO's Table 4 ablation: a partner that acts but never learns
         if args.use_vllm and pool.generation_backend is None:  # colocate: an engine per base; server: vllm serve
             from trl_multiagent.generation.vllm_server import make_generation_backend
 
@@ -325,7 +327,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         need_old = (self.num_iterations > 1 or (self.use_vllm and self.vllm_importance_sampling_correction)) and \
             any(s.old_logps is None for s in experience.samples)
         if need_old or self.beta != 0.0:
-            for policy in self.pool.policies:
+            for policy in self.pool.trained_policies:  # a frozen policy's samples enter no loss
                 for chunk in prompt_grouped_chunks(experience.samples_of(policy),
                                                    self.args.per_device_train_batch_size):
                     batch = self.collate(policy, chunk)
@@ -386,20 +388,18 @@ class MultiAgentTrainer(TeamTrainerSurface):
         world = self.accelerator.num_processes
         # the token positions the update needs at least: every policy's distinct prompt prefixes once and every
         # completion (the physical bound of the forward and backward passes, benchmarks/targets.py)
-        completions = sum(len(s.generation.completion_ids) for s in experience.samples)
+        plan = {p: experience.samples_of(p) for p in self.pool.trained_policies}  # frozen policies: no loss
+        completions = sum(len(s.generation.completion_ids) for rows in plan.values() for s in rows)
         self.log_metric("tokens/loss_completions", float(completions))
         self.log_metric("tokens/loss_needed", float(completions + sum(
-            distinct_prefix_tokens([s.generation.prompt_ids for s in experience.samples_of(p)])
-            for p in self.pool.policies)))
+            distinct_prefix_tokens([s.generation.prompt_ids for s in rows]) for rows in plan.values())))
         # and the (query, key) pairs their causal attention needs at least (the bound's attention FLOPs)
         self.log_metric("tokens/loss_attention_pairs", float(sum(
-            needed_attention_pairs([s.generation.prompt_ids for s in experience.samples_of(p)],
-                                   [len(s.generation.completion_ids) for s in experience.samples_of(p)])
-            for p in self.pool.policies)))
+            needed_attention_pairs([s.generation.prompt_ids for s in rows],
+                                   [len(s.generation.completion_ids) for s in rows]) for rows in plan.values())))
         # DDP: no synchronisation until one all-reduce at the end; FSDP reduce-scatters after every backward itself
         sync_at_end = world > 1 and not is_fsdp(self.accelerator)
         response = self.loss_type == RESPONSE_LOSS
-        plan = {p: experience.samples_of(p) for p in self.pool.policies}
         weights = {p: self.sample_weights(p, rows) for p, rows in plan.items()}
         if any(w is not None for w in weights.values()) and not response and self.loss_type not in ROW_MEAN_LOSSES:
             raise ValueError(f"per-sample loss weights need a per-response loss ({sorted(ROW_MEAN_LOSSES)} or "

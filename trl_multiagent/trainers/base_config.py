@@ -165,6 +165,12 @@ class MultiAgentConfig(GRPOConfig):
                 "run_status.json 'interrupted' with the step and the command that resumes the run "
                 "(--resume_from_checkpoint true). false: stop after the step without saving. A second signal stops "
                 "at once."})
+    frozen_policies: list[str] = field(default_factory=list, metadata={
+        "help": "Policies that act but do not learn: their agents play every episode with the adapters they start "
+                "with (fresh ones compute nothing: the base; init_adapters loads trained ones), their samples enter "
+                "no loss and their adapters no optimizer. AT-GRPO's Table 4 ablation trains each agent of a team "
+                "with a policy per role while its partner stays frozen (frozen_policies: [tool], then [reasoner]). "
+                "Every name must be a policy of the team, and at least one policy must still train."})
     max_staleness: int = field(default=0, metadata={
         "help": "Asynchronous rollouts (TRL AsyncGRPO's name): 0 (default) generates each step's rollout and then "
                 "trains on it; k > 0 generates the next k steps' rollouts in a worker thread while the trainer updates, "
@@ -268,6 +274,9 @@ class MultiAgentConfig(GRPOConfig):
         if self.steps_per_generation not in (None, 1) or self.generation_batch_size is not None:
             raise ValueError("steps_per_generation / generation_batch_size are not used here; set episodes_per_step.")
         check_parallelism(self)  # FSDP2 runs; DeepSpeed, FSDP1 and FSDP without a GPU are refused with the reason
+        if isinstance(self.frozen_policies, str):  # --frozen_policies tool on a command line
+            self.frozen_policies = [name for name in self.frozen_policies.split(",") if name]
+        self.frozen_policies = list(self.frozen_policies or [])
         check_async_config(self)  # max_staleness: an integer >= 0; > 0 needs the server, the correction, 1 iteration
         if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
             from trl_multiagent.generation.vllm import check_vllm_config

@@ -179,6 +179,9 @@ class CoLLMConfig(CriticSettings, MultiAgentConfig):
     learning_rate: float = field(default=5e-6, metadata={"help": "alpha_pi: the actors' learning rate."})
 
     def __post_init__(self):
+        if self.frozen_policies:
+            raise ValueError(f"frozen_policies={list(self.frozen_policies)}: CoLLMTrainer trains its critics with every "
+                             "agent's transitions and has no frozen partner; the option is MAGRPO's, AT-GRPO's and MHGPO's")
         if self.critic not in CRITIC_MODES:
             raise ValueError(f"critic must be one of {CRITIC_MODES}, got {self.critic!r}")
         if self.num_generations != 1:

@@ -214,6 +214,9 @@ class MAPoRLConfig(CriticSettings, MultiAgentConfig):
     penalize_post_boxed: bool = field(default=True, metadata={"help": "Penalise text after the final \\boxed{}."})
 
     def __post_init__(self):
+        if self.frozen_policies:
+            raise ValueError(f"frozen_policies={list(self.frozen_policies)}: MAPoRLTrainer trains its critics with every "
+                             "agent's transitions and has no frozen partner; the option is MAGRPO's, AT-GRPO's and MHGPO's")
         if self.reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
         if self.loss_type not in _CLIPPED_LOSSES:
