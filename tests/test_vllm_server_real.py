@@ -114,7 +114,7 @@ def served(tmp_path_factory):
             time.sleep(2)
         backend.connect()
         pool.generation_backend = backend
-        yield pool, backend, port
+        yield pool, backend, port, process
     finally:
         with contextlib.suppress(Exception):
             backend.close()
@@ -158,7 +158,7 @@ def _assert_greedy(pool, agent: str, prompt, got, expected, use_adapter: bool = 
 
 
 def test_two_adapters_load_and_greedy_through_the_server_equals_the_trainers_own_decoding(served):
-    pool, backend, port = served
+    pool, backend, port, _ = served
     requests = [GenerationRequest(a, p) for a in AGENTS for p in PROMPTS]
     requests += [GenerationRequest(AGENTS[0], p, use_adapter=False) for p in PROMPTS[:2]]
     gens = pool.generate_many(requests, GREEDY)
@@ -176,7 +176,7 @@ def test_two_adapters_load_and_greedy_through_the_server_equals_the_trainers_own
 
 
 def test_after_one_adapter_changes_only_it_travels_and_the_server_serves_the_new_one(served):
-    pool, backend, port = served
+    pool, backend, port, _ = served
     before = pool.generate_many([GenerationRequest("writer", PROMPTS[0])], GREEDY)[0][0].completion_ids
     _perturb(pool, seed=7, policy="writer", std=0.1)
     expected = _trainer_greedy(pool, "writer", PROMPTS[0])
@@ -193,9 +193,9 @@ def test_after_one_adapter_changes_only_it_travels_and_the_server_serves_the_new
 
 def test_a_team_trains_through_the_server_and_the_server_serves_the_trained_adapters(served, tmp_path):
     from trl_multiagent.environments.base import FunctionEnvironment
-    from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
 
-    pool, backend, port = served
+    pool, backend, port, _ = served
 
     def environment():
         def reward(completions):  # depends on every token of both answers
@@ -204,11 +204,11 @@ def test_a_team_trains_through_the_server_and_the_server_serves_the_trained_adap
         return FunctionEnvironment(AGENTS, {a: (lambda task, a=a: f"{task['topic']} {a[0]}:") for a in AGENTS},
                                    reward, required_columns=["topic"])
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS,
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS,
                                 num_generations=2, save_strategy="no", disable_tqdm=True, learning_rate=5e-3,
                                 use_vllm=True, vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{port}",
                                 max_steps=2, logging_steps=1, shuffle_dataset=False)
-    trainer = MultiAgentGRPOTrainer(pool, environment, args, Dataset.from_dict({"topic": ["sea", "bread", "rain",
+    trainer = MAGRPOTrainer(pool, environment, args, Dataset.from_dict({"topic": ["sea", "bread", "rain",
                                                                                           "hills"]}))
     assert pool.generation_backend is backend  # the trainer keeps the pool's backend
     loaded = list(backend.loads)
@@ -226,3 +226,74 @@ def test_a_team_trains_through_the_server_and_the_server_serves_the_trained_adap
     assert not any(n in _served_models(port) for n in backend.loads if n not in names.values())
     for a, [g] in zip(AGENTS, gens):
         _assert_greedy(pool, a, PROMPTS[0], g.completion_ids, _trainer_greedy(pool, a, PROMPTS[0]))
+
+
+def _team_run(served, tmp_path, **kw):
+    """A MAGRPO team of the two agents training through the server (as the test above, the settings in ``kw``)."""
+    from trl_multiagent.environments.base import FunctionEnvironment
+    from trl_multiagent.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    pool, _, port, _ = served
+
+    def environment():
+        def reward(completions):
+            return sum(len(c) for c in completions.values()) / 20.0 + completions["writer"].count("e") / 10.0
+
+        return FunctionEnvironment(AGENTS, {a: (lambda task, a=a: f"{task['topic']} {a[0]}:") for a in AGENTS},
+                                   reward, required_columns=["topic"])
+
+    args = MAGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS, num_generations=2,
+                        disable_tqdm=True, learning_rate=5e-3, use_vllm=True, vllm_mode="server",
+                        vllm_server_base_url=f"http://127.0.0.1:{port}", logging_steps=1, shuffle_dataset=False,
+                        **{"save_strategy": "no", **kw})
+    topics = ["sea", "bread", "rain", "hills", "snow", "wind", "salt", "moss"]
+    return MAGRPOTrainer(pool, environment, args, Dataset.from_dict({"topic": topics}))
+
+
+def test_asynchronous_rollouts_through_the_server_train_no_sample_past_the_bound(served, tmp_path):
+    """max_staleness 1 with a real server: the next step's rollout is generated while the trainer updates, every
+    trained sample is at most one adapter version behind, and the server serves the trained adapters at the end."""
+    pool, backend, port, _ = served
+    trainer = _team_run(served, tmp_path, max_steps=4, max_staleness=1)
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "async/staleness_max" in m]
+    assert len(steps) == 4 and all(m["async/staleness_max"] <= 1 for m in steps)
+    assert any(m["async/staleness_max"] == 1 for m in steps), "no step trained on a rollout made ahead"
+    assert all(m["async/dropped_samples"] == 0 for m in steps)
+    gens = pool.generate_many([GenerationRequest(a, PROMPTS[1]) for a in AGENTS], GREEDY)
+    for a, [g] in zip(AGENTS, gens):
+        _assert_greedy(pool, a, PROMPTS[1], g.completion_ids, _trainer_greedy(pool, a, PROMPTS[1]))
+
+
+def test_a_server_killed_mid_run_is_one_error_and_the_last_checkpoint_stays_whole(served, tmp_path):
+    """The last test of the module (it stops the server): the server is killed after step 1's checkpoint; the next
+    step's generation ends the run with one error that says how to go on, and checkpoint-1 is complete."""
+    from transformers import TrainerCallback
+
+    from trl_multiagent.generation.vllm_server import VLLMServerError
+    from trl_multiagent.trainers.outputs import check_checkpoint
+
+    pool, _, _, process = served
+
+    class KillAfterFirstSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=60)
+
+    trainer = _team_run(served, tmp_path, max_steps=3, save_strategy="steps", save_steps=1)
+    trainer.add_callback(KillAfterFirstSave())
+    with pytest.raises(VLLMServerError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "\n" not in message and ("stopped answering" in message or "not reachable" in message), message
+    assert "resume the run from its last checkpoint" in message, message
+    checkpoint = tmp_path / "checkpoint-1"
+    check_checkpoint(str(checkpoint), tmp_path, sorted(pool.policies))  # complete: what resume reads is there
+    assert not (tmp_path / "checkpoint-2").exists()
+    fresh = AgentPool([AgentSpec(a, model=pool.base_sources[next(iter(pool.bases))][0], lora_r=8) for a in AGENTS],
+                      dtype="float32")
+    fresh.load_adapters(checkpoint)  # the adapters of step 1, loadable
+    for p in AGENTS:
+        assert all(torch.isfinite(t).all() for t in fresh.policy_parameters(p))
