@@ -40,7 +40,7 @@ How a run goes (:class:`AsyncRollouts`, one per trainer; the trainer's ``sample`
 
 Metrics, per step: ``async/staleness_mean`` and ``async/staleness_max`` over the samples trained on (versions behind
 g), ``async/dropped_samples`` (so far), ``async/ahead`` (rollouts started for later steps), ``async/rollout_time``
-(the rollout's own time in the worker) and ``rollout_tokens_per_s``.
+(the rollout's own time in the worker), ``rollout_tokens_per_s`` and ``tokens/generated``.
 
 k = 0 (the default) is the synchronous path exactly: no look-ahead, no worker, nothing of this module runs.
 """
@@ -252,6 +252,7 @@ class AsyncRollouts:
         trainer.log_metric("async/dropped_samples", float(self.dropped_samples))
         trainer.log_metric("async/ahead", float(sum(1 for e in self._pending() if e.future is not None)))
         trainer.log_metric("async/rollout_time", stats["seconds"])
+        trainer.log_metric("tokens/generated", float(stats["tokens"]))
         if stats["generation_seconds"] > 0:
             trainer.log_metric("rollout_tokens_per_s", stats["tokens"] / stats["generation_seconds"])
         return experience

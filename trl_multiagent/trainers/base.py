@@ -347,7 +347,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
     def sample(self, tasks: Sequence[Mapping[str, Any]]) -> Experience:
         """The sampler's rollout of ``tasks``, timed: ``rollout_time``, and within it ``time/generation`` (the pool's
         team-level generation), ``time/environment`` (the rest: environment steps, rewards, sandboxed tests) and
-        ``rollout_tokens_per_s`` (generated tokens per second of generation). Each sample records its adapters'
+        ``rollout_tokens_per_s`` (generated tokens per second of generation) and ``tokens/generated``. Each sample records its adapters'
         version (``global_step``); with ``max_staleness`` the rollout was generated ahead (async_rollouts.py)."""
         if self.async_rollouts is not None:
             return self.async_rollouts.take(tasks)
@@ -363,6 +363,7 @@ class MultiAgentTrainer(TeamTrainerSurface):
         generation = self.pool.generation_stats["seconds"] - before["seconds"]
         tokens = self.pool.generation_stats["tokens"] - before["tokens"]
         self.log_metric("rollout_time", elapsed)
+        self.log_metric("tokens/generated", float(tokens))
         self._timings["generation"] += generation
         self._timings["environment"] += max(0.0, elapsed - generation)
         if generation > 0:
