@@ -90,9 +90,9 @@ def main(argv=None) -> int:
         runs = {True: [], False: []}
         for _ in range(args.repeats):
             for packs in (True, False):
-                pool._packed_training[key] = packs  # the pool's decision for this base, switched for the comparison
+                pool.paths[key].packed_training = packs  # the pool's decision for this base, switched for the comparison
                 runs[packs].append(call(*shape))
-        pool._packed_training[key] = True
+        pool.paths[key].packed_training = True
         packing[f"{shape[0]}x{shape[1]}"] = {
             "packed_seconds": [round(t, 4) for t in runs[True]], "f_linear_seconds": [round(t, 4) for t in runs[False]],
             "f_linear_over_packed": statistics.median(f / p for f, p in zip(runs[False], runs[True]))}

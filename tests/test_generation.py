@@ -408,7 +408,7 @@ def test_packed_training_gives_the_loss_and_lora_gradients_of_f_linear(tiny_text
     ids = torch.tensor([pool.encode_prompt("aux", "what is two plus two"), pool.encode_prompt("aux", "hi there, ab cd efgh")])
     results = {}
     for packs in (False, True):
-        pool._packed_training[key] = packs
+        pool.paths[key].packed_training = packs
         pool.zero_grad()
         loss = pool("aux", input_ids=ids, labels=ids).loss
         loss.backward()
@@ -444,7 +444,7 @@ def test_prefill_computes_with_the_training_copies_only_where_training_packs(tin
         if not frozen_weights.packing_available(model):
             pytest.skip("this torch build has no oneDNN linear op")
         assert pool.packs_weights(key) and pool.lean_decodes(key) and pool.packs_training(key)
-        pool._packed_training[key] = packs
+        pool.paths[key].packed_training = packs
         out = pool.generate_many(requests, GenerationConfig(max_new_tokens=6, do_sample=False))
         outputs[packs] = [g.completion_ids for gens in out for g in gens]
         concatenated = LeanStep.concatenated_modules(model)

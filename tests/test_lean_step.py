@@ -213,7 +213,7 @@ def test_lean_support_names_what_it_does_not_compute(tiny_text_model):
 
 
 def test_lean_decode_switch(tiny_text_model, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="trl_multiagent.team.pool")
+    caplog.set_level(logging.INFO, logger="trl_multiagent.generation.compute_paths")
     on = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
     assert on.lean_decodes("base0") and pool_paths(on)["base0"]["lean_decode"] is True
     assert "decodes with the lean step" in caplog.text
@@ -222,9 +222,9 @@ def test_lean_decode_switch(tiny_text_model, monkeypatch, caplog):
     with pytest.raises(ValueError, match="lean_decode must be one of"):
         AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)], lean_decode="sometimes")
     # a base the step does not support: 'auto' falls back (logged with the reason), 'always' refuses
-    from trl_multiagent.team import pool as agents
+    from trl_multiagent.generation import compute_paths
 
-    monkeypatch.setattr(agents, "lean_support", lambda model: "a reason")
+    monkeypatch.setattr(compute_paths, "lean_support", lambda model: "a reason")
     caplog.clear()
     auto = AgentPool([AgentSpec("aux", model=tiny_text_model, lora_r=4)])
     assert not auto.lean_decodes("base0") and "the lean step does not apply (a reason)" in caplog.text

@@ -13,6 +13,8 @@ backend reads its loss settings) and :mod:`trl_multiagent.errors`). Besides deco
 * :mod:`.frozen_weights`: the de-quantised copy of a 4-bit base's frozen weights (:func:`use_dense_copy`) and the
   oneDNN-packed copy of frozen float32 linears on the CPU (:class:`PackedFrozenLinears`, ``PACK_MIN_WEIGHTS``), in
   float32 or bfloat16 (:data:`FROZEN_MATMUL_DTYPES`, ``frozen_matmul_dtype``);
+* :mod:`.compute_paths`: how each base computes, decided once per base by the pool (:class:`~.compute_paths.BasePaths`:
+  a de-quantised copy, packed frozen weights in generation and training, the lean decoding step);
 * :mod:`.lora_batch`: :class:`MultiAdapterBatch`, one forward pass for rows of several LoRA adapters;
 * :mod:`.lean_step`: :class:`LeanStep`, the one-token decoding step of a Llama-architecture base computed without
   transformers' forward (few operations per layer), and :func:`lean_support` (which bases it applies to);

@@ -48,6 +48,14 @@ from trl_multiagent.generation import (  # noqa: F401  (Generation and Generatio
     packed_weight_bytes,
     use_dense_copy,
 )
+from trl_multiagent.generation.compute_paths import (  # noqa: F401  (the settings' values are re-exported)
+    DENSE_COPY,
+    LEAN_DECODE,
+    PACKED_WEIGHTS,
+    BasePaths,
+    decide_lean,
+    decide_weight_copies,
+)
 from trl_multiagent.generation.teacher_forcing import completion_outputs, hidden_forward
 from trl_multiagent.models import QUANTIZATIONS  # noqa: F401  (QUANTIZATIONS re-exported)
 from trl_multiagent.models.loading import load_base_model, load_tokenizer, resolve_model
@@ -58,16 +66,6 @@ from trl_multiagent.team.critics import CriticSpec, ValueHead, select_head
 
 logger = logging.getLogger(__name__)
 
-#: Whether a 4-bit base computes with a de-quantised copy of its frozen weights (``AgentPool.dense_copy_of``).
-DENSE_COPY = ("auto", "always", "never")
-#: Whether generation computes a base's frozen linears with oneDNN-packed weights (``AgentPool.packs_weights``).
-PACKED_WEIGHTS = ("auto", "always", "never")
-#: Whether generation computes a base's one-token decoding steps with the lean step (``AgentPool.lean_decodes``).
-LEAN_DECODE = ("auto", "always", "never")
-#: ``auto`` makes a copy of a base's weights when it takes at most this share of the device's TOTAL memory: a fixed
-#: property of the machine, so that the same recipe on the same machine always takes the same path (the memory free
-#: at load time would make the numerics depend on what else runs).
-COPY_SHARE_OF_TOTAL_MEMORY = 0.25
 
 
 @dataclass
@@ -84,14 +82,6 @@ class _Critic:
     base_key: str
     adapter: str  # its own adapter, or the policy adapter it shares
     params: list[nn.Parameter]  # what the critic's optimizer group holds: its adapter (unless shared) and its head
-
-
-def _decide_copy(choice: str, needed: int, total: int) -> bool:
-    """Make a copy of ``needed`` bytes (0: the copy does not apply to this base)? ``choice`` is ``always``, ``never``
-    or ``auto`` (at most :data:`COPY_SHARE_OF_TOTAL_MEMORY` of the device's ``total`` memory)."""
-    if needed == 0 or choice == "never":
-        return False
-    return choice == "always" or needed <= COPY_SHARE_OF_TOTAL_MEMORY * total
 
 
 class AgentPool(nn.Module):
@@ -139,10 +129,8 @@ class AgentPool(nn.Module):
         if lean_decode not in LEAN_DECODE:
             raise ValueError(f"lean_decode must be one of {LEAN_DECODE}, got {lean_decode!r}")
         self.dense_copy, self.packed_weights, self.lean_decode = dense_copy, packed_weights, lean_decode
-        self._dense: dict[str, bool] = {}
-        self._packed: dict[str, bool] = {}
-        self._packed_training: dict[str, bool] = {}
-        self._lean: dict[str, bool] = {}
+        #: How each base computes (:mod:`trl_multiagent.generation.compute_paths`), decided once per base.
+        self.paths: dict[str, BasePaths] = {}
         #: Running totals of :meth:`generate_many`: seconds spent and completion tokens produced.
         self.generation_stats: dict[str, float] = {"seconds": 0.0, "tokens": 0}
         #: Where :meth:`generate_many` goes instead of the pool's own loop when set: the vLLM backend
@@ -178,7 +166,8 @@ class AgentPool(nn.Module):
         self._active: dict[str, str] = {}
         self._tools, self._chat_templates = prepare_tool_agents(self.specs.values(), self.tokenizer_of)
         for key in self.bases:  # once every adapter is attached (LoRA outside the projections rules the step out)
-            self._decide_lean(key)
+            self.paths[key].lean_decode = decide_lean(key, self.base_sources[key][0],
+                                                      self.bases[key].get_base_model(), self.lean_decode)
 
     def _attach_adapter(self, model_name: str, quantization: str | None, adapter: str, config: LoraConfig) -> str:
         """Add adapter ``adapter`` to the base of (model, quantization), loading that base the first time."""
@@ -195,7 +184,10 @@ class AgentPool(nn.Module):
                 # the FutureWarning it raises is about PEFT's call, and would print in every run
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
                 self.bases[key] = get_peft_model(model, config, adapter_name=adapter)
-            self._decide_dense_copy(key)
+            model = self.bases[key].get_base_model()
+            self.paths[key] = decide_weight_copies(
+                key, source[0], model, total_memory(next(model.parameters()).device), self.dense_copy,
+                self.packed_weights, self._frozen_dtype)
         else:
             self.bases[key].add_adapter(adapter, config)
         self._adapter_base[adapter] = key
@@ -411,7 +403,7 @@ class AgentPool(nn.Module):
         packed transposed weights (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`,
         ``differentiable``): where generation packs them and three copies take at most a quarter of the machine's
         memory (``packed_weights`` 'auto'; 'always' and 'never' decide both)."""
-        return self._packed_training.get(base_key, False)
+        return base_key in self.paths and self.paths[base_key].packed_training
 
     # ----------------------------------------------------------------------------------------------- prompts
     def encode_prompt(self, agent: str, prompt: Prompt) -> list[int]:
@@ -499,60 +491,13 @@ class AgentPool(nn.Module):
     def dense_copy_of(self, base_key: str) -> bool:
         """Whether the base ``base_key`` computes with a de-quantised copy of its 4-bit weights (decided when the base
         loads; see ``dense_copy``)."""
-        return self._dense.get(base_key, False)
-
-    def _decide_dense_copy(self, base_key: str) -> None:
-        model = self.bases[base_key].get_base_model()
-        needed = dense_weight_bytes(model)
-        total = total_memory(next(model.parameters()).device)
-        decision = _decide_copy(self.dense_copy, needed, total)
-        if decision:
-            use_dense_copy(model)
-        if needed:
-            logger.info("base %s computes with %s (a de-quantised copy takes %.0f MiB)", base_key,
-                        "a de-quantised copy of its 4-bit weights" if decision else "its 4-bit weights",
-                        needed / 2**20)
-        self._dense[base_key] = decision
-        packed = packed_weight_bytes(model, self._frozen_dtype)
-        self._packed[base_key] = _decide_copy(self.packed_weights, packed, total)
-        # the teacher-forced passes: packed copies of the layers generation packs in concatenations, and of every
-        # transposed weight (the input's gradient), besides generation's: up to three copies in all
-        self._packed_training[base_key] = self._packed[base_key] and _decide_copy(self.packed_weights, 3 * packed,
-                                                                                   total)
-        if self._frozen_dtype != torch.float32 and not self._packed_training[base_key]:
-            raise ValueError(
-                f"frozen_matmul_dtype 'bfloat16': base {base_key} ({self.base_sources[base_key][0]}) cannot compute "
-                "with packed bfloat16 copies in generation and training ("
-                + ("they apply to float32 bases on the CPU only" if not packed else
-                   f"three copies take {3 * packed / 2**20:.0f} MiB, more than a quarter of the device's memory; "
-                   "packed_weights 'always' makes them anyway") + "); use frozen_matmul_dtype 'float32'")
-        if packed:
-            logger.info("base %s generates %s (a packed copy of its frozen weights takes %.0f MiB); its teacher-forced "
-                        "passes compute %s", base_key,
-                        ("with oneDNN-packed frozen weights" + ("" if self._frozen_dtype == torch.float32 else
-                                                                " in bfloat16")) if self._packed[base_key]
-                        else "with F.linear",
-                        packed / 2**20, "with packed weights (up to three copies)" if self._packed_training[base_key]
-                        else "with F.linear")
-
-    def _decide_lean(self, base_key: str) -> None:
-        model = self.bases[base_key].get_base_model()
-        reason = lean_support(model)
-        if self.lean_decode == "always" and reason is not None:
-            raise ValueError(f"lean_decode='always', but base {base_key} ({self.base_sources[base_key][0]}) cannot "
-                             f"decode with the lean step: {reason}. Use lean_decode 'auto' (it then decodes through "
-                             "transformers' forward) or 'never'.")
-        self._lean[base_key] = self.lean_decode != "never" and reason is None
-        logger.info("base %s decodes %s", base_key,
-                    "with the lean step" if self._lean[base_key] else
-                    "through transformers' forward (lean_decode never)" if self.lean_decode == "never" else
-                    f"through transformers' forward: the lean step does not apply ({reason})")
+        return base_key in self.paths and self.paths[base_key].dense_copy
 
     def lean_decodes(self, base_key: str) -> bool:
         """Whether generation on base ``base_key`` computes its one-token decoding steps with the lean step
         (:class:`~trl_multiagent.generation.lean_step.LeanStep`) rather than transformers' forward (decided once,
         when the pool is built: ``lean_decode`` and :func:`~trl_multiagent.generation.lean_step.lean_support`)."""
-        return self._lean.get(base_key, False)
+        return base_key in self.paths and self.paths[base_key].lean_decode
 
     @property
     def frozen_matmul_dtype(self) -> torch.dtype:
@@ -568,7 +513,7 @@ class AgentPool(nn.Module):
         """Whether generation on base ``base_key`` computes its frozen linears with oneDNN-packed weights
         (:class:`~trl_multiagent.generation.frozen_weights.PackedFrozenLinears`: CPU, float32; ``packed_weights``
         decides, ``auto`` where a copy of the frozen weights takes at most a quarter of the machine's memory)."""
-        return self._packed.get(base_key, False)
+        return base_key in self.paths and self.paths[base_key].packed_weights
 
     # ----------------------------------------------------------------------------------------------- save / load
     def save_adapters(self, directory: str | Path) -> None:

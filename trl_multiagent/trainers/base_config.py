@@ -16,9 +16,10 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from trl_multiagent.credit.losses import RESPONSE_LOSS
+from trl_multiagent.generation.compute_paths import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS
 from trl_multiagent.generation.frozen_weights import FROZEN_MATMUL_DTYPES, bfloat16_matmuls_available
 from trl_multiagent.models.loading import MODEL_DTYPES, context_length
-from trl_multiagent.team.pool import DENSE_COPY, LEAN_DECODE, PACKED_WEIGHTS, AgentSpec
+from trl_multiagent.team.pool import AgentSpec
 from trl_multiagent.trainers.async_rollouts import check_async_config
 from trl_multiagent.trainers.sharding import check_parallelism
 from trl_multiagent.trainers.unused_fields import refuse_unused_fields
