@@ -3,7 +3,7 @@
 #   experiments/speed/bench/commits/run.sh 5ab09d3 e2c81de e6f70a8 > experiments/speed/bench/commits/<cpu>.log
 # Each commit is checked out in a temporary worktree and run with its own package (PYTHONPATH), this checkout's .venv.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
 PY=$ROOT/.venv/bin/python
 export HF_HUB_OFFLINE=1 TRL_EXPERIMENTAL_SILENCE=1 TOKENIZERS_PARALLELISM=false
 echo "cpu: $($PY -c 'from trl_multiagent.runtime.provenance import cpu_model, cpu_generation; print(cpu_model(), cpu_generation())')"
