@@ -9,6 +9,7 @@ export HF_HUB_OFFLINE=1 TRL_EXPERIMENTAL_SILENCE=1 TOKENIZERS_PARALLELISM=false
 echo "cpu: $($PY -c 'from trl_multiagent.runtime.provenance import cpu_model, cpu_generation; print(cpu_model(), cpu_generation())')"
 for commit in "$@"; do
   tree=$(mktemp -d); out=$(mktemp -d)
+  trap 'git -C "$ROOT" worktree remove --force "$tree" 2>/dev/null; rm -rf "$out"' EXIT  # also when a run fails
   git -C "$ROOT" worktree add --detach -f "$tree" "$commit" >/dev/null 2>&1
   (cd "$tree" && PYTHONPATH="$tree" "$PY" -m trl_multiagent train --config recipes/configs/math_generalisation_at_grpo.yaml \
      --max_steps 5 --evaluator none --output_dir "$out/run" --disable_tqdm true >"$out/log" 2>&1)
