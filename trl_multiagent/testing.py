@@ -14,13 +14,22 @@ AgentTurnSampler` (AT-GRPO) or an evaluator through an environment with hand-wri
     experience = JointTreeSampler(num_samples=2, num_turns=1).rollout(pool, MyEnv, [{"target": 14}],
                                                                       GenerationConfig())
 
-The library's own tests use it too (``tests/fake_pool.py`` re-exports it). docs/guides/new_environment.md shows it
+The library's own tests use it too (``tests/fake_pool.py`` re-exports it). :func:`serve_vllm` starts and stops a
+``vllm serve`` for the tests of server mode and its benchmark. docs/guides/new_environment.md shows it
 in a test of an environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from trl_multiagent.generation.requests import Generation, Prompt
 
@@ -94,3 +103,46 @@ def char_tokenizer(chars: Sequence[str]):
     tk.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
                                    padding_side="left")
+
+
+# ------------------------------------------------------------------------------------------------ a vLLM server
+@contextlib.contextmanager
+def serve_vllm(model: str, port: int, flags: Sequence[str], log_path: str | Path, cores: set[int] | None = None,
+               start_seconds: float = 900.0, env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A ``vllm serve`` of ``model`` on 127.0.0.1:``port`` with runtime LoRA loading and ``flags``, for the tests of
+    server mode and ``benchmarks/server_rollouts.py``: started as vLLM's OpenAI server module (the CPU build's ``vllm``
+    command looks for a distribution named ``vllm``; the flags are the same), in a process group of its own (on
+    ``cores`` when given), its output in ``log_path``. Yields the process once it answers ``/health``; a server that
+    exits first raises :class:`RuntimeError` with the end of its log, one that does not answer within
+    ``start_seconds`` a :class:`TimeoutError`. Stopped (the whole group) on leaving, unless already gone."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port), *flags]
+    environment = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+                                   start_new_session=True,
+                                   preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)))
+    try:
+        deadline = time.monotonic() + start_seconds
+        while True:  # the server's own start, watched so that a server that dies says why
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {process.returncode}: "
+                                   + " | ".join(Path(log_path).read_text().splitlines()[-15:]))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm serve did not start within {start_seconds:g} s")
+            time.sleep(2)
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
