@@ -12,6 +12,7 @@ from trl_multiagent.environments.coding import AuxMainCodingEnv
 from trl_multiagent.environments.collab_game import CollaborationGameEnv
 from trl_multiagent.environments.debate import DebateEnv, MathDebateEasyEnv, MathDebateEnv, NLIDebateEnv
 from trl_multiagent.environments.games import PlanPathEnv, SokobanEnv, Sudoku9x9Env, SudokuEnv
+from trl_multiagent.environments.math_split import MathToolSplitEnv
 from trl_multiagent.environments.math_tool import MathToolEasyEnv, MathToolEnv, MathToolGeneralisationEnv
 from trl_multiagent.environments.matrix_game import MatrixGameEnv
 from trl_multiagent.environments.minecraft import HouseBuildEnv, StrBuildEnv
@@ -33,6 +34,7 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "math_tool": MathToolEnv,
     "math_tool_easy": MathToolEasyEnv,
     "math_tool_generalisation": MathToolGeneralisationEnv,
+    "math_tool_split": MathToolSplitEnv,
     "math_debate": MathDebateEnv,
     "math_debate_easy": MathDebateEasyEnv,
     "nli_debate": NLIDebateEnv,
@@ -44,6 +46,6 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     "arxiv_expansion": ArxivExpansionEnv,
 }
 
-__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MathToolGeneralisationEnv", "MatrixGameEnv", "PlanPathEnv",
+__all__ = ["PipelineEnvironment", "SearchQAEnv", "ENVIRONMENTS", "AuxMainCodingEnv", "CoderTesterEnv", "CollaborationGameEnv", "DebateEnv", "MathDebateEasyEnv", "MathDebateEnv", "NLIDebateEnv", "Environment", "FunctionEnvironment", "MathToolEasyEnv", "MathToolEnv", "MathToolGeneralisationEnv", "MathToolSplitEnv", "MatrixGameEnv", "PlanPathEnv",
            "Prompt", "SokobanEnv", "TRLEnvironmentTeam", "StepResult", "Sudoku9x9Env", "SudokuEnv",
            "ArxivExpansionEnv", "HouseBuildEnv", "StrBuildEnv", "TLDREnv"]

@@ -137,3 +137,35 @@ EASY_MATH_SYSTEM = "Solve the math problem. " + EASY_ANSWER_RULE
 #: :data:`EASY_EXAMPLES` ending at the box, because MAPoRL's App. G penalises any token after the box, punctuation
 #: included (a first run with the final period: 64% of the answers penalised).
 EASY_DEBATE_EXAMPLES = tuple((request, reply.removesuffix(".")) for request, reply, _ in EASY_EXAMPLES)
+
+
+# --------------------------------------------------------------------------------------------------- split problem
+#: The split team (:class:`~trl_multiagent.environments.math_split.MathToolSplitEnv`): the reasoner reads the
+#: question with its numbers hidden as A and B and boxes the calculation; the tool agent sees the numbers and the
+#: reasoner's plan and prints the value.
+SPLIT_REASONER_SYSTEM = (
+    "You are the reasoning agent in a team of two. You read a math problem whose two numbers are hidden as A and B; "
+    "only the tool agent knows them, and it computes whatever calculation you give. Write the calculation in A and "
+    "B that answers the problem, then box it as \\boxed{calculation}."
+)
+SPLIT_TOOL_SYSTEM = (
+    "You are the Python tool agent in a team of two. You know the two numbers A and B of a math problem but not its "
+    "question; the reasoning agent reads the question and tells you its plan, a calculation in A and B. Reply with "
+    "a short Python program in a ```python code block that sets A and B and prints the value of the plan."
+)
+#: The tool agent's request: its numbers and the reasoner's plan (``(none yet)`` before the reasoner has answered).
+SPLIT_TOOL_REQUEST = "Numbers: A = {A}, B = {B}.\nThe reasoning agent's plan: {plan}"
+
+#: Worked examples of the split team, one per operation of the training forms on training arithmetic (those of
+#: :data:`EACH_OPERATION_EXAMPLES`: 5 + 2, 9 - 4, 3 * 5): the reasoner's request and reply, then the tool's.
+SPLIT_EXAMPLES = tuple(
+    (f"Problem: {hidden}", f"{why}: {plan}. The calculation is \\boxed{{{plan}}}.",
+     SPLIT_TOOL_REQUEST.format(A=a, B=b, plan=f"{why}: {plan}. The calculation is \\boxed{{{plan}}}."),
+     f"```python\nA = {a}\nB = {b}\nprint({plan})\n```")
+    for hidden, why, plan, a, b in (
+        ("Sam has A pens. Ava gives Sam B more. How many pens does Sam have now?", "Sam gets B more", "A + B", 5, 2),
+        ("Mia has A cups and gives B of them to Leo. How many cups does Mia have left?", "Mia gives B away", "A - B",
+         9, 4),
+        ("Ben has A bags with B cups in each bag. How many cups does Ben have in all?", "A bags of B cups",
+         "A * B", 3, 5),
+    ))
