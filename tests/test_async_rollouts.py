@@ -295,13 +295,9 @@ def _config(tmp_path, **kw):
     (dict(max_staleness=1.5), "max_staleness must be an integer >= 0 (how many optimizer steps a rollout may be "
                               "generated ahead of the step that trains on it; 0: synchronous rollouts), got 1.5"),
     (dict(max_staleness=1, use_vllm=False),
-     "max_staleness=1 (asynchronous rollouts) needs use_vllm: true with vllm_mode: server: the library's own decoding "
-     "generates in the training process with the adapters being trained and cannot serve the older adapter versions "
-     "of rollouts generated ahead; generate through a vLLM server (docs/guides/vllm.md) or set max_staleness: 0"),
-    (dict(max_staleness=2, vllm_mode="colocate"),
-     "max_staleness=2 (asynchronous rollouts) needs vllm_mode: server, got 'colocate': the colocated engine runs in "
-     "the training process with one version of each adapter (asynchronous rollouts with it are not implemented); "
-     "start a vLLM server (docs/guides/vllm.md) or set max_staleness: 0"),
+     "max_staleness=1 (asynchronous rollouts) needs use_vllm: true (vllm_mode colocate or server): the library's own "
+     "decoding generates with the adapters being trained and cannot serve the older adapter versions of rollouts "
+     "generated ahead; generate with vLLM (docs/guides/vllm.md) or set max_staleness: 0"),
     (dict(max_staleness=1, vllm_importance_sampling_correction=False),
      "max_staleness=1 needs vllm_importance_sampling_correction: true: the samples come from adapters up to "
      "max_staleness optimizer steps old (off-policy), and the correction weighs each by the trained policy's "
@@ -317,9 +313,12 @@ def test_the_config_checks_are_one_line_each(tmp_path, kw, message):
     assert str(error.value) == message
 
 
-def test_the_config_accepts_k_with_the_server_and_counts_the_lora_slots(tmp_path):
+def test_the_config_accepts_k_with_the_server_and_counts_the_lora_slots(tmp_path, monkeypatch):
+    monkeypatch.setattr("trl_multiagent.generation.vllm.vllm_available", lambda: True)
     config = _config(tmp_path, max_staleness=2)
     assert config.max_staleness == 2 and VLLMServerSettings.from_config(config).max_staleness == 2
+    # and with the colocated engine, which serves the pinned versions from a worker thread
+    assert _config(tmp_path, max_staleness=2, vllm_mode="colocate").max_staleness == 2  # vLLM faked as present
     assert _config(tmp_path, use_vllm=False).max_staleness == 0
 
 

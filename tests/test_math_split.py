@@ -1,14 +1,14 @@
 """The split math team (issue 60, item 4): the reasoner plans without the numbers, the tool computes without the
 question. Expected values are worked out by hand from the problem texts."""
 
+import operator
+
 import pytest
 
 from trl_multiagent.environments import ENVIRONMENTS
-from trl_multiagent.environments.math_problems import generalisation_problems
+from trl_multiagent.environments.math_problems import arithmetic_key, arithmetic_split, generalisation_problems
 from trl_multiagent.environments.math_prompts import SPLIT_EXAMPLES
 from trl_multiagent.environments.math_split import MathToolSplitEnv, evaluate_plan, split_question
-from trl_multiagent.environments.math_problems import arithmetic_key, arithmetic_split
-import operator
 
 TASK = {"question": "Maya has 9 shells and gives 3 of them to Liam. How many shells does Maya have left?",
         "answer": "6"}

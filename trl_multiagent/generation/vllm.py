@@ -20,6 +20,12 @@
 Log-probs for the loss are still recomputed by the trainer (:mod:`trl_multiagent.generation.logprobs`); the engine's are used
 only for the correction (:func:`importance_sampling_ratio`, TRL's ``vllm_importance_sampling_*`` fields).
 
+Asynchronous rollouts (``max_staleness`` k > 0, :mod:`~trl_multiagent.trainers.async_rollouts`) run the engine
+from a worker thread beside the trainer: :meth:`VLLMGenerationBackend.pin` holds every policy's current
+``LoRARequest`` for a rollout generated later, and a version no longer current is removed from the engine, and its
+folder deleted, only once no pinned rollout holds it. One engine call runs at a time (generation in the worker,
+removals deferred to it), so the training thread never waits on the engine to sync the next step's adapters.
+
 ``vllm_mode: server`` (a ``vllm serve`` process of its own, adapters loaded at runtime over HTTP) is
 :class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`; :func:`~trl_multiagent.generation.vllm_server.make_generation_backend` builds the one the
 config names. TRL's ``trl vllm-serve`` is not used: it syncs the full weights of one model, a team needs one LoRA
@@ -28,12 +34,14 @@ adapter per agent. This module imports vLLM only when an engine is created.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,6 +232,12 @@ class VLLMGenerationBackend:
         self._dir = Path(tempfile.mkdtemp(prefix="trl_multiagent_vllm_"))
         #: Number of adapter syncs so far (each writes every policy's adapter under a new id).
         self.syncs = 0
+        self._lock = threading.Lock()  # the bookkeeping below
+        self._engine_lock = threading.Lock()  # one engine call (generate, remove_lora) at a time
+        self._held: dict[int, int] = {}  # LoRA id -> pinned rollouts holding it
+        self._retired: dict[int, Any] = {}  # LoRA id -> a request no longer current, still held
+        self._removable: list[Any] = []  # requests no longer current nor held: removed before the next engine call
+        self._local = threading.local()  # pinned versions of this thread (``pinned``)
 
     # ------------------------------------------------------------------------------------------- adapters
     def mark_stale(self) -> None:
@@ -246,20 +260,69 @@ class VLLMGenerationBackend:
             save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()},
                       str(target / "adapter_model.safetensors"))
             base.peft_config[policy].save_pretrained(str(target))
-            old = self.lora_requests.get(policy)
-            self.lora_requests[policy] = LoRARequest(f"{policy}-{lora_id}", lora_id, str(target))
-            if old is not None:
-                engine = self.engines.get(info.base_key)
-                if engine is not None:
-                    try:
-                        engine.llm_engine.remove_lora(old.lora_int_id)
-                    except Exception:  # noqa: BLE001  (not loaded yet, or evicted: nothing to free)
-                        pass
-                shutil.rmtree(old.lora_path, ignore_errors=True)
+            with self._lock:
+                old = self.lora_requests.get(policy)
+                self.lora_requests[policy] = LoRARequest(f"{policy}-{lora_id}", lora_id, str(target))
+                if old is not None:  # removed before the next engine call, or once the rollouts holding it end
+                    (self._retired.__setitem__(old.lora_int_id, (info.base_key, old)) if old.lora_int_id in self._held
+                     else self._removable.append((info.base_key, old)))
         for key in {info.base_key for info in self.pool.policies.values()} - set(self.no_adapter):
             self.no_adapter[key] = self._zero_adapter(key)
         self._stale = False
         self.syncs += 1
+
+    def _remove_retired(self) -> None:
+        """Remove from the engines, and delete, the adapters no longer current nor held (under the engine lock)."""
+        with self._lock:
+            removable, self._removable = self._removable, []
+        for key, old in removable:
+            engine = self.engines.get(key)
+            if engine is not None:
+                try:
+                    engine.llm_engine.remove_lora(old.lora_int_id)
+                except Exception:  # noqa: BLE001  (not loaded yet, or evicted: nothing to free)
+                    pass
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------- pinned versions
+    def pin(self) -> dict[str, Any]:
+        """Every policy's current ``LoRARequest``, held for a rollout that runs later or in another thread
+        (asynchronous rollouts): changed adapters are written first and the engines created, so call it where the
+        adapters are not being updated (the training thread, between optimizer steps). A pinned version stays served,
+        its folder on disk, whatever the syncs after it, until :meth:`unpin`."""
+        if self._stale:
+            self.sync_adapters()
+        for key in {info.base_key for info in self.pool.policies.values()}:
+            self.engine(key)
+        with self._lock:
+            pins = dict(self.lora_requests)
+            for request in pins.values():
+                self._held[request.lora_int_id] = self._held.get(request.lora_int_id, 0) + 1
+        return pins
+
+    def unpin(self, pins: dict[str, Any] | None) -> None:
+        """Release what :meth:`pin` held; a version no longer current and no longer held is removed before the next
+        engine call."""
+        with self._lock:
+            for request in (pins or {}).values():
+                left = self._held.get(request.lora_int_id, 0) - 1
+                if left > 0:
+                    self._held[request.lora_int_id] = left
+                    continue
+                self._held.pop(request.lora_int_id, None)
+                if request.lora_int_id in self._retired:
+                    self._removable.append(self._retired.pop(request.lora_int_id))
+
+    @contextlib.contextmanager
+    def pinned(self, pins: dict[str, Any], generator: torch.Generator | None = None):
+        """Within ``with``, this thread's :meth:`generate` serves the ``pins`` versions (from :meth:`pin`) and syncs
+        nothing (the training thread syncs), and the seeds of its sampled requests come from ``generator``."""
+        previous = getattr(self._local, "pinned", None)
+        self._local.pinned = (pins, generator)
+        try:
+            yield
+        finally:
+            self._local.pinned = previous
 
     def _zero_adapter(self, key: str):
         """A LoRA adapter whose B matrices are zero (the base itself), served to ``use_adapter=False`` rows: with
@@ -322,8 +385,10 @@ class VLLMGenerationBackend:
         base."""
         from vllm import SamplingParams
 
-        if self._stale:
+        pins, generator = getattr(self._local, "pinned", None) or (None, None)
+        if pins is None and self._stale:
             self.sync_adapters()
+        adapters = pins if pins is not None else self.lora_requests
         pool = self.pool
         encoded = [list(r.prompt_ids) if r.prompt_ids is not None else pool.encode_prompt(r.agent, r.prompt)
                    for r in requests]
@@ -337,18 +402,21 @@ class VLLMGenerationBackend:
             prompts, params, loras, slots = [], [], [], []
             for i in idxs:
                 req = requests[i]
-                lora = self.lora_requests[pool.policy_of(req.agent)] if req.use_adapter else self.no_adapter[key]
+                lora = adapters[pool.policy_of(req.agent)] if req.use_adapter else self.no_adapter[key]
                 # vLLM refuses n > 1 with greedy decoding: then each sample is a prompt of its own
                 parts = [(k, 1) for k in range(req.num_samples)] if not generation_config.do_sample \
                     else [(0, req.num_samples)]
                 for first, n in parts:
                     # a seed per request drawn from torch's RNG: set_seed / full_determinism make vLLM's draws repeat
-                    seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if generation_config.do_sample else None
+                    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator).item()) \
+                        if generation_config.do_sample else None
                     prompts.append({"prompt_token_ids": list(encoded[i])})
                     params.append(SamplingParams(n=n, seed=seed, **base_kwargs))
                     loras.append(lora)
                     slots.append((i, first, n))
-            results = engine.generate(prompts, params, lora_request=loras, use_tqdm=False)
+            with self._engine_lock:
+                self._remove_retired()
+                results = engine.generate(prompts, params, lora_request=loras, use_tqdm=False)
             for (i, first, n), result in zip(slots, results):
                 for k, completion in enumerate(result.outputs[:n], start=first):
                     comp = through_first_eos(list(completion.token_ids), eos_set)
@@ -361,6 +429,10 @@ class VLLMGenerationBackend:
 
     def close(self) -> None:
         """Shut the engines down and remove the adapters' temporary directory."""
+        with self._lock:
+            self._removable.clear()
+            self._retired.clear()
+            self._held.clear()
         for engine in self.engines.values():
             try:
                 engine.llm_engine.engine_core.shutdown()

@@ -15,10 +15,12 @@ How a run goes (:class:`AsyncRollouts`, one per trainer; the trainer's ``sample`
   1. the rollout trained at the previous step releases the adapter versions it held;
   2. the next steps' batches (up to k, never past ``max_steps`` or the end of the epoch) are taken from the look-ahead,
      and a rollout is started for each that has none: the generation backend pins every policy's adapter as it is
-     now (:meth:`VLLMServerBackend.pin <trl_multiagent.generation.vllm_server.VLLMServerBackend.pin>`, loading the
-     changed ones first: the adapters are read here, between optimizer steps, never in the worker), and the worker
-     thread runs the trainer's sampler with those versions (``VLLMServerBackend.pinned``); the rollout's version is
-     g, recorded on each of its samples (``Sample.version``);
+     now (``pin`` of the backend: :meth:`VLLMServerBackend.pin
+     <trl_multiagent.generation.vllm_server.VLLMServerBackend.pin>` through a server, :meth:`VLLMGenerationBackend.pin
+     <trl_multiagent.generation.vllm.VLLMGenerationBackend.pin>` with the colocated engine, which then runs in the
+     worker; the changed adapters are written first: they are read here, between optimizer steps, never in the
+     worker), and the worker thread runs the trainer's sampler with those versions (the backend's ``pinned``); the
+     rollout's version is g, recorded on each of its samples (``Sample.version``);
   3. this step's rollout is awaited (``time/rollout_wait``). Its staleness is g minus its version: at most k by
      construction (a rollout started at step g' is trained at a step g <= g' + k); one that is more (a ``global_step``
      moved by other means) is dropped, its samples counted (``async/dropped_samples``), and generated again now, on
@@ -28,9 +30,10 @@ How a run goes (:class:`AsyncRollouts`, one per trainer; the trainer's ``sample`
      correction, whose ratio of those to the engine's log-probs (the behaviour policy's, ``sampling_logps``) weighs
      every sample, per policy; the staleness is in that ratio.
 
-* **the versions.** A pinned version stays loaded on the server until the rollout that pinned it has been trained on
-  (released at the next step) or dropped; with the version being trained, those of the k rollouts ahead and the
-  current one, a policy has at most ``1 + k`` versions loaded at once (``--max-loras``: policies x (1 + k)).
+* **the versions.** A pinned version stays loaded on the server (served by the colocated engine, its folder kept)
+  until the rollout that pinned it has been trained on (released at the next step) or dropped; with the version
+  being trained, those of the k rollouts ahead and the current one, a policy has at most ``1 + k`` versions loaded
+  at once (``--max-loras``: policies x (1 + k)).
 * **the seeds.** Each rollout draws one seed from torch's RNG on the training thread when it starts; the seeds of its
   sampled requests come from a generator of that seed, so a seeded run sends the same seeds whatever the threads do.
 * **the ends.** At the end of training (or on an error) the rollouts not started are cancelled, the one running is
@@ -77,14 +80,9 @@ def check_async_config(config) -> None:
     if k == 0:
         return
     if not config.use_vllm:
-        raise ValueError(f"max_staleness={k} (asynchronous rollouts) needs use_vllm: true with vllm_mode: server: the "
-                         "library's own decoding generates in the training process with the adapters being trained "
-                         "and cannot serve the older adapter versions of rollouts generated ahead; generate through a "
-                         "vLLM server (docs/guides/vllm.md) or set max_staleness: 0")
-    if config.vllm_mode != "server":
-        raise ValueError(f"max_staleness={k} (asynchronous rollouts) needs vllm_mode: server, got "
-                         f"{config.vllm_mode!r}: the colocated engine runs in the training process with one version of "
-                         "each adapter (asynchronous rollouts with it are not implemented); start a vLLM server "
+        raise ValueError(f"max_staleness={k} (asynchronous rollouts) needs use_vllm: true (vllm_mode colocate or "
+                         "server): the library's own decoding generates with the adapters being trained and cannot "
+                         "serve the older adapter versions of rollouts generated ahead; generate with vLLM "
                          "(docs/guides/vllm.md) or set max_staleness: 0")
     if not config.vllm_importance_sampling_correction:
         raise ValueError(f"max_staleness={k} needs vllm_importance_sampling_correction: true: the samples come from "
@@ -182,15 +180,16 @@ class AsyncRollouts:
 
     Args:
         trainer: the :class:`~trl_multiagent.trainers.base.MultiAgentTrainer`; its pool's generation backend must pin
-            adapter versions (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`).
+            adapter versions (:class:`~trl_multiagent.generation.vllm_server.VLLMServerBackend`, the server's, or
+            :class:`~trl_multiagent.generation.vllm.VLLMGenerationBackend`, the colocated engine's).
     """
 
     def __init__(self, trainer):
         backend = trainer.pool.generation_backend
         if not all(hasattr(backend, name) for name in ("pin", "unpin", "pinned")):
             raise ValueError(f"max_staleness={trainer.args.max_staleness} needs a generation backend that serves "
-                             "several versions of an adapter at once (vllm_mode: server, VLLMServerBackend); the pool's "
-                             f"is {type(backend).__name__}")
+                             "several versions of an adapter at once (use_vllm: true); the pool's is "
+                             f"{type(backend).__name__}")
         self.trainer, self.backend = trainer, backend
         self.max_staleness = int(trainer.args.max_staleness)
         self.handed_out: _Rollout | None = None  # the batch the loop took last (Lookahead)

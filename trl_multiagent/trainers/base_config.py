@@ -71,8 +71,9 @@ class MultiAgentConfig(GRPOConfig):
             TRL AsyncGRPO's name. `0`: synchronous rollouts (generate, then train, step after step). k > 0: the next k
             steps' rollouts are generated in a worker thread while the trainer updates, each with the adapters of the
             step that started it, and no sample is trained on more than k optimizer steps after the adapters that
-            generated it (`trl_multiagent/trainers/async_rollouts.py`); needs `vllm_mode: server` (a server that
-            holds up to 1 + k versions of each adapter: `--max-loras` policies x (1 + k)),
+            generated it (`trl_multiagent/trainers/async_rollouts.py`); needs `use_vllm`: `vllm_mode: server` (a
+            server that holds up to 1 + k versions of each adapter: `--max-loras` policies x (1 + k)) or `colocate`
+            (the engine generates in the worker thread, the pinned versions kept until trained on),
             `vllm_importance_sampling_correction` and `num_iterations` 1. Metrics `async/staleness_mean`,
             `async/staleness_max`, `async/dropped_samples`.
 
@@ -177,8 +178,9 @@ class MultiAgentConfig(GRPOConfig):
                 "trains on it; k > 0 generates the next k steps' rollouts in a worker thread while the trainer updates, "
                 "each with the adapters of the step that started it, and trains no sample more than k optimizer steps "
                 "after the adapters that generated it (the importance-sampling correction weighs the samples by the "
-                "trained policy over the one that sampled them). Needs use_vllm with vllm_mode: server (--max-loras "
-                "at least policies x (1 + k)), vllm_importance_sampling_correction and num_iterations 1. The tasks of "
+                "trained policy over the one that sampled them). Needs use_vllm (vllm_mode server, with --max-loras "
+                "at least policies x (1 + k), or colocate: the engine then generates in the worker), "
+                "vllm_importance_sampling_correction and num_iterations 1. The tasks of "
                 "each step are the same whatever k."})
     num_generations: int | None = field(default=4, metadata={"help": (
         "K: samples per agent and branch point. GRPOConfig's checks of TRL's own prompt groups (K >= 2, "
@@ -278,7 +280,7 @@ class MultiAgentConfig(GRPOConfig):
         if isinstance(self.frozen_policies, str):  # --frozen_policies tool on a command line
             self.frozen_policies = [name for name in self.frozen_policies.split(",") if name]
         self.frozen_policies = list(self.frozen_policies or [])
-        check_async_config(self)  # max_staleness: an integer >= 0; > 0 needs the server, the correction, 1 iteration
+        check_async_config(self)  # max_staleness: an integer >= 0; > 0 needs vLLM, the correction, 1 iteration
         if self.use_vllm:  # vLLM importable, colocate mode, importance-sampling settings that fit the loss
             from trl_multiagent.generation.vllm import check_vllm_config
 
