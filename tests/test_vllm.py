@@ -7,6 +7,7 @@ module (an engine takes half a minute or more to start on a CPU); the tests that
 """
 
 import contextlib
+import json
 
 import pytest
 import torch
@@ -181,10 +182,10 @@ def _environment():
 def _trainer(pool, tmp_path, greedy: bool = True, **kw):
     from trl_multiagent.trainers import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
-    args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS,
-                                num_generations=2, save_strategy="no", disable_tqdm=True, learning_rate=5e-3,
-                                use_vllm=True, vllm_gpu_memory_utilization=0.3, max_steps=1, logging_steps=1,
-                                shuffle_dataset=False, **kw)
+    fields = dict(output_dir=str(tmp_path), report_to=[], max_completion_length=NEW_TOKENS, num_generations=2,
+                  save_strategy="no", disable_tqdm=True, learning_rate=5e-3, use_vllm=True,
+                  vllm_gpu_memory_utilization=0.3, max_steps=1, logging_steps=1, shuffle_dataset=False)
+    args = MultiAgentGRPOConfig(**{**fields, **kw})
     data = Dataset.from_dict({"topic": ["The sea", "Bread", "Mountains", "Rain"]})
     trainer = MultiAgentGRPOTrainer(pool, _environment, args, data)
     if greedy:
@@ -257,5 +258,23 @@ def test_a_training_step_syncs_the_new_adapters_into_the_engine(pool, tmp_path):
     gens = pool.generate_many([GenerationRequest(a, PROMPTS[0]) for a in AGENTS], GREEDY)
     for p in pool.policies:
         assert backend.lora_requests[p].lora_int_id != ids_before[p]
+    for a, [g] in zip(AGENTS, gens):
+        _assert_greedy(pool, a, PROMPTS[0], g.completion_ids, _hf_greedy(pool, a, PROMPTS[0]))
+
+
+def test_asynchronous_rollouts_with_the_colocated_engine_stay_within_the_bound(pool, tmp_path):
+    """max_staleness 1 with the colocated engine: the engine generates the next step's rollout in the worker thread
+    while the trainer updates (two steps an epoch: the second of each runs one version behind), no sample is
+    trained on past the bound, every version but the current one is gone from the engine afterwards, and the engine
+    then serves the trained adapters (greedy as transformers with them)."""
+    trainer = _trainer(pool, tmp_path / "async", greedy=False, max_steps=4, episodes_per_step=2, max_staleness=1)
+    backend = pool.generation_backend
+    trainer.train()
+    metrics = [json.loads(line) for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    staleness = [m["async/staleness_max"] for m in metrics if "async/staleness_max" in m]
+    assert staleness == [0.0, 1.0, 0.0, 1.0]
+    assert "sampling/importance_sampling_ratio/mean" in json.dumps(metrics)
+    assert not backend._held and not backend._retired  # every pinned version released
+    gens = pool.generate_many([GenerationRequest(a, PROMPTS[0]) for a in AGENTS], GREEDY)
     for a, [g] in zip(AGENTS, gens):
         _assert_greedy(pool, a, PROMPTS[0], g.completion_ids, _hf_greedy(pool, a, PROMPTS[0]))
