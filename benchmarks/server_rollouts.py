@@ -1,7 +1,9 @@
-"""A team's training steps with generation through vLLM, four ways, as ratios measured in one run (issue 63 item 4):
+"""A team's training steps with generation through vLLM, five ways, as ratios measured in one run (issue 63 item 4):
 
 * ``server k=0``: a ``vllm serve`` of the base on its own CPU core(s), the trainer on the other(s), synchronous;
 * ``colocated``: vLLM's engine inside the training process (``vllm_mode: colocate``), on the trainer's core(s) only;
+* ``colocated k=1``: the same engine generating the next step's rollout in a worker thread while the trainer updates
+  (``max_staleness: 1``), on the same core(s);
 * ``server k=1``, ``server k=2``: the server, with asynchronous rollouts (``max_staleness``): the next k steps'
   rollouts are generated while the trainer updates.
 
@@ -32,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = "recipes/configs/math_generalisation_at_grpo.yaml"
-WAYS = ("server k=0", "colocated", "server k=1", "server k=2")
+WAYS = ("server k=0", "colocated", "colocated k=1", "server k=1", "server k=2")
 
 
 def free_port() -> int:
@@ -58,8 +60,9 @@ def run_way(way: str, args, port: int, cores: set[int], out: Path) -> dict:
                str(args.steps), "--evaluator", "none", "--output_dir", str(out), "--overwrite_output_dir", "true",
                "--disable_tqdm", "true", "--save_strategy", "no", "--use_vllm", "true", "--num_threads",
                str(len(cores)), *args.override]
-    if way == "colocated":
+    if way.startswith("colocated"):
         command += ["--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.2"]  # on a CPU: of its memory
+        command += ["--max_staleness", way.rsplit("=", 1)[1]] if "k=" in way else []
     else:
         command += ["--vllm_mode", "server", "--vllm_server_base_url", f"http://127.0.0.1:{port}",
                     "--max_staleness", way.rsplit("=", 1)[1]]
