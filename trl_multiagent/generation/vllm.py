@@ -208,6 +208,18 @@ class VLLMSettings:
                    seed=config.seed, mode=config.vllm_mode)
 
 
+@contextlib.contextmanager
+def pinned_on(local: threading.local, pins, generator: torch.Generator | None):
+    """Within ``with``, ``local.pinned`` is ``(pins, generator)`` (the previous value restored after): how a
+    backend's ``pinned`` tells its ``generate`` on this thread which adapter versions and seed generator to use."""
+    previous = getattr(local, "pinned", None)
+    local.pinned = (pins, generator)
+    try:
+        yield
+    finally:
+        local.pinned = previous
+
+
 class VLLMGenerationBackend:
     """What :meth:`AgentPool.generate_many` calls when ``pool.generation_backend`` is set (see the module docstring).
 
@@ -313,16 +325,10 @@ class VLLMGenerationBackend:
                 if request.lora_int_id in self._retired:
                     self._removable.append(self._retired.pop(request.lora_int_id))
 
-    @contextlib.contextmanager
     def pinned(self, pins: dict[str, Any], generator: torch.Generator | None = None):
         """Within ``with``, this thread's :meth:`generate` serves the ``pins`` versions (from :meth:`pin`) and syncs
         nothing (the training thread syncs), and the seeds of its sampled requests come from ``generator``."""
-        previous = getattr(self._local, "pinned", None)
-        self._local.pinned = (pins, generator)
-        try:
-            yield
-        finally:
-            self._local.pinned = previous
+        return pinned_on(self._local, pins, generator)
 
     def _zero_adapter(self, key: str):
         """A LoRA adapter whose B matrices are zero (the base itself), served to ``use_adapter=False`` rows: with

@@ -46,7 +46,6 @@ standard library (``urllib``); vLLM need not be installed in the training proces
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -70,6 +69,7 @@ from trl_multiagent.generation.vllm import (
     VLLMGeneration,
     VLLMGenerationBackend,
     VLLMSettings,
+    pinned_on,
     sampling_kwargs,
 )
 from trl_multiagent.generation.vllm_http import (  # noqa: F401 (the server's names, importable from here too)
@@ -438,17 +438,11 @@ class VLLMServerBackend:
         for version in (pins or {}).values():
             self._release(version)
 
-    @contextlib.contextmanager
     def pinned(self, pins: dict[str, _Version], generator: torch.Generator | None = None):
         """Within ``with``, this thread's :meth:`generate` names the ``pins`` versions (from :meth:`pin`) and syncs
         nothing (the training thread syncs), and the seeds of its sampled requests come from ``generator`` (so that a
         rollout in a worker thread draws the same seeds whatever the other thread draws from torch's RNG)."""
-        previous = getattr(self._local, "pinned", None)
-        self._local.pinned = (pins, generator)
-        try:
-            yield
-        finally:
-            self._local.pinned = previous
+        return pinned_on(self._local, pins, generator)
 
     def adapter_names(self) -> dict[str, str]:
         """The name every policy's requests give now (``<policy>-v<N>``)."""
