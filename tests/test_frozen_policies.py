@@ -113,3 +113,42 @@ def test_a_policy_adapter_loaded_from_another_team_replaces_that_policy_alone(ti
     load_policy_adapter(pool, "agent2", str(tmp_path / "second"))
     assert all(torch.equal(a, b) for a, b in zip(pool.policy_parameters("agent1"), one))
     assert all(torch.equal(a, b) for a, b in zip(pool.policy_parameters("agent2"), first.policy_parameters("agent2")))
+
+
+def test_adapter_sources_take_another_policy_of_a_team_for_the_swapped_row(tmp_path):
+    from trl_multiagent.command.evaluate import adapter_sources, split_adapter_source
+    from trl_multiagent.errors import RecipeError
+
+    team = _saved(tmp_path / "team")
+    swapped = adapter_sources(team, [f"reasoner=tool@{team}", f"tool=reasoner@{team}"])
+    assert swapped == {"reasoner": f"tool@{team}", "tool": f"reasoner@{team}"}
+    assert adapter_sources(team, [f"tool=tool@{team}"]) == {"reasoner": str(team), "tool": str(team)}
+    assert split_adapter_source("tool@runs/a") == ("tool", "runs/a")
+    assert split_adapter_source("runs/x@y/a") == (None, "runs/x@y/a")  # an @ inside a folder's path is no source
+    narrow = _saved(tmp_path / "narrow", policies=("reasoner", "planner"), lora_r=8)
+    with pytest.raises(RecipeError, match="has no policy 'coder'"):
+        adapter_sources(team, [f"tool=coder@{team}"])
+    with pytest.raises(RecipeError, match=r"its 'planner' differs from the team's 'tool' in \['lora_r'\]"):
+        adapter_sources(team, [f"tool=planner@{narrow}"])
+
+
+def test_two_policies_swapped_take_each_others_saved_adapters(tiny_ab_model, tmp_path):
+    from trl_multiagent.command.evaluate import load_policy_adapter
+    from trl_multiagent.team.pool import AgentPool
+
+    specs = [AgentSpec("agent1", model=tiny_ab_model, lora_r=4), AgentSpec("agent2", model=tiny_ab_model, lora_r=4)]
+    torch.manual_seed(0)
+    saved = AgentPool(specs)
+    with torch.no_grad():
+        for p in saved.policy_parameters("agent1"):
+            p.add_(0.25)
+        for p in saved.policy_parameters("agent2"):
+            p.sub_(0.75)
+    saved.save_adapters(tmp_path / "team")
+    pool = AgentPool.from_pretrained(tmp_path / "team")
+    load_policy_adapter(pool, "agent1", f"agent2@{tmp_path / 'team'}")
+    load_policy_adapter(pool, "agent2", f"agent1@{tmp_path / 'team'}")  # from the files: the first swap changes nothing
+    assert all(torch.equal(a, b) for a, b in zip(pool.policy_parameters("agent1"), saved.policy_parameters("agent2")))
+    assert all(torch.equal(a, b) for a, b in zip(pool.policy_parameters("agent2"), saved.policy_parameters("agent1")))
+    assert not all(torch.equal(a, b) for a, b in zip(pool.policy_parameters("agent1"),
+                                                     saved.policy_parameters("agent1")))

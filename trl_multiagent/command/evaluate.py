@@ -21,8 +21,10 @@ The methods, each paired with the others task by task (``--methods``, comma-sepa
 
 ``--adapter POLICY=DIR`` (repeatable) takes one policy's trained adapter from another saved team: agents trained
 apart, then put together (AT-GRPO's Table 4 ablation: each agent trained with its partner frozen, ``frozen_policies``,
-then evaluated side by side). The adapter must fit the policy (same base model and LoRA shape); ``summary.json``
-records where each came from (``adapters_from``).
+then evaluated side by side). ``--adapter POLICY=SOURCE@DIR`` takes the adapter of the policy ``SOURCE`` of that team
+instead; with ``--team``'s own folder as DIR, ``--adapter reasoner=tool@T --adapter tool=reasoner@T`` plays a team of
+role-specific policies with the two policies swapped (Table 4's last row). The adapter must fit the policy (same base
+model and LoRA shape); ``summary.json`` records where each came from (``adapters_from``).
 
 Written to ``--output_dir`` (default ``<team>/eval-<held-out name>``) as the train command writes its results
 (:func:`~trl_multiagent.evaluation.report.write_run_outputs`): ``summary.json`` (the ``evaluation`` section with
@@ -108,9 +110,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         help="a column of the held-out rows: one table per value of it (may be given several times)")
     parser.add_argument("--output_dir", default=None, metavar="DIR",
                         help="where the results go (default: <team>/eval-<name of the held-out tasks>)")
-    parser.add_argument("--adapter", action="append", default=None, metavar="POLICY=DIR",
+    parser.add_argument("--adapter", action="append", default=None, metavar="POLICY=[SOURCE@]DIR",
                         help="take POLICY's adapter from the saved team in DIR instead of --team's (may be given once "
-                             "per policy):\nagents trained apart, evaluated together")
+                             "per policy):\nagents trained apart, evaluated together; SOURCE@: that team's adapter of "
+                             "the policy SOURCE\n(policies swapped between roles)")
     return parser
 
 
@@ -187,9 +190,19 @@ def plan(args, overrides: list[str], command: str, prog: str = "evaluate") -> di
             "adapters_from": adapters_from}
 
 
+def split_adapter_source(value: str) -> tuple[str | None, str]:
+    """``"SOURCE@DIR"`` -> ``("SOURCE", "DIR")``; a plain ``"DIR"`` -> ``(None, "DIR")`` (a policy name holds no
+    ``/``, so a folder with ``@`` in its own path is left whole)."""
+    source, sep, rest = value.partition("@")
+    if sep and source and rest and "/" not in source and os.sep not in source:
+        return source, rest
+    return None, value
+
+
 def adapter_sources(folder: Path, given: list[str]) -> dict[str, str]:
-    """Policy -> the saved team whose adapter it takes: ``folder`` unless ``--adapter POLICY=DIR`` names another, whose
-    saved agent of that policy must fit (same base model and LoRA shape); each problem one :class:`RecipeError`."""
+    """Policy -> the saved team whose adapter it takes: ``folder`` unless ``--adapter POLICY=[SOURCE@]DIR`` names
+    another (or another policy of it, ``"SOURCE@DIR"``), whose saved agent of that policy must fit (same base model
+    and LoRA shape); each problem one :class:`RecipeError`."""
     from trl_multiagent.command.saved_team import TEAM_FILE, find_saved_team
     from trl_multiagent.command.warm_start import FITTING_FIELDS
     from trl_multiagent.team.pool import AgentSpec
@@ -206,20 +219,26 @@ def adapter_sources(folder: Path, given: list[str]) -> dict[str, str]:
             raise RecipeError(f"--adapter {item!r}: give POLICY=DIR, e.g. --adapter tool=outputs/tool_trained")
         if policy not in mine:
             raise RecipeError(f"--adapter {item!r}: the team has the policies {sorted(mine)}, not {policy!r}")
+        source, path = split_adapter_source(path)
         other, _ = find_saved_team(path)
-        theirs = policies(other).get(policy)
+        theirs = policies(other).get(source or policy)
         if theirs is None:
-            raise RecipeError(f"--adapter {item!r}: the team saved in {str(other)!r} has no policy {policy!r}")
-        differ = [f for f in FITTING_FIELDS if getattr(theirs, f) != getattr(mine[policy], f)]
+            raise RecipeError(f"--adapter {item!r}: the team saved in {str(other)!r} has no policy "
+                              f"{source or policy!r}")
+        differ = [f for f in FITTING_FIELDS if f != "policy" and getattr(theirs, f) != getattr(mine[policy], f)]
         if differ:
-            raise RecipeError(f"--adapter {item!r}: its {policy!r} differs from the team's in {differ}")
-        sources[policy] = str(other)
+            mine_name = f" {policy!r}" if source not in (None, policy) else ""
+            raise RecipeError(f"--adapter {item!r}: its {source or policy!r} differs from the team's{mine_name} in "
+                              f"{differ}")
+        sources[policy] = str(other) if source in (None, policy) else f"{source}@{other}"
     return sources
 
 
 def load_policy_adapter(pool, policy: str, folder: str) -> None:
-    """Replace ``policy``'s adapter in ``pool`` by the one saved in ``folder`` (checked by :func:`adapter_sources`)."""
-    pool.load_adapters(folder, only=[policy])
+    """Replace ``policy``'s adapter in ``pool`` by the one saved in ``folder`` (``"SOURCE@DIR"``: the adapter of the
+    policy SOURCE saved in DIR), as checked by :func:`adapter_sources`."""
+    source, directory = split_adapter_source(folder)
+    pool.load_adapters(directory, only=[policy], source=source)
     logger.info("policy %s: the adapter of %s", policy, folder)
 
 

@@ -105,15 +105,19 @@ def save_pool_adapters(pool, directory: str | Path) -> None:
         (stage / "team.json").write_text(json.dumps(team, indent=2))
 
 
-def load_pool_adapters(pool, directory: str | Path, only: Sequence[str] | None = None) -> None:
+def load_pool_adapters(pool, directory: str | Path, only: Sequence[str] | None = None,
+                       source: str | None = None) -> None:
     """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``;
-    ``only``: just those policies' adapters (no critic)."""
+    ``only``: just those policies' adapters (no critic); ``source``: the one policy of ``only`` takes the adapter
+    saved under that other policy's name (policies swapped between roles, AT-GRPO's Table 4)."""
     root = Path(directory) / "adapters"
     adapters = [(p, info.base_key) for p, info in pool.policies.items() if only is None or p in only]
+    if source is not None and (only is None or len(only) != 1):
+        raise ValueError("load_pool_adapters: source= needs exactly one policy in only=")
     if only is None:
         adapters += [(c, info.base_key) for c, info in pool.critics.items() if not info.spec.share_adapter]
     for name, key in adapters:
-        path = root / name / ADAPTER_FILE
+        path = root / (source or name) / ADAPTER_FILE
         if not path.is_file():
             raise FileNotFoundError(f"No adapter for {name!r} at {path}")
         result = set_peft_model_state_dict(pool.bases[key], load_file(str(path)), adapter_name=name)

@@ -523,10 +523,12 @@ class AgentPool(nn.Module):
         written (:mod:`trl_multiagent.team.adapter_files`)."""
         save_pool_adapters(self, directory)
 
-    def load_adapters(self, directory: str | Path, only: Sequence[str] | None = None) -> None:
+    def load_adapters(self, directory: str | Path, only: Sequence[str] | None = None,
+                      source: str | None = None) -> None:
         """Load every policy's adapter (and every critic's adapter and head) from ``<directory>/adapters/<name>/``;
-        ``only``: just those policies' adapters (a team put together from agents trained apart)."""
-        load_pool_adapters(self, directory, only)
+        ``only``: just those policies' adapters (a team put together from agents trained apart); ``source``: the one
+        policy of ``only`` takes the adapter saved there under that other policy's name."""
+        load_pool_adapters(self, directory, only, source)
         self._keep_all_adapters_trainable()
         if self.generation_backend is not None:
             self.generation_backend.mark_stale()

@@ -12,7 +12,10 @@ Single agents, two kinds:
   ``../math_teamwork/main_job_single/seed<N>``, read as ``../math_teamwork/table.py`` reads them).
 
 The best single agent is the one with the highest held-out mean over all problems, of either kind; the team is
-compared with it and with the untrained team, paired by problem, with a 95% bootstrap interval.
+compared with it and with the untrained team, paired by problem, with a 95% bootstrap interval. AT-GRPO's Table 4
+on this task, where recorded: the team with a policy per role (``specialized/seed<N>``), its members trained apart with
+the partner frozen and then played together (``ablation/seed<N>/combined``), and the per-role team with its two
+policies swapped between the roles (``ablation/seed<N>/swapped``).
 
     python experiments/training/math_split/table.py
 """
@@ -31,6 +34,14 @@ RESULTS = HERE.parent
 SETS = ("all", "unseen_operands", "unseen_form")
 METRIC = "final/team_correct"
 TEAM, UNTRAINED = "split team + AT-GRPO", "split team, untrained"
+PER_ROLE = "split team + AT-GRPO, a policy per role"
+APART = "split team of members trained apart, partner frozen (Table 4)"
+SWAPPED = "split team, a policy per role, the two swapped (Table 4)"
+#: (label, variant, compared with): the team against the best single agent and the untrained team, then Table 4.
+COMPARISONS = (("team minus the best single agent", TEAM, "best"), ("team minus the untrained team", TEAM, UNTRAINED),
+               ("a policy per role minus the best single agent", PER_ROLE, "best"),
+               ("a policy per role minus members trained apart", PER_ROLE, APART),
+               ("swapped minus a policy per role", SWAPPED, PER_ROLE))
 
 
 def _teamwork_table():
@@ -58,6 +69,16 @@ def split_variants(seed_dir: Path) -> tuple[list[str], dict[str, dict[str, float
                                                           for r in read_jsonl(path)}
     out[UNTRAINED] = {i: by[("before", "team")][i][METRIC] for i in ids}
     out[TEAM] = {i: by[("after", "team")][i][METRIC] for i in ids}
+    for name, folder in ((PER_ROLE, HERE / "specialized" / seed_dir.name),
+                         (APART, HERE / "ablation" / seed_dir.name / "combined"),
+                         (SWAPPED, HERE / "ablation" / seed_dir.name / "swapped")):
+        if (folder / "eval_per_task.jsonl").is_file():
+            rows = read_jsonl(folder / "eval_per_task.jsonl")
+            after = {r["task_id"]: r[METRIC] for r in rows if r["method"] == "team" and r["stage"] == "after"}
+            before = {r["task_id"]: r[METRIC] for r in rows if r["method"] == "team" and r["stage"] == "before"}
+            if before and before != out[UNTRAINED]:
+                raise SystemExit(f"{folder}: its untrained team differs from the split team's on the same problems")
+            out[name] = after
     return ids, out
 
 
@@ -94,8 +115,11 @@ def seed_section(seed: int) -> tuple[list[str], dict]:
             lines.append(f"| {name}{mark} | " + " | ".join(f"{mean(scores, subset(ids, s)):.3f}" for s in SETS) + " |")
     record: dict = {"best_single_agent": best,
                     "means": {k: mean(v, ids) for k, v in variants.items() if set(v) >= set(ids)}}
-    for label, other in (("team minus the best single agent", best), ("team minus the untrained team", UNTRAINED)):
-        diffs = {s: paired_bootstrap([variants[TEAM][i] for i in subset(ids, s)],
+    for label, one, other in COMPARISONS:
+        other = best if other == "best" else other
+        if not (set(variants.get(one, {})) >= set(ids) and set(variants.get(other, {})) >= set(ids)):
+            continue
+        diffs = {s: paired_bootstrap([variants[one][i] for i in subset(ids, s)],
                                      [variants[other][i] for i in subset(ids, s)], seed=seed) for s in SETS}
         lines.append(f"| **{label}** | " + " | ".join(
             f"**{d['mean']:+.3f}** [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" for d in diffs.values()) + " |")
