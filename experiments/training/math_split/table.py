@@ -40,6 +40,7 @@ SWAPPED = "split team, a policy per role, the two swapped (Table 4)"
 #: (label, variant, compared with): the team against the best single agent and the untrained team, then Table 4.
 COMPARISONS = (("team minus the best single agent", TEAM, "best"), ("team minus the untrained team", TEAM, UNTRAINED),
                ("a policy per role minus the best single agent", PER_ROLE, "best"),
+               ("members trained apart minus the best single agent", APART, "best"),
                ("a policy per role minus members trained apart", PER_ROLE, APART),
                ("swapped minus a policy per role", SWAPPED, PER_ROLE))
 
@@ -146,19 +147,29 @@ def teamwork(seed: int) -> list[str]:
             lines.append(f"| {stage} | {s} | " + " | ".join(
                 f"{sum(r[key] for r in team) / len(sub):.3f}" for key in
                 ("final/plan_correct", "final/tool_followed_plan", METRIC)) + f" | {alone_wrong / len(sub):.3f} |")
-    plans: dict[tuple[str, str], dict[str, int]] = {}
-    for stage in ("before", "after"):
-        for line in (seed_dir / f"eval_texts_{stage}.jsonl").read_text().splitlines():
-            t = json.loads(line)
-            if t["method"] == "team" and t["agent"] == "reasoner":
-                form = "unseen_form" if "/unseen_form/" in t["task_id"] else "unseen_operands"
-                box = last_boxed(t["text"]) or "(no box)"
-                plans.setdefault((stage, form), {})[box] = plans.setdefault((stage, form), {}).get(box, 0) + 1
     lines += ["", "The reasoner's boxed plans (count):", ""]
-    for (stage, form), counts in plans.items():
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:6]
-        lines.append(f"- {stage}, {form}: " + ", ".join(f"`{k}` {v}" for k, v in top))
+    for stage in ("before", "after"):
+        lines += plan_lines(seed_dir, stage, stage)
+    for label, folder in (("a policy per role", HERE / "specialized" / seed_dir.name),
+                          ("trained apart", HERE / "ablation" / seed_dir.name / "combined"),
+                          ("swapped", HERE / "ablation" / seed_dir.name / "swapped")):
+        if (folder / "eval_texts_after.jsonl").is_file():
+            lines += plan_lines(folder, "after", f"after, {label}")
     return lines + [""]
+
+
+def plan_lines(folder: Path, stage: str, label: str) -> list[str]:
+    """The reasoner's boxed plans in the team's held-out texts of one stage, counted per held-out set (top six)."""
+    plans: dict[str, dict[str, int]] = {}
+    for line in (folder / f"eval_texts_{stage}.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        if t["method"] == "team" and t["agent"] == "reasoner":
+            form = "unseen_form" if "/unseen_form/" in t["task_id"] else "unseen_operands"
+            box = last_boxed(t["text"]) or "(no box)"
+            plans.setdefault(form, {})[box] = plans.setdefault(form, {}).get(box, 0) + 1
+    return [f"- {label}, {form}: " + ", ".join(f"`{k}` {v}" for k, v in
+                                             sorted(counts.items(), key=lambda kv: -kv[1])[:6])
+            for form, counts in plans.items()]
 
 
 def main() -> None:
