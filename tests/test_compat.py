@@ -27,10 +27,15 @@ def test_mirrored_private_signature_is_unchanged(name):
         f"  recorded: {compat.MIRRORED[name]}\n  now:      {actual}")
 
 
-def test_installed_versions_are_the_tested_minor_releases():
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_installed_versions_are_within_the_tested_minor_releases():
     for package, version in (("trl", trl.__version__), ("transformers", transformers.__version__)):
-        tested = compat.TESTED_VERSIONS[package]
-        assert version.split(".")[:2] == tested.split(".")[:2], f"{package} {version} is not the tested {tested}.x"
+        low, high = compat.TESTED_VERSIONS[package]
+        assert _minor(low) <= _minor(version) <= _minor(high), f"{package} {version} is not within {low}.x-{high}.x"
 
 
 def test_pyproject_pins_the_tested_minor_ranges():
@@ -38,10 +43,12 @@ def test_pyproject_pins_the_tested_minor_ranges():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    for package, tested in compat.TESTED_VERSIONS.items():
-        major, minor = (int(v) for v in tested.split(".")[:2])
+    for package, (low, high) in compat.TESTED_VERSIONS.items():
+        (major, minor), (high_major, high_minor) = _minor(low), _minor(high)
+        assert (major, minor) <= (high_major, high_minor), f"{package}: {low} is above {high}"
         pins = re.findall(rf'"{package}([<>=][^"]*)"', text)
-        assert pins == [f">={major}.{minor},<{major}.{minor + 1}"], f"pyproject.toml pins {package} as {pins}"
+        want = f">={major}.{minor},<{high_major}.{high_minor + 1}"
+        assert pins == [want], f"pyproject.toml pins {package} as {pins}, the tested range is {want}"
 
 
 def _self_attributes_read(func) -> set[str]:

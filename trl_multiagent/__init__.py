@@ -17,13 +17,20 @@ __version__ = "0.1.0"
 class _NoKernelsNotice(logging.Filter):
     """bitsandbytes warns at import that its optional CPU 4-bit kernels (the ``kernels`` package) are missing, whether
     or not any model is 4-bit; the notice is dropped here, and :func:`trl_multiagent.models.loading.load_base_model` says it
-    once where a 4-bit base is loaded on the CPU."""
+    once where a 4-bit base is loaded on the CPU. Where ``kernels`` is installed (transformers 5.25 requires it),
+    bitsandbytes' import looks its kernels up on the hub instead, and offline ``kernels`` warns that it skips the
+    publisher check of ``kernels-community/quantization-bitsandbytes``: that notice is dropped too."""
+
+    def __init__(self, mentions: str) -> None:
+        super().__init__()
+        self.mentions = mentions
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "kernels" not in record.getMessage()
+        return self.mentions not in record.getMessage()
 
 
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoKernelsNotice())
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoKernelsNotice("kernels"))
+logging.getLogger("kernels._internals.hf_hub").addFilter(_NoKernelsNotice("quantization-bitsandbytes"))
 
 
 class _PrefixedLastResort(logging.Handler):
