@@ -21,7 +21,7 @@
 # Then table.py compares the team with every single agent: the members of this task alone (untrained, trained
 # alone) and the single agents that see the WHOLE problem (the main job's records, the same problems).
 #   STEPS="1 2 3" SEEDS="0 1 2" experiments/training/math_split/run.sh
-# On the 2-core machine (AMD EPYC) step 1 and each seed of step 2 take about 5 min; step 3 about 25 min a member a seed;
+# On the 2-core machine (AMD EPYC) step 1 and each seed of step 2 take about 5 min; step 3 about 20-30 min a member a seed;
 # steps 4 and 5 about 15 min a seed together.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."

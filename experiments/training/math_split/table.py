@@ -149,21 +149,25 @@ def teamwork(seed: int) -> list[str]:
                 ("final/plan_correct", "final/tool_followed_plan", METRIC)) + f" | {alone_wrong / len(sub):.3f} |")
     lines += ["", "The reasoner's boxed plans (count):", ""]
     for stage in ("before", "after"):
-        lines += plan_lines(seed_dir, stage, stage)
+        lines += plan_lines(seed_dir / f"eval_texts_{stage}.jsonl", stage)
     for label, folder in (("a policy per role", HERE / "specialized" / seed_dir.name),
                           ("trained apart", HERE / "ablation" / seed_dir.name / "combined"),
                           ("swapped", HERE / "ablation" / seed_dir.name / "swapped")):
         if (folder / "eval_texts_after.jsonl").is_file():
-            lines += plan_lines(folder, "after", f"after, {label}")
+            lines += plan_lines(folder / "eval_texts_after.jsonl", f"after, {label}")
+    alone = HERE / "single" / seed_dir.name / "reasoner" / "texts.jsonl"  # train-single: its own answers only
+    if alone.is_file():
+        lines += plan_lines(alone, "the reasoner trained alone (its half, + TRL GRPO)")
     return lines + [""]
 
 
-def plan_lines(folder: Path, stage: str, label: str) -> list[str]:
-    """The reasoner's boxed plans in the team's held-out texts of one stage, counted per held-out set (top six)."""
+def plan_lines(texts: Path, label: str) -> list[str]:
+    """The reasoner's boxed plans in held-out texts (a team's ``eval_texts_<stage>.jsonl``, or ``train-single``'s
+    ``texts.jsonl`` of the reasoner alone), counted per held-out set (top six)."""
     plans: dict[str, dict[str, int]] = {}
-    for line in (folder / f"eval_texts_{stage}.jsonl").read_text().splitlines():
+    for line in texts.read_text().splitlines():
         t = json.loads(line)
-        if t["method"] == "team" and t["agent"] == "reasoner":
+        if t.get("method", "team") == "team" and t["agent"] == "reasoner":
             form = "unseen_form" if "/unseen_form/" in t["task_id"] else "unseen_operands"
             box = last_boxed(t["text"]) or "(no box)"
             plans.setdefault(form, {})[box] = plans.setdefault(form, {}).get(box, 0) + 1
